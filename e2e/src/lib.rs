@@ -1,0 +1,1 @@
+//! End-to-end harness (filled in by the e2e cluster issue).

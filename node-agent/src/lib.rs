@@ -1,0 +1,1 @@
+//! The Switchyard node agent (filled in by the datapath and agent issues).

@@ -1,0 +1,1 @@
+//! The Switchyard operator (filled in by the planner and operator issues).
