@@ -38,12 +38,13 @@ fi
 llvm_major=$(rustc +nightly -vV | sed -n 's/^LLVM version: \([0-9]*\).*/\1/p')
 nightly_sysroot=$(rustc +nightly --print sysroot)
 llvm_prefix="$CACHE_ROOT/llvm-nightly-$llvm_major"
-nightly_llvm=$(ls "$nightly_sysroot"/lib/libLLVM-"$llvm_major"*.so 2>/dev/null | head -n 1 || true)
-if [ -z "$nightly_llvm" ]; then
-  nightly_llvm=$(ls "$nightly_sysroot"/lib/libLLVM.so."$llvm_major"* | head -n 1)
-fi
+# The nightly ships libLLVM-NN-rust-*.so as a linker script pointing at the real
+# object libLLVM.so.NN.*: link against the real object, and keep its own name
+# beside the symlink so the rpath finds its SONAME at run time.
+nightly_llvm=$(ls "$nightly_sysroot"/lib/libLLVM.so."$llvm_major".* | head -n 1)
 mkdir -p "$llvm_prefix/lib"
 ln -sf "$nightly_llvm" "$llvm_prefix/lib/libLLVM.so"
+ln -sf "$nightly_llvm" "$llvm_prefix/lib/$(basename "$nightly_llvm")"
 linker_stamp="$CACHE_ROOT/bpf-linker-$BPF_LINKER_VERSION-llvm-$llvm_major.stamp"
 if ! command -v bpf-linker >/dev/null 2>&1 || [ ! -f "$linker_stamp" ] \
    || ! bpf-linker --version 2>/dev/null | grep -q "$BPF_LINKER_VERSION"; then

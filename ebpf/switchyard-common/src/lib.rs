@@ -1,2 +1,311 @@
 #![no_std]
-//! Shared `#[repr(C)]` map types (filled in by the datapath issue).
+//! Map key and value types shared by Switchyard's kernel programs and user space.
+//!
+//! Rules every type here follows, because both sides read the same bytes:
+//! - `#[repr(C)]` with no hidden padding: every byte belongs to a named field, and
+//!   reserved bytes are explicit fields that writers set to zero (a hash map key
+//!   with uninitialised padding would never be found again).
+//! - Addresses are 16 bytes wide. IPv4 is stored IPv4-mapped (`::ffff:a.b.c.d`), so
+//!   IPv6 and dual-stack need no layout change.
+//! - Fields that hold network byte order say so in their name (`_big_endian`);
+//!   every other integer is in host byte order.
+//!
+//! The layout is versioned by [`SCHEMA_VERSION`]: the agent pins maps under a
+//! directory named after it, so a process with an incompatible layout creates new
+//! maps and moves entries over instead of misreading old ones.
+
+/// Version of the map layout. Bump it whenever any type below changes size or meaning.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// A 16-byte address: IPv6, or IPv4 mapped into IPv6 (`::ffff:a.b.c.d`), network byte order.
+pub type Address = [u8; 16];
+
+/// The IPv4-mapped form of an IPv4 address given as its four octets.
+pub const fn ipv4_mapped(octets: [u8; 4]) -> Address {
+    [
+        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, octets[0], octets[1], octets[2], octets[3],
+    ]
+}
+
+/// The four octets of an IPv4-mapped address, or `None` for a real IPv6 address.
+pub const fn ipv4_of_mapped(address: &Address) -> Option<[u8; 4]> {
+    let mut index = 0;
+    while index < 10 {
+        if address[index] != 0 {
+            return None;
+        }
+        index += 1;
+    }
+    if address[10] != 0xff || address[11] != 0xff {
+        return None;
+    }
+    Some([address[12], address[13], address[14], address[15]])
+}
+
+/// IP protocol numbers used in keys.
+pub const PROTOCOL_TCP: u8 = 6;
+pub const PROTOCOL_UDP: u8 = 17;
+
+/// Names of the maps, as declared by the kernel programs and pinned by the agent.
+/// BPF object names are limited to 15 characters.
+pub mod map_names {
+    pub const FRONTENDS: &str = "SY_FRONTENDS";
+    pub const BACKEND_SLOTS: &str = "SY_BACKENDS";
+    pub const CONNTRACK: &str = "SY_CONNTRACK";
+    pub const AFFINITY: &str = "SY_AFFINITY";
+    pub const CONFIG: &str = "SY_CONFIG";
+    pub const COUNTERS: &str = "SY_COUNTERS";
+}
+
+/// Where a packet came from, which decides the traffic policy that applies:
+/// `internalTrafficPolicy` for traffic from this node's pods and host processes,
+/// `externalTrafficPolicy` for traffic that arrived on an external interface.
+pub const SCOPE_INTERNAL: u8 = 0;
+pub const SCOPE_EXTERNAL: u8 = 1;
+
+/// Key of the frontends map: one Service address and port as seen by clients.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FrontendKey {
+    /// ClusterIP, node IP (NodePort), external IP or load-balancer IP.
+    pub address: Address,
+    pub port_big_endian: u16,
+    /// [`PROTOCOL_TCP`] or [`PROTOCOL_UDP`].
+    pub protocol: u8,
+    /// [`SCOPE_INTERNAL`] or [`SCOPE_EXTERNAL`].
+    pub scope: u8,
+}
+
+/// Pick the backend with session affinity (`sessionAffinity: ClientIP`).
+pub const FRONTEND_FLAG_SESSION_AFFINITY: u32 = 1 << 0;
+/// Keep the client's source address (`externalTrafficPolicy: Local`): never masquerade.
+pub const FRONTEND_FLAG_PRESERVE_CLIENT_ADDRESS: u32 = 1 << 1;
+/// A NodePort, external or load-balancer frontend: traffic to a backend on another
+/// node is masqueraded so that its replies come back through this node.
+pub const FRONTEND_FLAG_MASQUERADE_REMOTE: u32 = 1 << 2;
+
+/// Value of the frontends map.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FrontendValue {
+    /// Identifies the set of backends this frontend balances over, in the backend
+    /// slots map. Frontends with the same backend set share a group.
+    pub group_id: u32,
+    /// Number of backends new flows choose from (slots `0..backend_count`).
+    /// Zero means the Service has no usable endpoint: new flows are refused.
+    pub backend_count: u32,
+    /// `FRONTEND_FLAG_*` bits.
+    pub flags: u32,
+    /// Affinity timeout (`sessionAffinityConfig.clientIP.timeoutSeconds`).
+    pub affinity_timeout_seconds: u32,
+}
+
+/// Key of the backend slots map: the `ordinal`th backend of a group.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BackendSlotKey {
+    pub group_id: u32,
+    pub ordinal: u32,
+}
+
+/// The backend is an endpoint on this node.
+pub const BACKEND_FLAG_LOCAL: u16 = 1 << 0;
+
+/// Value of the backend slots map: one endpoint address and target port.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BackendValue {
+    pub address: Address,
+    pub port_big_endian: u16,
+    /// `BACKEND_FLAG_*` bits.
+    pub flags: u16,
+}
+
+/// Key of the connection tracking map: a packet's addresses and ports as they
+/// arrive, before translation. Each tracked connection has two entries: one for
+/// the client's direction (keyed by client -> frontend) and one for the reply
+/// direction (keyed by backend -> client as the reply arrives).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ConntrackKey {
+    pub source_address: Address,
+    pub destination_address: Address,
+    pub source_port_big_endian: u16,
+    pub destination_port_big_endian: u16,
+    pub protocol: u8,
+    /// Always zero.
+    pub reserved: [u8; 3],
+}
+
+/// Rewrite the destination address and port to `new_destination_*`.
+pub const CONNTRACK_FLAG_REWRITE_DESTINATION: u8 = 1 << 0;
+/// Rewrite the source address and port to `new_source_*`.
+pub const CONNTRACK_FLAG_REWRITE_SOURCE: u8 = 1 << 1;
+/// This entry describes the reply direction of its connection.
+pub const CONNTRACK_FLAG_REPLY: u8 = 1 << 2;
+/// Translated packets of this connection are marked for masquerading.
+pub const CONNTRACK_FLAG_MASQUERADE: u8 = 1 << 3;
+
+/// TCP teardown seen in the client's direction.
+pub const TCP_STATE_FIN_FROM_CLIENT: u8 = 1 << 0;
+/// TCP teardown seen in the reply direction.
+pub const TCP_STATE_FIN_FROM_BACKEND: u8 = 1 << 1;
+/// A reset was seen in either direction.
+pub const TCP_STATE_RESET: u8 = 1 << 2;
+
+/// Value of the connection tracking map.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ConntrackValue {
+    pub new_source_address: Address,
+    pub new_destination_address: Address,
+    pub new_source_port_big_endian: u16,
+    pub new_destination_port_big_endian: u16,
+    /// `CONNTRACK_FLAG_*` bits.
+    pub flags: u8,
+    /// `TCP_STATE_*` bits (zero for UDP).
+    pub tcp_state: u8,
+    /// Always zero.
+    pub reserved: [u8; 2],
+    /// `bpf_ktime_get_ns` of the last packet; entries past their timeout are ignored
+    /// (and overwritten by the next SYN) even before the LRU evicts them.
+    pub last_seen_nanoseconds: u64,
+}
+
+/// Key of the session-affinity map.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct AffinityKey {
+    pub client_address: Address,
+    pub group_id: u32,
+}
+
+/// Value of the session-affinity map: the backend a client was sent to last.
+/// It is honoured only while slot `ordinal` of the group still holds this very
+/// backend, so a removed backend never keeps receiving a client's new flows.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AffinityValue {
+    pub backend_address: Address,
+    pub backend_port_big_endian: u16,
+    /// Always zero.
+    pub reserved: u16,
+    pub ordinal: u32,
+    pub last_used_nanoseconds: u64,
+}
+
+/// Translate new flows and existing flows.
+pub const DATAPATH_MODE_ACTIVE: u32 = 1;
+/// Translate only flows already in Switchyard's conntrack; new connections pass
+/// untranslated to whatever else implements Services (kube-proxy's rules).
+pub const DATAPATH_MODE_DRAINING: u32 = 2;
+
+/// The single entry of the config map, written by the agent.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct DatapathConfig {
+    /// Source address used when a pod reaches a Service that picks that same pod
+    /// (hairpin), so its reply is routed back through the node to be translated.
+    pub hairpin_address: Address,
+    /// Network namespace cookie of the node: socket hooks, which are attached to a
+    /// cgroup and so see every namespace, act only on sockets of this namespace.
+    pub network_namespace_cookie: u64,
+    /// `DATAPATH_MODE_*`. Zero (an unwritten config) behaves as draining, so a
+    /// program never translates a new flow before the agent has configured it.
+    pub mode: u32,
+    /// `skb->mark` bit set on packets that must be masqueraded on their way out.
+    pub masquerade_mark: u32,
+    pub tcp_idle_timeout_seconds: u32,
+    /// How long a TCP entry lives after FIN or RST, so the teardown is translated.
+    pub tcp_closing_timeout_seconds: u32,
+    pub udp_idle_timeout_seconds: u32,
+    /// Always zero.
+    pub reserved: u32,
+}
+
+/// Indexes of the per-CPU counters array.
+pub mod counter {
+    /// New flows translated to a backend.
+    pub const TRANSLATED: u32 = 0;
+    /// New flows refused because the Service had no usable backend.
+    pub const NO_BACKEND: u32 = 1;
+    /// Packets that matched a conntrack entry.
+    pub const CONNTRACK_HIT: u32 = 2;
+    /// Packets to a frontend that had no conntrack entry.
+    pub const CONNTRACK_MISS: u32 = 3;
+    /// Packets the program could not handle (malformed, helper failures).
+    pub const ERROR: u32 = 4;
+    /// Non-SYN TCP packets to a frontend with no Switchyard conntrack entry, passed
+    /// untranslated to netfilter (flows that kube-proxy's rules translated).
+    pub const PASSED_UNTRACKED: u32 = 5;
+    /// Reply packets translated back to the frontend.
+    pub const REVERSE_TRANSLATED: u32 = 6;
+    /// Number of counters.
+    pub const COUNT: u32 = 7;
+}
+
+#[cfg(feature = "user")]
+mod user {
+    use super::*;
+    // SAFETY: every type is `#[repr(C)]`, `Copy`, made only of integers and byte
+    // arrays, and has no padding (checked by the size assertions below), so any
+    // bit pattern is a valid value.
+    unsafe impl aya::Pod for FrontendKey {}
+    unsafe impl aya::Pod for FrontendValue {}
+    unsafe impl aya::Pod for BackendSlotKey {}
+    unsafe impl aya::Pod for BackendValue {}
+    unsafe impl aya::Pod for ConntrackKey {}
+    unsafe impl aya::Pod for ConntrackValue {}
+    unsafe impl aya::Pod for AffinityKey {}
+    unsafe impl aya::Pod for AffinityValue {}
+    unsafe impl aya::Pod for DatapathConfig {}
+}
+
+// No hidden padding: each size is the sum of the field sizes.
+const _: () = {
+    use core::mem::size_of;
+    assert!(size_of::<FrontendKey>() == 16 + 2 + 1 + 1);
+    assert!(size_of::<FrontendValue>() == 4 * 4);
+    assert!(size_of::<BackendSlotKey>() == 4 + 4);
+    assert!(size_of::<BackendValue>() == 16 + 2 + 2);
+    assert!(size_of::<ConntrackKey>() == 16 + 16 + 2 + 2 + 1 + 3);
+    assert!(size_of::<ConntrackValue>() == 16 + 16 + 2 + 2 + 1 + 1 + 2 + 8);
+    assert!(size_of::<AffinityKey>() == 16 + 4);
+    assert!(size_of::<AffinityValue>() == 16 + 2 + 2 + 4 + 8);
+    assert!(size_of::<DatapathConfig>() == 16 + 8 + 4 * 6);
+};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_ipv4_address_round_trips_through_its_mapped_form() {
+        let mapped = ipv4_mapped([10, 96, 0, 1]);
+        assert_eq!(&mapped[..12], &[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff]);
+        assert_eq!(ipv4_of_mapped(&mapped), Some([10, 96, 0, 1]));
+    }
+
+    #[test]
+    fn a_real_ipv6_address_is_not_taken_for_ipv4() {
+        let mut address = [0u8; 16];
+        address[0] = 0xfd;
+        address[15] = 1;
+        assert_eq!(ipv4_of_mapped(&address), None);
+        assert_eq!(ipv4_of_mapped(&[0u8; 16]), None);
+    }
+
+    #[test]
+    fn map_names_fit_the_kernel_object_name_limit() {
+        for name in [
+            map_names::FRONTENDS,
+            map_names::BACKEND_SLOTS,
+            map_names::CONNTRACK,
+            map_names::AFFINITY,
+            map_names::CONFIG,
+            map_names::COUNTERS,
+        ] {
+            assert!(name.len() <= 15, "{name} is longer than 15 characters");
+        }
+    }
+}
