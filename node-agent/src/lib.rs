@@ -1,1 +1,15 @@
-//! The Switchyard node agent (filled in by the datapath and agent issues).
+//! Switchyard's node agent: loads the TC NAT programs, keeps their maps in sync with
+//! the Services of the cluster (or of manifest files in standalone mode), and reports
+//! what it does. See `docs/datapath.md` for the datapath design.
+//!
+//! Layout:
+//! - `error`: the crate's one error enum.
+//! - `maps`: the `ServiceMaps` trait (what the syncer needs from the BPF maps), an
+//!   in-memory fake with fault injection for tests.
+//! - `model`, `desired`, `diff`: Kubernetes objects -> internal model -> desired map
+//!   entries (pure) -> ordered update/delete/prune plan (pure).
+//! - `loader`: aya loading, pinning, attaching, the real `ServiceMaps`.
+//! - `standalone`: `switchyard-agent standalone`.
+
+pub mod error;
+pub use error::Error;
