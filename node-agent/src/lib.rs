@@ -12,4 +12,5 @@
 //! - `standalone`: `switchyard-agent standalone`.
 
 pub mod error;
+pub mod maps;
 pub use error::Error;
