@@ -13,4 +13,5 @@
 
 pub mod error;
 pub mod maps;
+pub mod model;
 pub use error::Error;
