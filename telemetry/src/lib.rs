@@ -1,0 +1,411 @@
+//! The small HTTP endpoint every Switchyard process serves on one port:
+//!
+//! - `GET /metrics`: the process's Prometheus registry in the text exposition format;
+//! - `GET /healthz`: 200 while the process is live, 503 once it declared itself broken;
+//! - `GET /readyz`: 200 once the process declared itself ready, 503 before (and after it
+//!   declared itself not ready again).
+//!
+//! It is deliberately tiny (hyper's HTTP/1 server, no framework): it must never be what keeps a
+//! process from starting, and it must answer while the process's real work is blocked (an
+//! operator waiting for its leader Lease is live but not acting).
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::header::{HeaderValue, ALLOW, CONTENT_TYPE};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use prometheus::{Encoder, Registry, TextEncoder};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// Errors of the telemetry endpoint.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The listening socket could not be opened.
+    #[error("failed to listen on {address} for metrics and health checks")]
+    Bind {
+        address: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The bound socket's address could not be read back.
+    #[error("failed to read the address the telemetry endpoint listens on")]
+    ReadLocalAddress(#[source] std::io::Error),
+}
+
+/// Liveness and readiness of the process, shared between the code that knows them and the
+/// endpoint that reports them. Cheap to clone; every clone sees the same state.
+#[derive(Clone, Debug)]
+pub struct Health {
+    state: Arc<HealthState>,
+}
+
+#[derive(Debug)]
+struct HealthState {
+    live: AtomicBool,
+    ready: AtomicBool,
+}
+
+impl Health {
+    /// A process that is live and not ready yet.
+    pub fn new() -> Self {
+        Self {
+            state: Arc::new(HealthState {
+                live: AtomicBool::new(true),
+                ready: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    /// Declares the process ready (or not) to do its work.
+    pub fn set_ready(&self, ready: bool) {
+        self.state.ready.store(ready, Ordering::SeqCst);
+    }
+
+    /// Declares the process live, or broken beyond repair (the kubelet then restarts it).
+    pub fn set_live(&self, live: bool) {
+        self.state.live.store(live, Ordering::SeqCst);
+    }
+
+    /// Whether the process declared itself ready.
+    pub fn is_ready(&self) -> bool {
+        self.state.ready.load(Ordering::SeqCst)
+    }
+
+    /// Whether the process is live.
+    pub fn is_live(&self) -> bool {
+        self.state.live.load(Ordering::SeqCst)
+    }
+}
+
+impl Default for Health {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The media type of Prometheus' text exposition format.
+pub const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// The answer to one request. Pure apart from reading the registry and the health flags, so
+/// routing is tested without a socket.
+pub fn respond(
+    method: &Method,
+    path: &str,
+    registry: &Registry,
+    health: &Health,
+) -> Response<Full<Bytes>> {
+    if method != Method::GET && method != Method::HEAD {
+        let mut response = text(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "only GET and HEAD are served\n",
+        );
+        response
+            .headers_mut()
+            .insert(ALLOW, HeaderValue::from_static("GET, HEAD"));
+        return response;
+    }
+    match path {
+        "/metrics" => metrics(registry),
+        "/healthz" | "/livez" => probe(health.is_live(), "live"),
+        "/readyz" => probe(health.is_ready(), "ready"),
+        _ => text(
+            StatusCode::NOT_FOUND,
+            "not found: try /metrics, /healthz or /readyz\n",
+        ),
+    }
+}
+
+fn probe(holds: bool, what: &str) -> Response<Full<Bytes>> {
+    if holds {
+        text(StatusCode::OK, "ok\n")
+    } else {
+        text(StatusCode::SERVICE_UNAVAILABLE, format!("not {what}\n"))
+    }
+}
+
+fn metrics(registry: &Registry) -> Response<Full<Bytes>> {
+    let mut body = Vec::new();
+    match TextEncoder::new().encode(&registry.gather(), &mut body) {
+        Ok(()) => {
+            let mut response = Response::new(Full::new(Bytes::from(body)));
+            response
+                .headers_mut()
+                .insert(CONTENT_TYPE, HeaderValue::from_static(METRICS_CONTENT_TYPE));
+            response
+        }
+        Err(error) => text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("failed to encode the metrics: {error}\n"),
+        ),
+    }
+}
+
+fn text(status: StatusCode, body: impl Into<String>) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(body.into())));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    response
+}
+
+/// A running endpoint. Dropping it stops accepting connections.
+#[derive(Debug)]
+pub struct TelemetryServer {
+    local_address: SocketAddr,
+    stop: watch::Sender<bool>,
+    task: JoinHandle<()>,
+}
+
+impl TelemetryServer {
+    /// Listens on `address` (port 0 picks a free port: see [`Self::local_address`]) and serves
+    /// `registry` and `health` until [`Self::shutdown`] or drop.
+    pub async fn bind(
+        address: SocketAddr,
+        registry: Registry,
+        health: Health,
+    ) -> Result<Self, Error> {
+        let listener = TcpListener::bind(address)
+            .await
+            .map_err(|source| Error::Bind { address, source })?;
+        let local_address = listener.local_addr().map_err(Error::ReadLocalAddress)?;
+        let (stop, stopped) = watch::channel(false);
+        let task = tokio::spawn(accept_loop(listener, registry, health, stopped));
+        tracing::info!(%local_address, "serving /metrics, /healthz and /readyz");
+        Ok(Self {
+            local_address,
+            stop,
+            task,
+        })
+    }
+
+    /// The address the endpoint listens on.
+    pub fn local_address(&self) -> SocketAddr {
+        self.local_address
+    }
+
+    /// Stops accepting connections and waits until the accepting task has ended.
+    pub async fn shutdown(mut self) {
+        let _ = self.stop.send(true);
+        let _ = (&mut self.task).await;
+    }
+}
+
+impl Drop for TelemetryServer {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+    }
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    registry: Registry,
+    health: Health,
+    mut stopped: watch::Receiver<bool>,
+) {
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = stopped.changed() => return,
+        };
+        let stream = match accepted {
+            Ok((stream, _peer)) => stream,
+            Err(error) => {
+                // Running out of file descriptors must not end the endpoint for good.
+                tracing::warn!(%error, "failed to accept a telemetry connection");
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let registry = registry.clone();
+        let health = health.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |request: Request<Incoming>| {
+                let response = respond(request.method(), request.uri().path(), &registry, &health);
+                async move { Ok::<_, Infallible>(response) }
+            });
+            if let Err(error) = http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await
+            {
+                tracing::debug!(%error, "telemetry connection ended with an error");
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+    use prometheus::{IntCounter, Opts};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    fn registry_with_counter() -> Registry {
+        let registry = Registry::new();
+        let counter = IntCounter::with_opts(Opts::new(
+            "switchyard_test_requests_total",
+            "Requests in the test.",
+        ))
+        .unwrap();
+        counter.inc_by(3);
+        registry.register(Box::new(counter)).unwrap();
+        registry
+    }
+
+    async fn body_of(response: Response<Full<Bytes>>) -> String {
+        let bytes = response.into_body().collect().await.unwrap().to_bytes();
+        String::from_utf8(bytes.to_vec()).unwrap()
+    }
+
+    /// One plain HTTP/1.1 request over a fresh connection; returns the status code and body.
+    async fn get(address: SocketAddr, path: &str) -> (u16, String) {
+        let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+        let request = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut raw = String::new();
+        stream.read_to_string(&mut raw).await.unwrap();
+        let status: u16 = raw
+            .split_whitespace()
+            .nth(1)
+            .and_then(|code| code.parse().ok())
+            .unwrap();
+        let body = raw
+            .split_once("\r\n\r\n")
+            .map(|(_, body)| body.to_owned())
+            .unwrap_or_default();
+        (status, body)
+    }
+
+    #[tokio::test]
+    async fn metrics_are_served_in_the_prometheus_text_format() {
+        let response = respond(
+            &Method::GET,
+            "/metrics",
+            &registry_with_counter(),
+            &Health::new(),
+        );
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(response.headers()[CONTENT_TYPE], METRICS_CONTENT_TYPE);
+        let body = body_of(response).await;
+        assert!(
+            body.contains("# TYPE switchyard_test_requests_total counter"),
+            "{body}"
+        );
+        assert!(body.contains("switchyard_test_requests_total 3"), "{body}");
+    }
+
+    #[tokio::test]
+    async fn readiness_follows_what_the_process_declares() {
+        let registry = Registry::new();
+        let health = Health::new();
+        assert_eq!(
+            respond(&Method::GET, "/readyz", &registry, &health).status(),
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        health.set_ready(true);
+        assert_eq!(
+            respond(&Method::GET, "/readyz", &registry, &health).status(),
+            StatusCode::OK
+        );
+        health.set_ready(false);
+        assert_eq!(
+            respond(&Method::GET, "/readyz", &registry, &health).status(),
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+    }
+
+    #[tokio::test]
+    async fn a_process_is_live_until_it_declares_itself_broken() {
+        let registry = Registry::new();
+        let health = Health::new();
+        assert_eq!(
+            respond(&Method::GET, "/healthz", &registry, &health).status(),
+            StatusCode::OK
+        );
+        health.set_live(false);
+        assert_eq!(
+            respond(&Method::GET, "/healthz", &registry, &health).status(),
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+    }
+
+    #[tokio::test]
+    async fn unknown_paths_are_not_found_and_writes_are_refused() {
+        let registry = Registry::new();
+        let health = Health::new();
+        assert_eq!(
+            respond(&Method::GET, "/", &registry, &health).status(),
+            StatusCode::NOT_FOUND
+        );
+        let refused = respond(&Method::POST, "/metrics", &registry, &health);
+        assert_eq!(refused.status(), StatusCode::METHOD_NOT_ALLOWED);
+        assert_eq!(refused.headers()[ALLOW], "GET, HEAD");
+    }
+
+    #[tokio::test]
+    async fn the_endpoint_serves_metrics_and_health_on_an_ephemeral_loopback_port() {
+        let health = Health::new();
+        let server = TelemetryServer::bind(
+            "127.0.0.1:0".parse().unwrap(),
+            registry_with_counter(),
+            health.clone(),
+        )
+        .await
+        .unwrap();
+        let address = server.local_address();
+        assert!(address.ip().is_loopback());
+        assert_ne!(address.port(), 0);
+
+        let (status, body) = get(address, "/metrics").await;
+        assert_eq!(status, 200);
+        assert!(body.contains("switchyard_test_requests_total 3"), "{body}");
+
+        assert_eq!(get(address, "/healthz").await.0, 200);
+        assert_eq!(
+            get(address, "/readyz").await,
+            (503, "not ready\n".to_owned())
+        );
+        health.set_ready(true);
+        assert_eq!(get(address, "/readyz").await, (200, "ok\n".to_owned()));
+        assert_eq!(get(address, "/nothing-here").await.0, 404);
+
+        server.shutdown().await;
+        assert!(
+            tokio::net::TcpStream::connect(address).await.is_err(),
+            "the endpoint still accepts connections after shutdown"
+        );
+    }
+
+    #[tokio::test]
+    async fn binding_a_port_in_use_fails_with_the_address() {
+        let first = TelemetryServer::bind(
+            "127.0.0.1:0".parse().unwrap(),
+            Registry::new(),
+            Health::new(),
+        )
+        .await
+        .unwrap();
+        let error = TelemetryServer::bind(first.local_address(), Registry::new(), Health::new())
+            .await
+            .unwrap_err();
+        assert!(matches!(error, Error::Bind { address, .. } if address == first.local_address()));
+        assert!(
+            error
+                .to_string()
+                .starts_with("failed to listen on 127.0.0.1:"),
+            "{error}"
+        );
+    }
+}
