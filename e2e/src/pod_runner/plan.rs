@@ -1,0 +1,298 @@
+//! The pod runner's decisions, apart from all I/O: given the pods that want a
+//! process and the processes that exist, what to start, signal or forget.
+//!
+//! Rules (as a kubelet with one container runtime would behave):
+//! - A process whose pod is gone or being deleted gets SIGTERM, then SIGKILL
+//!   once its grace period has passed.
+//! - A pod's process starts only when no other process with the same owner key
+//!   (the same DaemonSet on the same node, the same Deployment) is still
+//!   alive: a replacement never overlaps the process it replaces.
+//! - A process that exited while its pod still wants it is restarted after a
+//!   back-off that doubles up to a limit (restartPolicy Always).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use super::spec::ProcessKey;
+
+/// A pod's wish for a process, reduced to what the decisions need.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Wanted {
+    pub key: ProcessKey,
+    pub owner_key: String,
+    pub deleting: bool,
+    pub grace_period: Duration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProcessState {
+    Running,
+    /// SIGTERM was sent at `since` (time since the runner started).
+    Terminating {
+        since: Duration,
+    },
+    /// SIGKILL was sent; waiting for the exit to be reaped.
+    Killed,
+    Exited {
+        at: Duration,
+    },
+}
+
+/// A process the runner started, as last observed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tracked {
+    pub key: ProcessKey,
+    pub owner_key: String,
+    pub state: ProcessState,
+    pub grace_period: Duration,
+    /// How often this pod's process was started before.
+    pub restarts: u32,
+}
+
+impl Tracked {
+    fn is_alive(&self) -> bool {
+        !matches!(self.state, ProcessState::Exited { .. })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Action {
+    Start(ProcessKey),
+    Terminate(ProcessKey),
+    Kill(ProcessKey),
+    /// Drop the record of an exited process whose pod is gone.
+    Forget(ProcessKey),
+}
+
+pub const RESTART_BACKOFF_START: Duration = Duration::from_secs(1);
+pub const RESTART_BACKOFF_LIMIT: Duration = Duration::from_secs(10);
+
+pub fn restart_backoff(restarts: u32) -> Duration {
+    let factor = 1u32
+        .checked_shl(restarts.saturating_sub(1).min(16))
+        .unwrap_or(u32::MAX);
+    RESTART_BACKOFF_START
+        .saturating_mul(factor)
+        .min(RESTART_BACKOFF_LIMIT)
+}
+
+/// The actions to take now. `now` is the time since the runner started.
+pub fn plan(wanted: &[Wanted], tracked: &[Tracked], now: Duration) -> Vec<Action> {
+    let wanted_by_key: BTreeMap<&ProcessKey, &Wanted> =
+        wanted.iter().map(|item| (&item.key, item)).collect();
+    let tracked_by_key: BTreeMap<&ProcessKey, &Tracked> =
+        tracked.iter().map(|item| (&item.key, item)).collect();
+    let mut actions = Vec::new();
+
+    // Stop what is no longer wanted.
+    for process in tracked {
+        let still_wanted = wanted_by_key
+            .get(&process.key)
+            .is_some_and(|item| !item.deleting);
+        if still_wanted {
+            continue;
+        }
+        let grace_period = wanted_by_key
+            .get(&process.key)
+            .map(|item| item.grace_period.min(process.grace_period))
+            .unwrap_or(process.grace_period);
+        match process.state {
+            ProcessState::Running => actions.push(Action::Terminate(process.key.clone())),
+            ProcessState::Terminating { since } if now >= since + grace_period => {
+                actions.push(Action::Kill(process.key.clone()))
+            }
+            ProcessState::Terminating { .. } | ProcessState::Killed => {}
+            ProcessState::Exited { .. } => {
+                if !wanted_by_key.contains_key(&process.key) {
+                    actions.push(Action::Forget(process.key.clone()))
+                }
+            }
+        }
+    }
+
+    // Start what is wanted, one process per owner key at a time.
+    let mut busy_owners: BTreeSet<&str> = tracked
+        .iter()
+        .filter(|process| process.is_alive())
+        .map(|process| process.owner_key.as_str())
+        .collect();
+    for item in wanted.iter().filter(|item| !item.deleting) {
+        let due = match tracked_by_key.get(&item.key) {
+            None => true,
+            Some(process) => match process.state {
+                ProcessState::Exited { at } => now >= at + restart_backoff(process.restarts),
+                _ => false,
+            },
+        };
+        if !due || busy_owners.contains(item.owner_key.as_str()) {
+            continue;
+        }
+        busy_owners.insert(item.owner_key.as_str());
+        actions.push(Action::Start(item.key.clone()));
+    }
+    actions
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(uid: &str) -> ProcessKey {
+        ProcessKey {
+            pod_uid: uid.to_string(),
+            container: "kube-proxy".to_string(),
+        }
+    }
+
+    fn wanted(uid: &str, owner: &str) -> Wanted {
+        Wanted {
+            key: key(uid),
+            owner_key: owner.to_string(),
+            deleting: false,
+            grace_period: Duration::from_secs(5),
+        }
+    }
+
+    fn tracked(uid: &str, owner: &str, state: ProcessState) -> Tracked {
+        Tracked {
+            key: key(uid),
+            owner_key: owner.to_string(),
+            state,
+            grace_period: Duration::from_secs(5),
+            restarts: 0,
+        }
+    }
+
+    const SECOND: Duration = Duration::from_secs(1);
+
+    #[test]
+    fn a_new_pod_gets_its_process_started() {
+        assert_eq!(
+            plan(&[wanted("a", "ds/node-1")], &[], SECOND),
+            vec![Action::Start(key("a"))]
+        );
+    }
+
+    #[test]
+    fn a_running_process_of_a_wanted_pod_is_left_alone() {
+        let actions = plan(
+            &[wanted("a", "ds/node-1")],
+            &[tracked("a", "ds/node-1", ProcessState::Running)],
+            SECOND,
+        );
+        assert!(actions.is_empty(), "{actions:?}");
+    }
+
+    #[test]
+    fn a_deleted_pod_gets_sigterm_then_sigkill_after_its_grace_period() {
+        let mut deleting = wanted("a", "ds/node-1");
+        deleting.deleting = true;
+        assert_eq!(
+            plan(
+                &[deleting.clone()],
+                &[tracked("a", "ds/node-1", ProcessState::Running)],
+                SECOND
+            ),
+            vec![Action::Terminate(key("a"))]
+        );
+        let terminating = tracked(
+            "a",
+            "ds/node-1",
+            ProcessState::Terminating { since: SECOND },
+        );
+        assert!(plan(&[deleting.clone()], &[terminating.clone()], 5 * SECOND).is_empty());
+        assert_eq!(
+            plan(&[deleting], &[terminating.clone()], 6 * SECOND),
+            vec![Action::Kill(key("a"))]
+        );
+        // Also when the pod object is already gone from the API.
+        assert_eq!(
+            plan(&[], &[terminating], 7 * SECOND),
+            vec![Action::Kill(key("a"))]
+        );
+    }
+
+    #[test]
+    fn a_replacement_starts_only_after_the_old_process_has_exited() {
+        let replacement = wanted("new", "ds/node-2");
+        for state in [
+            ProcessState::Running,
+            ProcessState::Terminating { since: SECOND },
+            ProcessState::Killed,
+        ] {
+            let actions = plan(
+                &[replacement.clone()],
+                &[tracked("old", "ds/node-2", state)],
+                2 * SECOND,
+            );
+            assert!(
+                !actions.contains(&Action::Start(key("new"))),
+                "started while the old process was {state:?}: {actions:?}"
+            );
+        }
+        let actions = plan(
+            &[replacement],
+            &[tracked(
+                "old",
+                "ds/node-2",
+                ProcessState::Exited { at: 2 * SECOND },
+            )],
+            2 * SECOND,
+        );
+        assert_eq!(
+            actions,
+            vec![Action::Forget(key("old")), Action::Start(key("new"))]
+        );
+    }
+
+    #[test]
+    fn pods_of_other_owners_do_not_wait_for_each_other() {
+        let actions = plan(
+            &[wanted("b", "ds/node-2")],
+            &[tracked(
+                "a",
+                "ds/node-1",
+                ProcessState::Terminating { since: SECOND },
+            )],
+            2 * SECOND,
+        );
+        assert_eq!(actions, vec![Action::Start(key("b"))]);
+    }
+
+    #[test]
+    fn two_wanted_pods_of_one_owner_never_start_together() {
+        let actions = plan(
+            &[wanted("a", "deploy/op"), wanted("b", "deploy/op")],
+            &[],
+            SECOND,
+        );
+        assert_eq!(actions, vec![Action::Start(key("a"))]);
+    }
+
+    #[test]
+    fn a_crashed_process_is_restarted_after_a_growing_backoff() {
+        let mut crashed = tracked("a", "ds/node-1", ProcessState::Exited { at: 10 * SECOND });
+        crashed.restarts = 3;
+        let item = wanted("a", "ds/node-1");
+        assert!(plan(&[item.clone()], &[crashed.clone()], 13 * SECOND).is_empty());
+        assert_eq!(
+            plan(&[item], &[crashed], 14 * SECOND),
+            vec![Action::Start(key("a"))]
+        );
+        assert_eq!(restart_backoff(1), SECOND);
+        assert_eq!(restart_backoff(2), 2 * SECOND);
+        assert_eq!(restart_backoff(40), RESTART_BACKOFF_LIMIT);
+    }
+
+    #[test]
+    fn an_exited_process_of_a_deleted_pod_is_forgotten_only_once_the_pod_is_gone() {
+        let mut deleting = wanted("a", "ds/node-1");
+        deleting.deleting = true;
+        let exited = tracked("a", "ds/node-1", ProcessState::Exited { at: SECOND });
+        assert!(plan(&[deleting], &[exited.clone()], 2 * SECOND).is_empty());
+        assert_eq!(
+            plan(&[], &[exited], 2 * SECOND),
+            vec![Action::Forget(key("a"))]
+        );
+    }
+}

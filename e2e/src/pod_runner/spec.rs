@@ -1,0 +1,618 @@
+//! What process to run for a pod: the pure translation of a Pod object (and
+//! the image table) into binaries, arguments and environment.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Container, EnvVar, Pod};
+
+use crate::images::ImageTable;
+
+/// The path at which processes find their service-account credentials, as in a
+/// real container.
+pub const SERVICE_ACCOUNT_MOUNT_PATH: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+
+/// Identifies one process: a container of a pod instance.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ProcessKey {
+    pub pod_uid: String,
+    pub container: String,
+}
+
+/// Facts the runner knows about the cluster, not from the pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunnerContext {
+    pub apiserver_host: String,
+    pub apiserver_port: u16,
+    /// InternalIP of each node by name.
+    pub node_addresses: BTreeMap<String, String>,
+}
+
+/// A value a container's environment takes from another object.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum ObjectKeyReference {
+    ConfigMap { name: String, key: String },
+    Secret { name: String, key: String },
+}
+
+/// Everything needed to start the process of one container.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcessSpec {
+    pub key: ProcessKey,
+    pub namespace: String,
+    pub pod_name: String,
+    pub node: String,
+    /// Processes with the same owner key replace each other: a new one starts
+    /// only after the old one has exited.
+    pub owner_key: String,
+    pub image: String,
+    pub binary: PathBuf,
+    pub arguments: Vec<String>,
+    pub environment: Vec<(String, String)>,
+    /// The secret holding the service-account token mounted at
+    /// [`SERVICE_ACCOUNT_MOUNT_PATH`], if the container mounts one.
+    pub service_account_secret: Option<String>,
+    pub grace_period: Duration,
+    /// The pod is being deleted (`deletionTimestamp` is set).
+    pub deleting: bool,
+}
+
+/// Why a managed container cannot be started (yet).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SpecProblem {
+    MissingField(&'static str),
+    UnknownNodeAddress(String),
+    MissingReference(ObjectKeyReference),
+    UnsupportedFieldPath(String),
+}
+
+impl std::fmt::Display for SpecProblem {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SpecProblem::MissingField(field) => write!(formatter, "the pod has no {field}"),
+            SpecProblem::UnknownNodeAddress(node) => {
+                write!(formatter, "node {node} has no known address")
+            }
+            SpecProblem::MissingReference(reference) => {
+                write!(formatter, "{reference:?} is not available")
+            }
+            SpecProblem::UnsupportedFieldPath(path) => {
+                write!(formatter, "fieldRef {path} is not supported")
+            }
+        }
+    }
+}
+
+const DEFAULT_GRACE_PERIOD: Duration = Duration::from_secs(30);
+
+/// The key under which replacements of a pod wait for each other: DaemonSet
+/// pods per node, Deployment (ReplicaSet) pods per Deployment, other pods per
+/// name.
+pub fn owner_key(pod: &Pod, container: &str) -> String {
+    let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
+    let node = pod
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.node_name.as_deref())
+        .unwrap_or("");
+    let controller = pod
+        .metadata
+        .owner_references
+        .as_ref()
+        .and_then(|owners| owners.iter().find(|owner| owner.controller == Some(true)));
+    match controller {
+        Some(owner) if owner.kind == "DaemonSet" => {
+            format!("daemonset/{namespace}/{}/{node}/{container}", owner.name)
+        }
+        Some(owner) if owner.kind == "ReplicaSet" => {
+            let hash = pod
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|labels| labels.get("pod-template-hash"));
+            let deployment = match hash {
+                Some(hash) => owner
+                    .name
+                    .strip_suffix(&format!("-{hash}"))
+                    .unwrap_or(&owner.name),
+                None => &owner.name,
+            };
+            format!("deployment/{namespace}/{deployment}/{container}")
+        }
+        _ => format!(
+            "pod/{namespace}/{}/{container}",
+            pod.metadata.name.as_deref().unwrap_or("")
+        ),
+    }
+}
+
+/// The objects a pod's managed containers take environment values from.
+pub fn references(pod: &Pod, images: &ImageTable) -> Vec<ObjectKeyReference> {
+    let mut found = Vec::new();
+    for container in managed_containers(pod, images) {
+        for variable in container.env.iter().flatten() {
+            if let Some(reference) = reference_of(variable) {
+                found.push(reference);
+            }
+        }
+    }
+    found.sort();
+    found.dedup();
+    found
+}
+
+fn reference_of(variable: &EnvVar) -> Option<ObjectKeyReference> {
+    let source = variable.value_from.as_ref()?;
+    if let Some(selector) = &source.config_map_key_ref {
+        return Some(ObjectKeyReference::ConfigMap {
+            name: selector.name.clone(),
+            key: selector.key.clone(),
+        });
+    }
+    source
+        .secret_key_ref
+        .as_ref()
+        .map(|selector| ObjectKeyReference::Secret {
+            name: selector.name.clone(),
+            key: selector.key.clone(),
+        })
+}
+
+fn managed_containers<'a>(
+    pod: &'a Pod,
+    images: &'a ImageTable,
+) -> impl Iterator<Item = &'a Container> + 'a {
+    pod.spec
+        .iter()
+        .flat_map(|spec| spec.containers.iter())
+        .filter(move |container| {
+            container
+                .image
+                .as_deref()
+                .is_some_and(|image| images.binary_for(image).is_some())
+        })
+}
+
+/// The processes to run for a pod: one per container whose image is in the
+/// table. Pods not bound to a node, finished pods and unmanaged images give none.
+pub fn process_specs(
+    pod: &Pod,
+    images: &ImageTable,
+    context: &RunnerContext,
+    values: &BTreeMap<ObjectKeyReference, String>,
+) -> Vec<Result<ProcessSpec, (ProcessKey, SpecProblem)>> {
+    let Some(spec) = pod.spec.as_ref() else {
+        return Vec::new();
+    };
+    let Some(node) = spec.node_name.clone() else {
+        return Vec::new();
+    };
+    let phase = pod
+        .status
+        .as_ref()
+        .and_then(|status| status.phase.as_deref());
+    if matches!(phase, Some("Succeeded") | Some("Failed")) {
+        return Vec::new();
+    }
+    let uid = pod.metadata.uid.clone().unwrap_or_default();
+    managed_containers(pod, images)
+        .map(|container| {
+            let key = ProcessKey {
+                pod_uid: uid.clone(),
+                container: container.name.clone(),
+            };
+            container_spec(pod, container, &node, images, context, values)
+                .map_err(|problem| (key, problem))
+        })
+        .collect()
+}
+
+fn container_spec(
+    pod: &Pod,
+    container: &Container,
+    node: &str,
+    images: &ImageTable,
+    context: &RunnerContext,
+    values: &BTreeMap<ObjectKeyReference, String>,
+) -> Result<ProcessSpec, SpecProblem> {
+    let uid = pod
+        .metadata
+        .uid
+        .clone()
+        .ok_or(SpecProblem::MissingField("metadata.uid"))?;
+    let pod_name = pod
+        .metadata
+        .name
+        .clone()
+        .ok_or(SpecProblem::MissingField("metadata.name"))?;
+    let namespace = pod
+        .metadata
+        .namespace
+        .clone()
+        .unwrap_or_else(|| "default".to_string());
+    let image = container
+        .image
+        .clone()
+        .ok_or(SpecProblem::MissingField("container image"))?;
+    let binary = images
+        .binary_for(&image)
+        .ok_or(SpecProblem::MissingField("a binary for the image"))?
+        .to_path_buf();
+    let node_address = context
+        .node_addresses
+        .get(node)
+        .cloned()
+        .ok_or_else(|| SpecProblem::UnknownNodeAddress(node.to_string()))?;
+    let pod_spec = pod.spec.as_ref().ok_or(SpecProblem::MissingField("spec"))?;
+    let host_network = pod_spec.host_network == Some(true);
+    let pod_ip = pod
+        .status
+        .as_ref()
+        .and_then(|status| status.pod_ip.clone())
+        .unwrap_or_else(|| node_address.clone());
+
+    // The variables a kubelet gives every container, then the container's own.
+    let mut environment: Vec<(String, String)> = vec![
+        (
+            "KUBERNETES_SERVICE_HOST".into(),
+            context.apiserver_host.clone(),
+        ),
+        (
+            "KUBERNETES_SERVICE_PORT".into(),
+            context.apiserver_port.to_string(),
+        ),
+        (
+            "KUBERNETES_SERVICE_PORT_HTTPS".into(),
+            context.apiserver_port.to_string(),
+        ),
+        (
+            "HOSTNAME".into(),
+            if host_network {
+                node.to_string()
+            } else {
+                pod_name.clone()
+            },
+        ),
+    ];
+    for variable in container.env.iter().flatten() {
+        let value = match (&variable.value, &variable.value_from) {
+            (_, Some(source)) => {
+                if let Some(field) = &source.field_ref {
+                    field_value(pod, &field.field_path, node, &node_address, &pod_ip)?
+                } else if source.resource_field_ref.is_some() {
+                    // Hollow nodes have no resource accounting: leave it unset.
+                    continue;
+                } else if let Some(reference) = reference_of(variable) {
+                    let optional = source
+                        .config_map_key_ref
+                        .as_ref()
+                        .and_then(|selector| selector.optional)
+                        .or_else(|| {
+                            source
+                                .secret_key_ref
+                                .as_ref()
+                                .and_then(|selector| selector.optional)
+                        })
+                        .unwrap_or(false);
+                    match values.get(&reference) {
+                        Some(value) => value.clone(),
+                        None if optional => continue,
+                        None => return Err(SpecProblem::MissingReference(reference)),
+                    }
+                } else {
+                    continue;
+                }
+            }
+            (Some(value), None) => expand_references(value, &environment),
+            (None, None) => String::new(),
+        };
+        environment.retain(|(name, _)| name != &variable.name);
+        environment.push((variable.name.clone(), value));
+    }
+
+    // As in a real container: `command` replaces the image's entrypoint (here
+    // the binary itself, so its first word is dropped), `args` follow it.
+    let arguments: Vec<String> = container
+        .command
+        .iter()
+        .flatten()
+        .skip(1)
+        .chain(container.args.iter().flatten())
+        .map(|argument| expand_references(argument, &environment))
+        .collect();
+
+    let service_account_secret = if pod_spec.automount_service_account_token == Some(false) {
+        None
+    } else {
+        container
+            .volume_mounts
+            .iter()
+            .flatten()
+            .find(|mount| mount.mount_path.trim_end_matches('/') == SERVICE_ACCOUNT_MOUNT_PATH)
+            .and_then(|mount| {
+                pod_spec
+                    .volumes
+                    .iter()
+                    .flatten()
+                    .find(|volume| volume.name == mount.name)
+            })
+            .and_then(|volume| volume.secret.as_ref())
+            .and_then(|secret| secret.secret_name.clone())
+    };
+
+    let grace_seconds = pod
+        .metadata
+        .deletion_grace_period_seconds
+        .or(pod_spec.termination_grace_period_seconds)
+        .map(|seconds| Duration::from_secs(seconds.max(0) as u64))
+        .unwrap_or(DEFAULT_GRACE_PERIOD);
+
+    Ok(ProcessSpec {
+        key: ProcessKey {
+            pod_uid: uid,
+            container: container.name.clone(),
+        },
+        owner_key: owner_key(pod, &container.name),
+        namespace,
+        pod_name,
+        node: node.to_string(),
+        image,
+        binary,
+        arguments,
+        environment,
+        service_account_secret,
+        grace_period: grace_seconds,
+        deleting: pod.metadata.deletion_timestamp.is_some(),
+    })
+}
+
+/// The downward API's `fieldRef` values.
+fn field_value(
+    pod: &Pod,
+    path: &str,
+    node: &str,
+    node_address: &str,
+    pod_ip: &str,
+) -> Result<String, SpecProblem> {
+    let metadata = &pod.metadata;
+    let lookup = |map: &Option<BTreeMap<String, String>>, key: &str| {
+        map.as_ref()
+            .and_then(|map| map.get(key))
+            .cloned()
+            .unwrap_or_default()
+    };
+    let bracketed = |prefix: &str| {
+        path.strip_prefix(prefix)
+            .and_then(|rest| rest.strip_suffix("']"))
+            .map(str::to_string)
+    };
+    Ok(match path {
+        "metadata.name" => metadata.name.clone().unwrap_or_default(),
+        "metadata.namespace" => metadata.namespace.clone().unwrap_or_default(),
+        "metadata.uid" => metadata.uid.clone().unwrap_or_default(),
+        "spec.nodeName" => node.to_string(),
+        "spec.serviceAccountName" => pod
+            .spec
+            .as_ref()
+            .and_then(|spec| spec.service_account_name.clone())
+            .unwrap_or_default(),
+        "status.hostIP" => node_address.to_string(),
+        "status.podIP" | "status.podIPs" => pod_ip.to_string(),
+        _ => {
+            if let Some(key) = bracketed("metadata.labels['") {
+                lookup(&metadata.labels, &key)
+            } else if let Some(key) = bracketed("metadata.annotations['") {
+                lookup(&metadata.annotations, &key)
+            } else {
+                return Err(SpecProblem::UnsupportedFieldPath(path.to_string()));
+            }
+        }
+    })
+}
+
+/// Kubernetes' `$(NAME)` expansion in values and arguments: a defined
+/// variable is replaced, `$$` is a literal `$`, anything else stays as written.
+pub fn expand_references(text: &str, environment: &[(String, String)]) -> String {
+    let mut expanded = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(position) = rest.find('$') {
+        expanded.push_str(&rest[..position]);
+        let after = &rest[position + 1..];
+        if let Some(stripped) = after.strip_prefix('$') {
+            expanded.push('$');
+            rest = stripped;
+        } else if let Some(inner) = after.strip_prefix('(') {
+            match inner.find(')') {
+                Some(end) => {
+                    let name = &inner[..end];
+                    match environment
+                        .iter()
+                        .rev()
+                        .find(|(candidate, _)| candidate == name)
+                    {
+                        Some((_, value)) => expanded.push_str(value),
+                        None => {
+                            expanded.push_str("$(");
+                            expanded.push_str(name);
+                            expanded.push(')');
+                        }
+                    }
+                    rest = &inner[end + 1..];
+                }
+                None => {
+                    expanded.push_str("$(");
+                    rest = inner;
+                }
+            }
+        } else {
+            expanded.push('$');
+            rest = after;
+        }
+    }
+    expanded.push_str(rest);
+    expanded
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    fn images() -> ImageTable {
+        ImageTable::parse(
+            "registry.k8s.io/kube-proxy:v1.20.2 /cache/kube-proxy\n",
+            Path::new("t"),
+        )
+        .unwrap()
+    }
+
+    fn context() -> RunnerContext {
+        RunnerContext {
+            apiserver_host: "10.99.0.1".into(),
+            apiserver_port: 6443,
+            node_addresses: [("node-2".to_string(), "10.99.0.12".to_string())].into(),
+        }
+    }
+
+    fn kube_proxy_pod() -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {
+                "name": "kube-proxy-abcde", "namespace": "kube-system", "uid": "uid-1",
+                "labels": {"controller-revision-hash": "7f9c", "k8s-app": "kube-proxy"},
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "kube-proxy",
+                                     "uid": "ds-uid", "controller": true}]
+            },
+            "spec": {
+                "nodeName": "node-2", "hostNetwork": true, "serviceAccountName": "kube-proxy",
+                "terminationGracePeriodSeconds": 5,
+                "containers": [{
+                    "name": "kube-proxy", "image": "registry.k8s.io/kube-proxy:v1.20.2",
+                    "command": ["/usr/local/bin/kube-proxy", "--hostname-override=$(NODE_NAME)"],
+                    "args": ["--bind-address=$(NODE_IP)", "--literal=$$(NODE_NAME)", "--unknown=$(NOPE)"],
+                    "env": [
+                        {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+                        {"name": "NODE_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}},
+                        {"name": "REVISION", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['controller-revision-hash']"}}},
+                        {"name": "MODE", "valueFrom": {"configMapKeyRef": {"name": "settings", "key": "mode"}}},
+                        {"name": "GREETING", "value": "on $(NODE_NAME)"}
+                    ],
+                    "volumeMounts": [{"name": "kube-proxy-token-x", "mountPath": SERVICE_ACCOUNT_MOUNT_PATH, "readOnly": true}]
+                }, {
+                    "name": "sidecar", "image": "busybox"
+                }],
+                "volumes": [{"name": "kube-proxy-token-x", "secret": {"secretName": "kube-proxy-token-x"}}]
+            },
+            "status": {"phase": "Running", "hostIP": "10.99.0.12", "podIP": "10.99.0.12"}
+        }))
+        .unwrap()
+    }
+
+    fn values() -> BTreeMap<ObjectKeyReference, String> {
+        [(
+            ObjectKeyReference::ConfigMap {
+                name: "settings".into(),
+                key: "mode".into(),
+            },
+            "iptables".to_string(),
+        )]
+        .into()
+    }
+
+    fn environment_value<'a>(spec: &'a ProcessSpec, name: &str) -> Option<&'a str> {
+        spec.environment
+            .iter()
+            .find(|(candidate, _)| candidate == name)
+            .map(|(_, value)| value.as_str())
+    }
+
+    #[test]
+    fn a_daemonset_pod_becomes_its_binary_with_the_downward_api_resolved() {
+        let specs = process_specs(&kube_proxy_pod(), &images(), &context(), &values());
+        assert_eq!(specs.len(), 1, "only the managed container runs");
+        let spec = specs[0].clone().unwrap();
+        assert_eq!(spec.binary, PathBuf::from("/cache/kube-proxy"));
+        assert_eq!(
+            spec.arguments,
+            vec![
+                "--hostname-override=node-2",
+                "--bind-address=10.99.0.12",
+                "--literal=$(NODE_NAME)",
+                "--unknown=$(NOPE)"
+            ]
+        );
+        assert_eq!(environment_value(&spec, "REVISION"), Some("7f9c"));
+        assert_eq!(environment_value(&spec, "MODE"), Some("iptables"));
+        assert_eq!(environment_value(&spec, "GREETING"), Some("on node-2"));
+        assert_eq!(
+            environment_value(&spec, "KUBERNETES_SERVICE_HOST"),
+            Some("10.99.0.1")
+        );
+        assert_eq!(environment_value(&spec, "HOSTNAME"), Some("node-2"));
+        assert_eq!(
+            spec.service_account_secret.as_deref(),
+            Some("kube-proxy-token-x")
+        );
+        assert_eq!(spec.grace_period, Duration::from_secs(5));
+        assert_eq!(
+            spec.owner_key,
+            "daemonset/kube-system/kube-proxy/node-2/kube-proxy"
+        );
+        assert!(!spec.deleting);
+    }
+
+    #[test]
+    fn a_missing_config_map_value_is_a_problem_not_an_empty_value() {
+        let specs = process_specs(&kube_proxy_pod(), &images(), &context(), &BTreeMap::new());
+        let (key, problem) = specs[0].clone().unwrap_err();
+        assert_eq!(key.container, "kube-proxy");
+        assert!(matches!(problem, SpecProblem::MissingReference(_)));
+        assert_eq!(
+            references(&kube_proxy_pod(), &images()),
+            values().into_keys().collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
+    fn unbound_finished_and_unmanaged_pods_run_nothing() {
+        let mut unbound = kube_proxy_pod();
+        unbound.spec.as_mut().unwrap().node_name = None;
+        assert!(process_specs(&unbound, &images(), &context(), &values()).is_empty());
+        let mut finished = kube_proxy_pod();
+        finished.status.as_mut().unwrap().phase = Some("Succeeded".into());
+        assert!(process_specs(&finished, &images(), &context(), &values()).is_empty());
+        assert!(process_specs(
+            &kube_proxy_pod(),
+            &ImageTable::default(),
+            &context(),
+            &values()
+        )
+        .is_empty());
+    }
+
+    #[test]
+    fn replica_set_pods_share_one_owner_key_per_deployment() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "operator-5d8f-x", "namespace": "switchyard-system",
+                         "labels": {"pod-template-hash": "5d8f"},
+                         "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                                              "name": "operator-5d8f", "uid": "u", "controller": true}]},
+            "spec": {"containers": []}
+        }))
+        .unwrap();
+        assert_eq!(
+            owner_key(&pod, "operator"),
+            "deployment/switchyard-system/operator/operator"
+        );
+    }
+
+    #[test]
+    fn expansion_follows_kubernetes_rules() {
+        let environment = vec![("A".to_string(), "1".to_string())];
+        assert_eq!(expand_references("x$(A)y", &environment), "x1y");
+        assert_eq!(expand_references("$$(A)", &environment), "$(A)");
+        assert_eq!(expand_references("$(B)", &environment), "$(B)");
+        assert_eq!(expand_references("$(A", &environment), "$(A");
+        assert_eq!(expand_references("cost $5", &environment), "cost $5");
+    }
+}

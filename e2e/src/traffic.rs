@@ -1,0 +1,652 @@
+//! Test traffic: echo servers standing in for backends, and a generator that
+//! opens connections continuously and records every failure with its time
+//! and cause.
+//!
+//! Protocol: the client sends a line, the server answers `<server name>
+//! <line>`. A short connection sends one line and closes; a long-lived
+//! connection sends a line every interval for as long as the generator runs,
+//! so a connection that a dataplane switch breaks is counted too.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use crate::error::{E2eError, Result};
+use crate::netns::NamespaceThread;
+
+// ---------------------------------------------------------------------------
+// Echo server
+// ---------------------------------------------------------------------------
+
+/// A TCP server that answers every line with its own name and the line.
+/// Stops when dropped.
+#[derive(Debug)]
+pub struct EchoServer {
+    pub name: String,
+    pub address: SocketAddr,
+    tasks: JoinSet<()>,
+}
+
+impl EchoServer {
+    /// Listens on `address` inside the namespace of `thread`.
+    pub async fn start(thread: &NamespaceThread, address: SocketAddr, name: &str) -> Result<Self> {
+        let listener = thread
+            .tcp_listener(address)
+            .await
+            .and_then(tokio::net::TcpListener::from_std)
+            .map_err(|source| E2eError::StartEchoServer {
+                namespace: thread.label().to_string(),
+                port: address.port(),
+                source,
+            })?;
+        let local_address = listener.local_addr().unwrap_or(address);
+        let mut tasks = JoinSet::new();
+        let server_name = name.to_string();
+        tasks.spawn(async move {
+            let mut connections = JoinSet::new();
+            loop {
+                tokio::select! {
+                    accepted = listener.accept() => {
+                        if let Ok((stream, _)) = accepted {
+                            connections.spawn(serve_connection(stream, server_name.clone()));
+                        }
+                    }
+                    Some(_) = connections.join_next(), if !connections.is_empty() => {}
+                }
+            }
+        });
+        Ok(Self {
+            name: name.to_string(),
+            address: local_address,
+            tasks,
+        })
+    }
+
+    /// Stops listening and closes every open connection.
+    pub async fn stop(mut self) {
+        self.tasks.shutdown().await;
+    }
+}
+
+async fn serve_connection(stream: TcpStream, name: String) {
+    let (reader, mut writer) = stream.into_split();
+    let mut lines = BufReader::new(reader).lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        if writer
+            .write_all(format!("{name} {line}\n").as_bytes())
+            .await
+            .is_err()
+        {
+            return;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Failures and reports
+// ---------------------------------------------------------------------------
+
+/// Why one attempt failed.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum FailureCause {
+    ConnectionRefused,
+    ConnectTimeout,
+    HostUnreachable,
+    ConnectionReset,
+    /// The peer closed the connection before answering.
+    ClosedByPeer,
+    ReplyTimeout,
+    /// An answer that does not echo what was sent.
+    WrongReply(String),
+    Other(String),
+}
+
+impl fmt::Display for FailureCause {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FailureCause::ConnectionRefused => write!(formatter, "connection refused"),
+            FailureCause::ConnectTimeout => write!(formatter, "connect timed out"),
+            FailureCause::HostUnreachable => write!(formatter, "host or network unreachable"),
+            FailureCause::ConnectionReset => write!(formatter, "connection reset"),
+            FailureCause::ClosedByPeer => write!(formatter, "closed by the peer before answering"),
+            FailureCause::ReplyTimeout => write!(formatter, "no answer in time"),
+            FailureCause::WrongReply(reply) => write!(formatter, "wrong answer {reply:?}"),
+            FailureCause::Other(message) => write!(formatter, "{message}"),
+        }
+    }
+}
+
+/// The cause of an I/O error (pure, so every mapping is tested).
+pub fn classify_io_error(error: &std::io::Error) -> FailureCause {
+    use std::io::ErrorKind;
+    match error.kind() {
+        ErrorKind::ConnectionRefused => FailureCause::ConnectionRefused,
+        ErrorKind::ConnectionReset | ErrorKind::ConnectionAborted | ErrorKind::BrokenPipe => {
+            FailureCause::ConnectionReset
+        }
+        ErrorKind::TimedOut => FailureCause::ConnectTimeout,
+        ErrorKind::UnexpectedEof => FailureCause::ClosedByPeer,
+        ErrorKind::HostUnreachable | ErrorKind::NetworkUnreachable => FailureCause::HostUnreachable,
+        _ => match error.raw_os_error() {
+            Some(libc::EHOSTUNREACH) | Some(libc::ENETUNREACH) => FailureCause::HostUnreachable,
+            _ => FailureCause::Other(error.to_string()),
+        },
+    }
+}
+
+/// One failed attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    pub flow: String,
+    /// Time since the generator started.
+    pub after: Duration,
+    pub at: SystemTime,
+    pub cause: FailureCause,
+}
+
+/// What happened to one flow.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FlowReport {
+    pub attempts: u64,
+    pub successes: u64,
+    pub failures: Vec<Failure>,
+    /// Answers per backend (server name).
+    pub backends: BTreeMap<String, u64>,
+    /// Long-lived connections opened (the first and every reconnect).
+    pub connections_opened: u64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TrafficReport {
+    pub flows: BTreeMap<String, FlowReport>,
+    pub duration: Duration,
+}
+
+impl TrafficReport {
+    pub fn failures(&self) -> impl Iterator<Item = &Failure> {
+        self.flows.values().flat_map(|flow| flow.failures.iter())
+    }
+
+    pub fn failure_count(&self) -> usize {
+        self.failures().count()
+    }
+
+    pub fn attempts(&self) -> u64 {
+        self.flows.values().map(|flow| flow.attempts).sum()
+    }
+
+    /// Failures per cause over all flows.
+    pub fn failures_by_cause(&self) -> BTreeMap<FailureCause, usize> {
+        let mut counts = BTreeMap::new();
+        for failure in self.failures() {
+            *counts.entry(failure.cause.clone()).or_insert(0) += 1;
+        }
+        counts
+    }
+}
+
+impl fmt::Display for TrafficReport {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(formatter, "traffic over {:.1?}:", self.duration)?;
+        for (name, flow) in &self.flows {
+            writeln!(
+                formatter,
+                "  {name}: {} attempts, {} answered, {} failed, backends {:?}",
+                flow.attempts,
+                flow.successes,
+                flow.failures.len(),
+                flow.backends
+            )?;
+            for failure in flow.failures.iter().take(20) {
+                writeln!(
+                    formatter,
+                    "    at {:>8.3?}: {}",
+                    failure.after, failure.cause
+                )?;
+            }
+            if flow.failures.len() > 20 {
+                writeln!(formatter, "    ... and {} more", flow.failures.len() - 20)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Generator
+// ---------------------------------------------------------------------------
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlowMode {
+    /// A new connection every `interval` (one line, then close), from each of
+    /// `workers` loops.
+    ShortConnections { interval: Duration, workers: usize },
+    /// `connections` connections kept open, each sending a line every
+    /// `message_interval`; a broken one is counted and reopened.
+    LongLived {
+        connections: usize,
+        message_interval: Duration,
+    },
+}
+
+/// Connections from one namespace to one destination.
+#[derive(Debug, Clone)]
+pub struct Flow {
+    pub name: String,
+    pub source: NamespaceThread,
+    pub destination: SocketAddr,
+    pub mode: FlowMode,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timeouts {
+    pub connect: Duration,
+    pub reply: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Self {
+            connect: Duration::from_secs(1),
+            reply: Duration::from_secs(1),
+        }
+    }
+}
+
+type SharedReport = Arc<Mutex<TrafficReport>>;
+
+/// Runs flows until stopped.
+pub struct TrafficGenerator {
+    report: SharedReport,
+    stop: watch::Sender<bool>,
+    tasks: JoinSet<()>,
+    started: tokio::time::Instant,
+}
+
+impl TrafficGenerator {
+    pub fn start(flows: Vec<Flow>, timeouts: Timeouts) -> Self {
+        let started = tokio::time::Instant::now();
+        let report: SharedReport = Arc::new(Mutex::new(TrafficReport::default()));
+        let (stop, stopped) = watch::channel(false);
+        let mut tasks = JoinSet::new();
+        for flow in flows {
+            if let Ok(mut shared) = report.lock() {
+                shared.flows.entry(flow.name.clone()).or_default();
+            }
+            match flow.mode {
+                FlowMode::ShortConnections { interval, workers } => {
+                    for _ in 0..workers.max(1) {
+                        tasks.spawn(short_connection_loop(
+                            flow.clone(),
+                            interval,
+                            timeouts,
+                            report.clone(),
+                            stopped.clone(),
+                            started,
+                        ));
+                    }
+                }
+                FlowMode::LongLived {
+                    connections,
+                    message_interval,
+                } => {
+                    for _ in 0..connections.max(1) {
+                        tasks.spawn(long_lived_loop(
+                            flow.clone(),
+                            message_interval,
+                            timeouts,
+                            report.clone(),
+                            stopped.clone(),
+                            started,
+                        ));
+                    }
+                }
+            }
+        }
+        Self {
+            report,
+            stop,
+            tasks,
+            started,
+        }
+    }
+
+    /// The report so far, while traffic goes on.
+    pub fn snapshot(&self) -> TrafficReport {
+        let mut report = self
+            .report
+            .lock()
+            .map(|report| report.clone())
+            .unwrap_or_default();
+        report.duration = self.started.elapsed();
+        report
+    }
+
+    /// Stops every flow (long-lived connections are closed cleanly) and
+    /// returns the final report.
+    pub async fn stop(mut self) -> TrafficReport {
+        let _ = self.stop.send(true);
+        while self.tasks.join_next().await.is_some() {}
+        self.snapshot()
+    }
+}
+
+fn record(
+    report: &SharedReport,
+    flow: &str,
+    started: tokio::time::Instant,
+    outcome: std::result::Result<String, FailureCause>,
+) {
+    let Ok(mut report) = report.lock() else {
+        return;
+    };
+    let entry = report.flows.entry(flow.to_string()).or_default();
+    entry.attempts += 1;
+    match outcome {
+        Ok(backend) => {
+            entry.successes += 1;
+            *entry.backends.entry(backend).or_insert(0) += 1;
+        }
+        Err(cause) => entry.failures.push(Failure {
+            flow: flow.to_string(),
+            after: started.elapsed(),
+            at: SystemTime::now(),
+            cause,
+        }),
+    }
+}
+
+async fn connect(flow: &Flow, timeouts: Timeouts) -> std::result::Result<TcpStream, FailureCause> {
+    let socket = flow
+        .source
+        .tcp_socket()
+        .await
+        .map_err(|error| FailureCause::Other(format!("socket: {error}")))?;
+    match tokio::time::timeout(timeouts.connect, socket.connect(flow.destination)).await {
+        Err(_) => Err(FailureCause::ConnectTimeout),
+        Ok(Err(error)) => Err(classify_io_error(&error)),
+        Ok(Ok(stream)) => Ok(stream),
+    }
+}
+
+/// Sends one line and reads the answer: the backend's name.
+async fn exchange(
+    reader: &mut BufReader<tokio::net::tcp::OwnedReadHalf>,
+    writer: &mut tokio::net::tcp::OwnedWriteHalf,
+    message: &str,
+    timeouts: Timeouts,
+) -> std::result::Result<String, FailureCause> {
+    writer
+        .write_all(format!("{message}\n").as_bytes())
+        .await
+        .map_err(|error| classify_io_error(&error))?;
+    let mut answer = String::new();
+    match tokio::time::timeout(timeouts.reply, reader.read_line(&mut answer)).await {
+        Err(_) => Err(FailureCause::ReplyTimeout),
+        Ok(Err(error)) => Err(classify_io_error(&error)),
+        Ok(Ok(0)) => Err(FailureCause::ClosedByPeer),
+        Ok(Ok(_)) => parse_answer(answer.trim_end(), message),
+    }
+}
+
+/// The backend's name from an answer to `message` (pure).
+pub fn parse_answer(answer: &str, message: &str) -> std::result::Result<String, FailureCause> {
+    match answer.split_once(' ') {
+        Some((backend, echoed)) if echoed == message && !backend.is_empty() => {
+            Ok(backend.to_string())
+        }
+        _ => Err(FailureCause::WrongReply(answer.to_string())),
+    }
+}
+
+async fn short_connection_loop(
+    flow: Flow,
+    interval: Duration,
+    timeouts: Timeouts,
+    report: SharedReport,
+    mut stopped: watch::Receiver<bool>,
+    started: tokio::time::Instant,
+) {
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut sequence = 0u64;
+    loop {
+        tokio::select! {
+            _ = stopped.changed() => return,
+            _ = ticker.tick() => {}
+        }
+        if *stopped.borrow() {
+            return;
+        }
+        sequence += 1;
+        let outcome = match connect(&flow, timeouts).await {
+            Err(cause) => Err(cause),
+            Ok(stream) => {
+                let (reader, mut writer) = stream.into_split();
+                let mut reader = BufReader::new(reader);
+                let outcome = exchange(
+                    &mut reader,
+                    &mut writer,
+                    &format!("probe-{sequence}"),
+                    timeouts,
+                )
+                .await;
+                let _ = writer.shutdown().await;
+                outcome
+            }
+        };
+        record(&report, &flow.name, started, outcome);
+    }
+}
+
+async fn long_lived_loop(
+    flow: Flow,
+    message_interval: Duration,
+    timeouts: Timeouts,
+    report: SharedReport,
+    mut stopped: watch::Receiver<bool>,
+    started: tokio::time::Instant,
+) {
+    let mut sequence = 0u64;
+    'reconnect: loop {
+        if *stopped.borrow() {
+            return;
+        }
+        let stream = match connect(&flow, timeouts).await {
+            Ok(stream) => stream,
+            Err(cause) => {
+                record(&report, &flow.name, started, Err(cause));
+                tokio::select! {
+                    _ = stopped.changed() => return,
+                    _ = tokio::time::sleep(message_interval) => continue 'reconnect,
+                }
+            }
+        };
+        if let Ok(mut report) = report.lock() {
+            report
+                .flows
+                .entry(flow.name.clone())
+                .or_default()
+                .connections_opened += 1;
+        }
+        let (reader, mut writer) = stream.into_split();
+        let mut reader = BufReader::new(reader);
+        let mut ticker = tokio::time::interval(message_interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = stopped.changed() => {
+                    let _ = writer.shutdown().await;
+                    return;
+                }
+                _ = ticker.tick() => {}
+            }
+            sequence += 1;
+            let outcome = exchange(
+                &mut reader,
+                &mut writer,
+                &format!("message-{sequence}"),
+                timeouts,
+            )
+            .await;
+            let broken = outcome.is_err();
+            record(&report, &flow.name, started, outcome);
+            if broken {
+                continue 'reconnect;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Error, ErrorKind};
+
+    #[test]
+    fn io_errors_map_to_their_causes() {
+        assert_eq!(
+            classify_io_error(&Error::from(ErrorKind::ConnectionRefused)),
+            FailureCause::ConnectionRefused
+        );
+        assert_eq!(
+            classify_io_error(&Error::from(ErrorKind::ConnectionReset)),
+            FailureCause::ConnectionReset
+        );
+        assert_eq!(
+            classify_io_error(&Error::from(ErrorKind::BrokenPipe)),
+            FailureCause::ConnectionReset
+        );
+        assert_eq!(
+            classify_io_error(&Error::from(ErrorKind::UnexpectedEof)),
+            FailureCause::ClosedByPeer
+        );
+        assert_eq!(
+            classify_io_error(&Error::from_raw_os_error(libc::EHOSTUNREACH)),
+            FailureCause::HostUnreachable
+        );
+        assert!(matches!(
+            classify_io_error(&Error::other("odd")),
+            FailureCause::Other(_)
+        ));
+    }
+
+    #[test]
+    fn an_answer_must_echo_the_message_and_name_a_backend() {
+        assert_eq!(
+            parse_answer("backend-2 probe-7", "probe-7"),
+            Ok("backend-2".to_string())
+        );
+        assert_eq!(
+            parse_answer("backend-2 probe-6", "probe-7"),
+            Err(FailureCause::WrongReply("backend-2 probe-6".into()))
+        );
+        assert!(parse_answer("garbage", "probe-7").is_err());
+    }
+
+    async fn loopback_server(name: &str) -> (NamespaceThread, EchoServer) {
+        let thread = NamespaceThread::start(None).unwrap();
+        let server = EchoServer::start(&thread, "127.0.0.1:0".parse().unwrap(), name)
+            .await
+            .unwrap();
+        (thread, server)
+    }
+
+    #[tokio::test]
+    async fn short_connections_to_a_live_server_all_succeed() {
+        let (thread, server) = loopback_server("backend-a").await;
+        let generator = TrafficGenerator::start(
+            vec![Flow {
+                name: "loopback".into(),
+                source: thread,
+                destination: server.address,
+                mode: FlowMode::ShortConnections {
+                    interval: Duration::from_millis(10),
+                    workers: 2,
+                },
+            }],
+            Timeouts::default(),
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let report = generator.stop().await;
+        server.stop().await;
+        let flow = &report.flows["loopback"];
+        assert!(flow.attempts >= 10, "{report}");
+        assert_eq!(report.failure_count(), 0, "{report}");
+        assert_eq!(flow.backends.keys().collect::<Vec<_>>(), vec!["backend-a"]);
+    }
+
+    #[tokio::test]
+    async fn every_refused_connection_is_counted_with_its_time_and_cause() {
+        let (thread, server) = loopback_server("backend-a").await;
+        let destination = server.address;
+        server.stop().await;
+        let generator = TrafficGenerator::start(
+            vec![Flow {
+                name: "dead".into(),
+                source: thread,
+                destination,
+                mode: FlowMode::ShortConnections {
+                    interval: Duration::from_millis(20),
+                    workers: 1,
+                },
+            }],
+            Timeouts::default(),
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let report = generator.stop().await;
+        let flow = &report.flows["dead"];
+        assert!(flow.attempts >= 3, "{report}");
+        assert_eq!(flow.successes, 0);
+        assert_eq!(report.failure_count() as u64, flow.attempts);
+        assert_eq!(
+            report.failures_by_cause().keys().collect::<Vec<_>>(),
+            vec![&FailureCause::ConnectionRefused]
+        );
+        let times: Vec<Duration> = flow.failures.iter().map(|failure| failure.after).collect();
+        assert!(times.windows(2).all(|pair| pair[0] <= pair[1]), "{times:?}");
+    }
+
+    #[tokio::test]
+    async fn a_long_lived_connection_that_breaks_is_counted_and_reopened() {
+        let (thread, server) = loopback_server("backend-a").await;
+        let address = server.address;
+        let generator = TrafficGenerator::start(
+            vec![Flow {
+                name: "long".into(),
+                source: thread.clone(),
+                destination: address,
+                mode: FlowMode::LongLived {
+                    connections: 1,
+                    message_interval: Duration::from_millis(20),
+                },
+            }],
+            Timeouts::default(),
+        );
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        let before = generator.snapshot();
+        assert!(before.flows["long"].successes >= 3, "{before}");
+        assert_eq!(before.flows["long"].connections_opened, 1, "{before}");
+        // Closing the server breaks the open connection; a new server on the
+        // same port takes the reconnect.
+        server.stop().await;
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        let replacement = EchoServer::start(&thread, address, "backend-b")
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let report = generator.stop().await;
+        replacement.stop().await;
+        let flow = &report.flows["long"];
+        assert!(!flow.failures.is_empty(), "{report}");
+        assert!(flow.connections_opened >= 2, "{report}");
+        assert!(flow.backends.contains_key("backend-b"), "{report}");
+    }
+}
