@@ -1,1 +1,10 @@
-//! The Switchyard operator (filled in by the planner and operator issues).
+//! The Switchyard operator: sequences dataplane transitions between kube-proxy and Switchyard's
+//! eBPF datapath.
+//!
+//! [`planner`] is the pure heart: from a snapshot of the cluster it decides the next safe step.
+//! The controller that fills the snapshot and applies the plan comes with the operator issue.
+
+pub mod error;
+pub mod planner;
+
+pub use error::Error;
