@@ -9,4 +9,8 @@ pub enum Error {
         path: std::path::PathBuf,
         source: std::io::Error,
     },
+    #[error("failed to update map {map}: {reason}")]
+    UpdateMap { map: &'static str, reason: String },
+    #[error("failed to read map {map}: {reason}")]
+    ReadMap { map: &'static str, reason: String },
 }

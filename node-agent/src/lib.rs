@@ -11,7 +11,11 @@
 //! - `loader`: aya loading, pinning, attaching, the real `ServiceMaps`.
 //! - `standalone`: `switchyard-agent standalone`.
 
+pub mod desired;
+pub mod diff;
 pub mod error;
+pub mod gate;
 pub mod maps;
 pub mod model;
+pub mod sync;
 pub use error::Error;

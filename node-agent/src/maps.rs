@@ -26,3 +26,209 @@ pub trait ServiceMaps {
     fn config(&self) -> Result<Option<DatapathConfig>, Error>;
     fn write_config(&mut self, config: &DatapathConfig) -> Result<(), Error>;
 }
+
+/// The Service entries of the maps, as last read or written: what the syncer
+/// diffs the desired state against.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MapState {
+    pub frontends: BTreeMap<FrontendKey, FrontendValue>,
+    pub backend_slots: BTreeMap<BackendSlotKey, BackendValue>,
+}
+
+impl MapState {
+    /// Reads the current entries: at start (restoring what the previous process
+    /// left), and after a failed apply (when the tracked state may be uncertain).
+    pub fn restore(maps: &impl ServiceMaps) -> Result<Self, Error> {
+        Ok(Self {
+            frontends: maps.frontends()?,
+            backend_slots: maps.backend_slots()?,
+        })
+    }
+
+    /// Frontends whose slots `0..backend_count` are not all present: the state the
+    /// apply order exists to rule out (a program would pick a missing slot).
+    pub fn frontends_with_missing_slots(&self) -> Vec<FrontendKey> {
+        self.frontends
+            .iter()
+            .filter(|(_, value)| !self.has_slots_of(value))
+            .map(|(key, _)| *key)
+            .collect()
+    }
+
+    /// Whether every slot `value` can pick exists.
+    pub fn has_slots_of(&self, value: &FrontendValue) -> bool {
+        (0..value.backend_count).all(|ordinal| {
+            self.backend_slots.contains_key(&BackendSlotKey {
+                group_id: value.group_id,
+                ordinal,
+            })
+        })
+    }
+}
+
+/// A kind of map mutation, for fault injection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum MapMutation {
+    WriteFrontend,
+    DeleteFrontend,
+    WriteBackendSlot,
+    DeleteBackendSlot,
+    WriteConfig,
+}
+
+/// In-memory `ServiceMaps` for tests and benchmarks, with injected faults.
+///
+/// A failed mutation changes nothing, as a failed `bpf(BPF_MAP_UPDATE_ELEM)` does.
+/// With `watch_for_missing_slots`, every mutation is followed by a check that no
+/// frontend points at a missing slot, and any violation is recorded, so a test can
+/// prove that no moment of an apply exposed one.
+#[derive(Clone, Debug, Default)]
+pub struct FakeServiceMaps {
+    pub state: MapState,
+    pub config: Option<DatapathConfig>,
+    /// Mutations attempted so far (successful or not), counting from zero.
+    pub mutations_attempted: u64,
+    /// Mutations that succeeded.
+    pub mutations_applied: u64,
+    /// Indexes (in `mutations_attempted` order) of mutations that fail.
+    pub failing_mutations: std::collections::BTreeSet<u64>,
+    /// Kinds of mutation that always fail.
+    pub failing_kinds: std::collections::BTreeSet<MapMutation>,
+    /// Reads fail (as an unreadable pinned map would).
+    pub failing_reads: bool,
+    /// Capacities of the frontends and backend slots maps: writing a new key into
+    /// a full map fails, as with a BPF hash map.
+    pub frontend_capacity: Option<usize>,
+    pub backend_slot_capacity: Option<usize>,
+    pub watch_for_missing_slots: bool,
+    /// Frontends seen pointing at missing slots, with the mutation index after
+    /// which they were seen.
+    pub missing_slot_violations: Vec<(u64, FrontendKey)>,
+}
+
+impl FakeServiceMaps {
+    pub fn with_state(state: MapState) -> Self {
+        Self {
+            state,
+            ..Self::default()
+        }
+    }
+
+    /// Counts the attempt and decides whether it fails.
+    fn attempt(&mut self, mutation: MapMutation, map: &'static str) -> Result<(), Error> {
+        let index = self.mutations_attempted;
+        self.mutations_attempted += 1;
+        if self.failing_mutations.contains(&index) || self.failing_kinds.contains(&mutation) {
+            return Err(Error::UpdateMap {
+                map,
+                reason: format!("injected fault in mutation {index} ({mutation:?})"),
+            });
+        }
+        Ok(())
+    }
+
+    fn applied(&mut self) {
+        self.mutations_applied += 1;
+        if self.watch_for_missing_slots {
+            let index = self.mutations_attempted - 1;
+            for key in self.state.frontends_with_missing_slots() {
+                self.missing_slot_violations.push((index, key));
+            }
+        }
+    }
+
+    fn read_check(&self, map: &'static str) -> Result<(), Error> {
+        if self.failing_reads {
+            return Err(Error::ReadMap {
+                map,
+                reason: "injected read fault".to_string(),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl ServiceMaps for FakeServiceMaps {
+    fn frontends(&self) -> Result<BTreeMap<FrontendKey, FrontendValue>, Error> {
+        self.read_check(switchyard_common::map_names::FRONTENDS)?;
+        Ok(self.state.frontends.clone())
+    }
+
+    fn backend_slots(&self) -> Result<BTreeMap<BackendSlotKey, BackendValue>, Error> {
+        self.read_check(switchyard_common::map_names::BACKEND_SLOTS)?;
+        Ok(self.state.backend_slots.clone())
+    }
+
+    fn write_frontend(&mut self, key: &FrontendKey, value: &FrontendValue) -> Result<(), Error> {
+        let map = switchyard_common::map_names::FRONTENDS;
+        self.attempt(MapMutation::WriteFrontend, map)?;
+        if let Some(capacity) = self.frontend_capacity {
+            if !self.state.frontends.contains_key(key) && self.state.frontends.len() >= capacity {
+                return Err(Error::UpdateMap {
+                    map,
+                    reason: "map is full".to_string(),
+                });
+            }
+        }
+        self.state.frontends.insert(*key, *value);
+        self.applied();
+        Ok(())
+    }
+
+    fn delete_frontend(&mut self, key: &FrontendKey) -> Result<(), Error> {
+        self.attempt(
+            MapMutation::DeleteFrontend,
+            switchyard_common::map_names::FRONTENDS,
+        )?;
+        self.state.frontends.remove(key);
+        self.applied();
+        Ok(())
+    }
+
+    fn write_backend_slot(
+        &mut self,
+        key: &BackendSlotKey,
+        value: &BackendValue,
+    ) -> Result<(), Error> {
+        let map = switchyard_common::map_names::BACKEND_SLOTS;
+        self.attempt(MapMutation::WriteBackendSlot, map)?;
+        if let Some(capacity) = self.backend_slot_capacity {
+            if !self.state.backend_slots.contains_key(key)
+                && self.state.backend_slots.len() >= capacity
+            {
+                return Err(Error::UpdateMap {
+                    map,
+                    reason: "map is full".to_string(),
+                });
+            }
+        }
+        self.state.backend_slots.insert(*key, *value);
+        self.applied();
+        Ok(())
+    }
+
+    fn delete_backend_slot(&mut self, key: &BackendSlotKey) -> Result<(), Error> {
+        self.attempt(
+            MapMutation::DeleteBackendSlot,
+            switchyard_common::map_names::BACKEND_SLOTS,
+        )?;
+        self.state.backend_slots.remove(key);
+        self.applied();
+        Ok(())
+    }
+
+    fn config(&self) -> Result<Option<DatapathConfig>, Error> {
+        self.read_check(switchyard_common::map_names::CONFIG)?;
+        Ok(self.config)
+    }
+
+    fn write_config(&mut self, config: &DatapathConfig) -> Result<(), Error> {
+        self.attempt(
+            MapMutation::WriteConfig,
+            switchyard_common::map_names::CONFIG,
+        )?;
+        self.config = Some(*config);
+        self.applied();
+        Ok(())
+    }
+}

@@ -1,0 +1,91 @@
+//! The ordered plan that takes the maps from their current entries to the
+//! desired ones.
+//!
+//! The plan has four phases, applied strictly in this order (Felix's order):
+//! 1. delete stale frontends (keys no longer desired),
+//! 2. write new and changed backend slots,
+//! 3. write new and changed frontends,
+//! 4. delete backend slots no longer desired.
+//!
+//! Why no moment of it exposes a frontend to a missing slot (a program picking
+//! `random % backend_count` must always find slot `ordinal` of its group), given
+//! that every frontend's slots exist before the apply:
+//! - Phase 1 only removes frontends, which removes constraints.
+//! - Phase 2 only adds or overwrites slots: no slot disappears, and a frontend
+//!   that still has its old value sees every slot it saw before (possibly with a
+//!   new backend in it, which is the backend set being rolled out).
+//! - Phase 3 writes each desired frontend after phase 2 wrote (or found) every
+//!   desired slot `0..backend_count` of its group.
+//! - Phase 4 deletes only slots outside the desired state. By then the maps hold
+//!   exactly the desired frontends (phase 1 removed the others, phase 3 wrote
+//!   these), and every slot they use is desired, so none of them loses a slot.
+//!
+//! An apply stops at its first failed operation. Phases 1-3 never break the
+//! invariant whatever prefix of them ran, and phase 4 starts only once 1-3 all
+//! succeeded, so a failed apply leaves a safe state that the next apply, planned
+//! from the actual entries, completes.
+//!
+//! Deleting stale frontends first also frees room in the frontends map before new
+//! keys are written, and makes a deleted Service stop accepting new flows before
+//! anything else changes.
+
+use switchyard_common::{BackendSlotKey, BackendValue, FrontendKey, FrontendValue};
+
+use crate::maps::MapState;
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Plan {
+    /// Phase 1.
+    pub stale_frontends: Vec<FrontendKey>,
+    /// Phase 2.
+    pub backend_slot_writes: Vec<(BackendSlotKey, BackendValue)>,
+    /// Phase 3.
+    pub frontend_writes: Vec<(FrontendKey, FrontendValue)>,
+    /// Phase 4.
+    pub unused_backend_slots: Vec<BackendSlotKey>,
+}
+
+impl Plan {
+    pub fn is_empty(&self) -> bool {
+        self.operation_count() == 0
+    }
+
+    /// Number of map operations the plan makes.
+    pub fn operation_count(&self) -> usize {
+        self.stale_frontends.len()
+            + self.backend_slot_writes.len()
+            + self.frontend_writes.len()
+            + self.unused_backend_slots.len()
+    }
+}
+
+/// The plan from `current` to `desired`; pure. Entries already equal are not
+/// rewritten, so a restart with unchanged inputs plans nothing.
+pub fn plan(current: &MapState, desired: &MapState) -> Plan {
+    Plan {
+        stale_frontends: current
+            .frontends
+            .keys()
+            .filter(|key| !desired.frontends.contains_key(key))
+            .copied()
+            .collect(),
+        backend_slot_writes: desired
+            .backend_slots
+            .iter()
+            .filter(|(key, value)| current.backend_slots.get(key) != Some(value))
+            .map(|(key, value)| (*key, *value))
+            .collect(),
+        frontend_writes: desired
+            .frontends
+            .iter()
+            .filter(|(key, value)| current.frontends.get(key) != Some(value))
+            .map(|(key, value)| (*key, *value))
+            .collect(),
+        unused_backend_slots: current
+            .backend_slots
+            .keys()
+            .filter(|key| !desired.backend_slots.contains_key(key))
+            .copied()
+            .collect(),
+    }
+}

@@ -1,0 +1,145 @@
+//! When to apply: a change after a quiet period is applied at once; a burst of
+//! changes is coalesced so that applies start at least `min_sync_period` apart
+//! (kube-proxy's `minSyncPeriod`, default 1 s). Pure; time is passed in.
+
+use std::time::{Duration, Instant};
+
+pub const DEFAULT_MIN_SYNC_PERIOD: Duration = Duration::from_secs(1);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Next {
+    /// Apply now (the coalescer has recorded it as started).
+    Apply,
+    /// Something is pending; apply at this instant.
+    WaitUntil(Instant),
+    /// Nothing to do until the next change.
+    Idle,
+}
+
+#[derive(Clone, Debug)]
+pub struct Coalescer {
+    min_sync_period: Duration,
+    last_apply_started: Option<Instant>,
+    pending: bool,
+}
+
+impl Coalescer {
+    pub fn new(min_sync_period: Duration) -> Self {
+        Self {
+            min_sync_period,
+            last_apply_started: None,
+            pending: false,
+        }
+    }
+
+    /// An input changed.
+    pub fn changed(&mut self) {
+        self.pending = true;
+    }
+
+    pub fn is_pending(&self) -> bool {
+        self.pending
+    }
+
+    /// Whether to apply now; `Apply` clears the pending change and starts the
+    /// period, so call it only when the caller will apply.
+    pub fn poll(&mut self, now: Instant) -> Next {
+        if !self.pending {
+            return Next::Idle;
+        }
+        if let Some(last) = self.last_apply_started {
+            let earliest = last + self.min_sync_period;
+            if now < earliest {
+                return Next::WaitUntil(earliest);
+            }
+        }
+        self.pending = false;
+        self.last_apply_started = Some(now);
+        Next::Apply
+    }
+
+    /// The apply that `poll` started failed: try again, no sooner than one
+    /// period after it started (a failing map is not hammered).
+    pub fn failed(&mut self) {
+        self.pending = true;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PERIOD: Duration = Duration::from_secs(1);
+
+    fn at(start: Instant, milliseconds: u64) -> Instant {
+        start + Duration::from_millis(milliseconds)
+    }
+
+    #[test]
+    fn nothing_is_applied_without_a_change() {
+        let mut coalescer = Coalescer::new(PERIOD);
+        assert_eq!(coalescer.poll(Instant::now()), Next::Idle);
+    }
+
+    #[test]
+    fn the_first_change_and_a_change_after_a_quiet_period_apply_at_once() {
+        let start = Instant::now();
+        let mut coalescer = Coalescer::new(PERIOD);
+        coalescer.changed();
+        assert_eq!(coalescer.poll(start), Next::Apply);
+        assert_eq!(coalescer.poll(at(start, 10)), Next::Idle);
+        coalescer.changed();
+        assert_eq!(coalescer.poll(at(start, 5_000)), Next::Apply);
+    }
+
+    #[test]
+    fn a_burst_is_coalesced_into_one_apply_a_period_after_the_last() {
+        let start = Instant::now();
+        let mut coalescer = Coalescer::new(PERIOD);
+        coalescer.changed();
+        assert_eq!(coalescer.poll(start), Next::Apply);
+        for milliseconds in [100, 200, 300, 900] {
+            coalescer.changed();
+            assert_eq!(
+                coalescer.poll(at(start, milliseconds)),
+                Next::WaitUntil(at(start, 1_000))
+            );
+        }
+        assert_eq!(coalescer.poll(at(start, 1_000)), Next::Apply);
+        assert_eq!(
+            coalescer.poll(at(start, 1_001)),
+            Next::Idle,
+            "one apply for the burst"
+        );
+        coalescer.changed();
+        assert_eq!(
+            coalescer.poll(at(start, 1_500)),
+            Next::WaitUntil(at(start, 2_000))
+        );
+    }
+
+    #[test]
+    fn a_failed_apply_is_retried_no_sooner_than_a_period_later() {
+        let start = Instant::now();
+        let mut coalescer = Coalescer::new(PERIOD);
+        coalescer.changed();
+        assert_eq!(coalescer.poll(start), Next::Apply);
+        coalescer.failed();
+        assert!(coalescer.is_pending());
+        assert_eq!(
+            coalescer.poll(at(start, 1)),
+            Next::WaitUntil(at(start, 1_000))
+        );
+        assert_eq!(coalescer.poll(at(start, 1_000)), Next::Apply);
+    }
+
+    #[test]
+    fn a_zero_period_applies_every_change_at_once() {
+        let start = Instant::now();
+        let mut coalescer = Coalescer::new(Duration::ZERO);
+        for milliseconds in 0..5 {
+            coalescer.changed();
+            assert_eq!(coalescer.poll(at(start, milliseconds)), Next::Apply);
+        }
+    }
+}
