@@ -5,6 +5,10 @@
 //! The controller that fills the snapshot and applies the plan comes with the operator issue.
 
 pub mod error;
+pub mod events;
+pub mod kube_proxy;
+pub mod leader;
 pub mod planner;
+pub mod snapshot;
 
 pub use error::Error;

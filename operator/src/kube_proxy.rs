@@ -1,0 +1,448 @@
+//! Disabling and restoring the kube-proxy DaemonSet, decided from the object alone.
+//!
+//! Disabling adds one key to the pod template's nodeSelector
+//! ([`DISABLED_SELECTOR_KEY`]` = `[`DISABLED_SELECTOR_VALUE`]) that no node carries, so the
+//! DaemonSet controller removes kube-proxy from every node and starts it on none; the selector
+//! the DaemonSet had before is recorded in the annotation [`PREVIOUS_SELECTOR_ANNOTATION`].
+//! Restoring puts back exactly that selector (keys added since are removed, keys removed since
+//! come back) and drops the annotation. Both are JSON merge patches carrying the
+//! `resourceVersion` they were computed from, so the API server refuses them (409) when the
+//! DaemonSet changed in between, and the next reconcile computes them again from what is there.
+//!
+//! A DaemonSet that another tool owns (Helm, Argo CD, the addon manager) is never patched: that
+//! tool would put it back, and the two would fight. [`external_owner`] names the mark found.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::DaemonSet;
+use serde_json::{json, Map, Value};
+
+/// The nodeSelector key Switchyard adds to disable kube-proxy.
+pub const DISABLED_SELECTOR_KEY: &str = "switchyard.dev/kube-proxy";
+/// Its value. No node carries the label, so the DaemonSet schedules nowhere.
+pub const DISABLED_SELECTOR_VALUE: &str = "disabled";
+/// The annotation holding the nodeSelector as it was before Switchyard disabled kube-proxy:
+/// a JSON object (`{}` when there was none).
+pub const PREVIOUS_SELECTOR_ANNOTATION: &str = "switchyard.dev/previous-node-selector";
+
+/// The nodeSelector of the DaemonSet's pod template (empty when it has none).
+pub fn node_selector(daemon_set: &DaemonSet) -> BTreeMap<String, String> {
+    daemon_set
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.template.spec.as_ref())
+        .and_then(|pod_spec| pod_spec.node_selector.clone())
+        .unwrap_or_default()
+}
+
+/// Whether the DaemonSet carries Switchyard's disabling nodeSelector.
+pub fn disabled_by_switchyard(daemon_set: &DaemonSet) -> bool {
+    node_selector(daemon_set)
+        .get(DISABLED_SELECTOR_KEY)
+        .is_some_and(|value| value == DISABLED_SELECTOR_VALUE)
+}
+
+/// The ownership mark of another tool that manages the DaemonSet, described for a human
+/// (`label app.kubernetes.io/managed-by=Helm`), or `None` when nothing but kubeadm-style
+/// manifests own it. Those tools would revert Switchyard's nodeSelector, so `management:
+/// Managed` is refused on such a DaemonSet.
+pub fn external_owner(daemon_set: &DaemonSet) -> Option<String> {
+    let metadata = &daemon_set.metadata;
+    let labels = metadata.labels.as_ref();
+    let annotations = metadata.annotations.as_ref();
+    let label = |key: &str| labels.and_then(|labels| labels.get(key));
+    let annotation = |key: &str| annotations.and_then(|annotations| annotations.get(key));
+
+    // Helm 3 marks what it installs with this label (and the release annotations below);
+    // other tools (kustomize-based pipelines, operators) use the same standard label.
+    if let Some(manager) = label("app.kubernetes.io/managed-by") {
+        return Some(format!("label app.kubernetes.io/managed-by={manager}"));
+    }
+    for key in [
+        "meta.helm.sh/release-name",
+        "meta.helm.sh/release-namespace",
+    ] {
+        if let Some(value) = annotation(key) {
+            return Some(format!("annotation {key}={value} (Helm)"));
+        }
+    }
+    // Argo CD tracks by annotation (`tracking-id`) or by its own label, depending on its
+    // resource tracking method.
+    if let Some(value) = annotation("argocd.argoproj.io/tracking-id") {
+        return Some(format!(
+            "annotation argocd.argoproj.io/tracking-id={value} (Argo CD)"
+        ));
+    }
+    if let Some(value) = label("argocd.argoproj.io/instance") {
+        return Some(format!(
+            "label argocd.argoproj.io/instance={value} (Argo CD)"
+        ));
+    }
+    // The addon manager re-creates (EnsureExists) or reconciles (Reconcile) the object.
+    if let Some(mode) = label("addonmanager.kubernetes.io/mode") {
+        return Some(format!(
+            "label addonmanager.kubernetes.io/mode={mode} (addon manager)"
+        ));
+    }
+    None
+}
+
+/// Why a kube-proxy patch could not be computed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PatchRefusal {
+    /// The DaemonSet has no `metadata.resourceVersion` (it was not read from the API), so the
+    /// patch could not be guarded against concurrent changes.
+    NoResourceVersion,
+    /// The annotation recording the previous selector is not a JSON object of strings, so
+    /// "exactly what was there" is unknown; a human has to look.
+    UnreadablePreviousSelector(String),
+}
+
+impl std::fmt::Display for PatchRefusal {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::NoResourceVersion => formatter.write_str("the DaemonSet has no resourceVersion"),
+            Self::UnreadablePreviousSelector(reason) => write!(
+                formatter,
+                "the annotation {PREVIOUS_SELECTOR_ANNOTATION} is not a JSON object of strings: {reason}"
+            ),
+        }
+    }
+}
+
+/// The JSON merge patch that disables kube-proxy, or `None` when it is already disabled.
+pub fn disable_patch(daemon_set: &DaemonSet) -> Result<Option<Value>, PatchRefusal> {
+    if disabled_by_switchyard(daemon_set) {
+        return Ok(None);
+    }
+    let resource_version = resource_version(daemon_set)?;
+    let previous = serde_json::to_string(&node_selector(daemon_set))
+        .map_err(|error| PatchRefusal::UnreadablePreviousSelector(error.to_string()))?;
+    Ok(Some(json!({
+        "metadata": {
+            "resourceVersion": resource_version,
+            "annotations": { PREVIOUS_SELECTOR_ANNOTATION: previous },
+        },
+        "spec": { "template": { "spec": { "nodeSelector": {
+            DISABLED_SELECTOR_KEY: DISABLED_SELECTOR_VALUE,
+        }}}},
+    })))
+}
+
+/// The JSON merge patch that restores kube-proxy's previous nodeSelector exactly, or `None` when
+/// Switchyard's selector is not there (nothing to restore). Without the annotation (someone
+/// removed it), only Switchyard's key is removed.
+pub fn restore_patch(daemon_set: &DaemonSet) -> Result<Option<Value>, PatchRefusal> {
+    let current = node_selector(daemon_set);
+    let has_annotation = daemon_set
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|annotations| annotations.contains_key(PREVIOUS_SELECTOR_ANNOTATION));
+    if !disabled_by_switchyard(daemon_set) && !current.contains_key(DISABLED_SELECTOR_KEY) {
+        return Ok(None);
+    }
+    let resource_version = resource_version(daemon_set)?;
+    let previous = match previous_selector(daemon_set)? {
+        Some(previous) => previous,
+        None => {
+            let mut without_switchyard = current.clone();
+            without_switchyard.remove(DISABLED_SELECTOR_KEY);
+            without_switchyard
+        }
+    };
+    // A merge patch sets the keys it names and removes those it sets to null.
+    let mut selector_patch = Map::new();
+    for key in current.keys() {
+        if !previous.contains_key(key) {
+            selector_patch.insert(key.clone(), Value::Null);
+        }
+    }
+    for (key, value) in &previous {
+        if current.get(key) != Some(value) {
+            selector_patch.insert(key.clone(), Value::String(value.clone()));
+        }
+    }
+    let mut metadata = json!({ "resourceVersion": resource_version });
+    if has_annotation {
+        metadata["annotations"] = json!({ PREVIOUS_SELECTOR_ANNOTATION: null });
+    }
+    Ok(Some(json!({
+        "metadata": metadata,
+        "spec": { "template": { "spec": { "nodeSelector": Value::Object(selector_patch) }}},
+    })))
+}
+
+/// The nodeSelector recorded before disabling, `None` when the annotation is absent.
+pub fn previous_selector(
+    daemon_set: &DaemonSet,
+) -> Result<Option<BTreeMap<String, String>>, PatchRefusal> {
+    let Some(recorded) = daemon_set
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|annotations| annotations.get(PREVIOUS_SELECTOR_ANNOTATION))
+    else {
+        return Ok(None);
+    };
+    serde_json::from_str(recorded)
+        .map(Some)
+        .map_err(|error| PatchRefusal::UnreadablePreviousSelector(error.to_string()))
+}
+
+fn resource_version(daemon_set: &DaemonSet) -> Result<String, PatchRefusal> {
+    daemon_set
+        .metadata
+        .resource_version
+        .clone()
+        .ok_or(PatchRefusal::NoResourceVersion)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::apps::v1::DaemonSetSpec;
+    use k8s_openapi::api::core::v1::{PodSpec, PodTemplateSpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    fn daemon_set(selector: &[(&str, &str)]) -> DaemonSet {
+        DaemonSet {
+            metadata: ObjectMeta {
+                name: Some("kube-proxy".into()),
+                namespace: Some("kube-system".into()),
+                resource_version: Some("41".into()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(DaemonSetSpec {
+                template: PodTemplateSpec {
+                    spec: Some(PodSpec {
+                        node_selector: (!selector.is_empty()).then(|| {
+                            selector
+                                .iter()
+                                .map(|(key, value)| (key.to_string(), value.to_string()))
+                                .collect()
+                        }),
+                        ..PodSpec::default()
+                    }),
+                    ..PodTemplateSpec::default()
+                },
+                ..DaemonSetSpec::default()
+            }),
+            status: None,
+        }
+    }
+
+    /// What the API server does with a JSON merge patch (RFC 7386).
+    fn merge(target: &mut Value, patch: &Value) {
+        match (target, patch) {
+            (Value::Object(target), Value::Object(patch)) => {
+                for (key, value) in patch {
+                    if value.is_null() {
+                        target.remove(key);
+                    } else {
+                        merge(target.entry(key.clone()).or_insert(Value::Null), value);
+                    }
+                }
+            }
+            (target, patch) => *target = patch.clone(),
+        }
+    }
+
+    fn apply(daemon_set: &DaemonSet, patch: &Value) -> DaemonSet {
+        let mut value = serde_json::to_value(daemon_set).unwrap();
+        if value["spec"]["template"]["spec"]["nodeSelector"].is_null() {
+            // The API server drops empty maps, so a patch always finds an object to merge into.
+            value["spec"]["template"]["spec"]["nodeSelector"] = json!({});
+        }
+        if value["metadata"]["annotations"].is_null() {
+            value["metadata"]["annotations"] = json!({});
+        }
+        merge(&mut value, patch);
+        serde_json::from_value(value).unwrap()
+    }
+
+    #[test]
+    fn disabling_adds_a_selector_no_node_matches_and_records_the_previous_one() {
+        let before = daemon_set(&[("kubernetes.io/os", "linux")]);
+        let patch = disable_patch(&before).unwrap().unwrap();
+        assert_eq!(patch["metadata"]["resourceVersion"], "41");
+        let after = apply(&before, &patch);
+        assert!(disabled_by_switchyard(&after));
+        assert_eq!(
+            node_selector(&after)
+                .get("kubernetes.io/os")
+                .map(String::as_str),
+            Some("linux")
+        );
+        assert_eq!(
+            previous_selector(&after).unwrap().unwrap(),
+            BTreeMap::from([("kubernetes.io/os".to_owned(), "linux".to_owned())])
+        );
+    }
+
+    #[test]
+    fn restoring_puts_back_exactly_the_selector_that_was_there() {
+        for selector in [
+            vec![],
+            vec![("kubernetes.io/os", "linux")],
+            vec![("kubernetes.io/os", "linux"), ("node-role", "worker")],
+        ] {
+            let original = daemon_set(&selector);
+            let disabled = apply(&original, &disable_patch(&original).unwrap().unwrap());
+            let restored = apply(&disabled, &restore_patch(&disabled).unwrap().unwrap());
+            assert_eq!(
+                node_selector(&restored),
+                node_selector(&original),
+                "selector {selector:?}"
+            );
+            assert!(!disabled_by_switchyard(&restored));
+            assert_eq!(
+                previous_selector(&restored).unwrap(),
+                None,
+                "the annotation is left behind"
+            );
+        }
+    }
+
+    #[test]
+    fn restoring_removes_keys_added_while_disabled_and_brings_back_keys_removed() {
+        let original = daemon_set(&[("kubernetes.io/os", "linux")]);
+        let mut disabled = apply(&original, &disable_patch(&original).unwrap().unwrap());
+        // Someone edits the selector while kube-proxy is disabled.
+        let pod_spec = disabled
+            .spec
+            .as_mut()
+            .unwrap()
+            .template
+            .spec
+            .as_mut()
+            .unwrap();
+        let selector = pod_spec.node_selector.as_mut().unwrap();
+        selector.remove("kubernetes.io/os");
+        selector.insert("added-later".into(), "yes".into());
+        let restored = apply(&disabled, &restore_patch(&disabled).unwrap().unwrap());
+        assert_eq!(node_selector(&restored), node_selector(&original));
+    }
+
+    #[test]
+    fn disabling_twice_changes_nothing_the_second_time() {
+        let original = daemon_set(&[]);
+        let disabled = apply(&original, &disable_patch(&original).unwrap().unwrap());
+        assert_eq!(disable_patch(&disabled).unwrap(), None);
+    }
+
+    #[test]
+    fn restoring_a_daemon_set_switchyard_never_disabled_changes_nothing() {
+        assert_eq!(
+            restore_patch(&daemon_set(&[("kubernetes.io/os", "linux")])).unwrap(),
+            None
+        );
+    }
+
+    #[test]
+    fn a_selector_reset_while_disabled_is_disabled_again_and_the_reset_selector_recorded() {
+        let original = daemon_set(&[("kubernetes.io/os", "linux")]);
+        let disabled = apply(&original, &disable_patch(&original).unwrap().unwrap());
+        // `kubeadm upgrade` rewrites the template: Switchyard's key is gone, the stale annotation
+        // may stay.
+        let mut reset = disabled.clone();
+        reset
+            .spec
+            .as_mut()
+            .unwrap()
+            .template
+            .spec
+            .as_mut()
+            .unwrap()
+            .node_selector = Some(BTreeMap::from([
+            ("kubernetes.io/os".into(), "linux".into()),
+            ("new".into(), "x".into()),
+        ]));
+        assert!(!disabled_by_switchyard(&reset));
+        let disabled_again = apply(&reset, &disable_patch(&reset).unwrap().unwrap());
+        let restored = apply(
+            &disabled_again,
+            &restore_patch(&disabled_again).unwrap().unwrap(),
+        );
+        assert_eq!(node_selector(&restored), node_selector(&reset));
+    }
+
+    #[test]
+    fn restoring_without_the_annotation_removes_only_switchyards_key() {
+        let mut disabled = daemon_set(&[
+            ("kubernetes.io/os", "linux"),
+            (DISABLED_SELECTOR_KEY, DISABLED_SELECTOR_VALUE),
+        ]);
+        disabled.metadata.annotations = None;
+        let patch = restore_patch(&disabled).unwrap().unwrap();
+        assert!(patch["metadata"].get("annotations").is_none());
+        let restored = apply(&disabled, &patch);
+        assert_eq!(
+            node_selector(&restored),
+            BTreeMap::from([("kubernetes.io/os".into(), "linux".into())])
+        );
+    }
+
+    #[test]
+    fn an_unreadable_recorded_selector_refuses_to_guess() {
+        let original = daemon_set(&[]);
+        let mut disabled = apply(&original, &disable_patch(&original).unwrap().unwrap());
+        disabled
+            .metadata
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .insert(PREVIOUS_SELECTOR_ANNOTATION.into(), "not json".into());
+        assert!(matches!(
+            restore_patch(&disabled),
+            Err(PatchRefusal::UnreadablePreviousSelector(_))
+        ));
+    }
+
+    #[test]
+    fn a_patch_is_never_computed_without_a_resource_version_to_guard_it() {
+        let mut unread = daemon_set(&[]);
+        unread.metadata.resource_version = None;
+        assert_eq!(disable_patch(&unread), Err(PatchRefusal::NoResourceVersion));
+    }
+
+    #[test]
+    fn helm_argo_cd_and_addon_manager_marks_are_external_owners() {
+        let marks: [(&str, &str, bool); 6] = [
+            ("app.kubernetes.io/managed-by", "Helm", true),
+            ("meta.helm.sh/release-name", "kube-proxy", false),
+            (
+                "argocd.argoproj.io/tracking-id",
+                "app:apps/DaemonSet:kube-system/kube-proxy",
+                false,
+            ),
+            ("argocd.argoproj.io/instance", "cluster-addons", true),
+            ("addonmanager.kubernetes.io/mode", "Reconcile", true),
+            ("addonmanager.kubernetes.io/mode", "EnsureExists", true),
+        ];
+        for (key, value, is_label) in marks {
+            let mut owned = daemon_set(&[]);
+            let map = BTreeMap::from([(key.to_owned(), value.to_owned())]);
+            if is_label {
+                owned.metadata.labels = Some(map);
+            } else {
+                owned.metadata.annotations = Some(map);
+            }
+            let owner = external_owner(&owned);
+            assert!(
+                owner.as_deref().is_some_and(|owner| owner.contains(key)),
+                "{key}: {owner:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_kubeadm_daemon_set_has_no_external_owner() {
+        let mut kubeadm = daemon_set(&[("kubernetes.io/os", "linux")]);
+        kubeadm.metadata.labels = Some(BTreeMap::from([("k8s-app".into(), "kube-proxy".into())]));
+        kubeadm.metadata.annotations = Some(BTreeMap::from([(
+            "deprecated.daemonset.template.generation".into(),
+            "1".into(),
+        )]));
+        assert_eq!(external_owner(&kubeadm), None);
+    }
+}
