@@ -150,13 +150,27 @@ impl<'a> NodeFacts<'a> {
         }
     }
 
-    /// When the node's current request times out: `nodeReadyTimeoutSeconds` after the later of
-    /// `spec.requestedAt` and the agent pod's start (a restarted agent gets the full timeout),
-    /// plus the drain timeout while the node drains. `None` without a request time.
+    /// When the node's current request times out: `nodeReadyTimeoutSeconds` after the latest of
+    /// `spec.requestedAt`, the agent pod's start (a restarted agent gets the full timeout) and the
+    /// last change of a condition the agent reports (a node that stops serving long after it was
+    /// asked, for example because a sync fails, gets the full timeout to recover before it
+    /// counts as failed), plus the drain timeout while the node drains. `None` without a
+    /// request time.
     pub(crate) fn deadline(&self, settings: &Settings) -> Option<DateTime<Utc>> {
         let requested_at = self.spec?.requested_at?;
         let agent_started_at = self.agent_pod.and_then(|pod| pod.created_at);
-        let base = agent_started_at.map_or(requested_at, |started| started.max(requested_at));
+        let last_condition_change = self.status.and_then(|status| {
+            status
+                .conditions
+                .iter()
+                .map(|condition| condition.last_transition_time)
+                .max()
+        });
+        let base = [Some(requested_at), agent_started_at, last_condition_change]
+            .into_iter()
+            .flatten()
+            .max()
+            .unwrap_or(requested_at);
         let drain = if self.draining() {
             self.spec.map_or(settings.drain_timeout_seconds, |spec| {
                 spec.drain_timeout_seconds

@@ -550,6 +550,9 @@ impl<'a> Context<'a> {
         if !failed.is_empty() {
             parts.push(format!("failed: {}", name_list(failed.iter().copied())));
         }
+        if self.observed.kube_proxy_daemon_set.is_none() {
+            parts.push("the kube-proxy DaemonSet is not there (already absent)".into());
+        }
         let (reason, prefix) = if self.kube_proxy_gone {
             (
                 reasons::NODES_JOINING,
