@@ -7,6 +7,7 @@ pub mod cluster;
 pub mod error;
 pub mod images;
 pub mod netns;
+pub mod objects;
 pub mod pod_runner;
 pub mod traffic;
 pub mod wait;

@@ -74,6 +74,7 @@ async fn main() {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(false)
         .init();
     let arguments = Arguments::parse();
     if let Err(error) = run(arguments).await {

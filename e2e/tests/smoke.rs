@@ -1,0 +1,359 @@
+//! The e2e smoke test: a real 1.20 control plane, three hollow nodes, a real
+//! kube-proxy on each (run by the pod runner), a selectorless Service with
+//! v1beta1 EndpointSlices pointing at backends in pod namespaces, traffic
+//! through kube-proxy's ClusterIP and NodePort, and a kube-proxy pod deleted
+//! and replaced.
+//!
+//! It needs a running cluster and runs inside its namespaces:
+//! `make e2e-smoke` does `e2e/cluster up --nodes 3`, then
+//! `e2e/cluster exec cargo test -p switchyard-e2e --test smoke -- --ignored`,
+//! then `e2e/cluster down` and checks nothing is left.
+
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Node, Pod, Service};
+use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::{Api, Client};
+use switchyard_e2e::cluster::{admin_client, ClusterPaths};
+use switchyard_e2e::netns::{run_in_namespace, TestNamespace};
+use switchyard_e2e::objects::{
+    create_kube_proxy_daemonset, endpoint_slice_v1beta1, endpoint_slices_v1beta1, Endpoint,
+};
+use switchyard_e2e::pod_runner::events::{now_unix_ms, read_events, EventKind, RunnerEvent};
+use switchyard_e2e::traffic::{
+    EchoServer, Flow, FlowMode, Timeouts, TrafficGenerator, TrafficReport,
+};
+use switchyard_e2e::wait::{wait_for, Check, WaitOptions};
+
+const BACKEND_PORT: u16 = 8080;
+const SERVICE_PORT: u16 = 80;
+const NODE_PORT: u16 = 30080;
+
+fn kube_proxy_events(paths: &ClusterPaths) -> Vec<RunnerEvent> {
+    read_events(&paths.pod_runner_events())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|event| event.container == "kube-proxy")
+        .collect()
+}
+
+/// The pod UIDs whose kube-proxy process is running now, per node.
+fn running_kube_proxies(events: &[RunnerEvent]) -> std::collections::BTreeMap<String, RunnerEvent> {
+    let mut running = std::collections::BTreeMap::new();
+    for event in events {
+        match event.kind {
+            EventKind::Started => {
+                running.insert(event.pod_uid.clone(), event.clone());
+            }
+            EventKind::Exited => {
+                running.remove(&event.pod_uid);
+            }
+            _ => {}
+        }
+    }
+    running
+        .into_values()
+        .map(|event| (event.node.clone(), event))
+        .collect()
+}
+
+async fn wait_for_rules(node: &str, needle: &str, description: &str) {
+    let node_name = node.to_string();
+    let needle_text = needle.to_string();
+    wait_for(
+        description,
+        WaitOptions::new(Duration::from_secs(30)),
+        || {
+            let node_name = node_name.clone();
+            let needle_text = needle_text.clone();
+            async move {
+                let rules = run_in_namespace(&node_name, "iptables-save", &[])?;
+                let matching = rules
+                    .lines()
+                    .filter(|line| line.contains(&needle_text))
+                    .count();
+                Ok::<_, switchyard_e2e::E2eError>(if matching > 0 {
+                    Check::Ready(())
+                } else {
+                    Check::NotYet(format!(
+                        "no iptables rule of {node_name} mentions {needle_text:?}"
+                    ))
+                })
+            }
+        },
+    )
+    .await
+    .unwrap();
+}
+
+async fn create_service(client: &Client, name: &str, node_port: Option<u16>) -> Service {
+    let mut port = serde_json::json!({"name": "http", "port": SERVICE_PORT, "targetPort": BACKEND_PORT, "protocol": "TCP"});
+    if let Some(node_port) = node_port {
+        port["nodePort"] = node_port.into();
+    }
+    let service: Service = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"type": if node_port.is_some() { "NodePort" } else { "ClusterIP" }, "ports": [port]},
+    }))
+    .unwrap();
+    Api::<Service>::namespaced(client.clone(), "default")
+        .create(&PostParams::default(), &service)
+        .await
+        .unwrap_or_else(|error| panic!("failed to create Service {name}: {error}"))
+}
+
+fn assert_clean(report: &TrafficReport, backends: &[&str], what: &str) {
+    assert_eq!(
+        report.failure_count(),
+        0,
+        "{what}: every connection must succeed\n{report}"
+    );
+    for (name, flow) in &report.flows {
+        assert!(
+            flow.successes >= 20,
+            "{what}: flow {name} made too few connections\n{report}"
+        );
+        for backend in backends {
+            assert!(
+                flow.backends.contains_key(*backend),
+                "{what}: flow {name} never reached {backend}\n{report}"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+#[ignore = "needs a running e2e cluster: run by `make e2e-smoke` inside `e2e/cluster exec`"]
+async fn kube_proxy_serves_cluster_ip_and_node_port_and_is_replaced_after_its_pod_is_deleted() {
+    let paths = ClusterPaths::from_environment();
+    let client = admin_client(&paths).await.unwrap();
+    let node_count = paths.node_count().unwrap();
+    assert_eq!(node_count, 3, "the smoke test needs 3 nodes");
+
+    wait_for(
+        "see 3 nodes Ready",
+        WaitOptions::new(Duration::from_secs(60)),
+        || async {
+            let nodes = Api::<Node>::all(client.clone())
+                .list(&ListParams::default())
+                .await?;
+            let ready: Vec<String> = nodes
+                .items
+                .iter()
+                .filter(|node| {
+                    node.status
+                        .as_ref()
+                        .and_then(|status| status.conditions.as_ref())
+                        .is_some_and(|conditions| {
+                            conditions
+                                .iter()
+                                .any(|c| c.type_ == "Ready" && c.status == "True")
+                        })
+                })
+                .filter_map(|node| node.metadata.name.clone())
+                .collect();
+            Ok::<_, kube::Error>(if ready.len() == 3 {
+                Check::Ready(())
+            } else {
+                Check::NotYet(format!("Ready nodes: {ready:?}"))
+            })
+        },
+    )
+    .await
+    .unwrap();
+
+    // Objects of an earlier run in the same cluster.
+    let services: Api<Service> = Api::namespaced(client.clone(), "default");
+    for name in ["smoke", "smoke-after"] {
+        let _ = services.delete(name, &DeleteParams::default()).await;
+    }
+    let _ = endpoint_slices_v1beta1(&client, "default")
+        .delete("smoke-1", &DeleteParams::default())
+        .await;
+
+    // kube-proxy on every node, run for real by the pod runner.
+    create_kube_proxy_daemonset(&client).await.unwrap();
+    let runner_paths = paths.clone();
+    wait_for(
+        "see the pod runner start kube-proxy on 3 nodes",
+        WaitOptions::new(Duration::from_secs(60)),
+        || {
+            let running = running_kube_proxies(&kube_proxy_events(&runner_paths));
+            async move {
+                Ok::<_, String>(if running.len() == 3 {
+                    Check::Ready(())
+                } else {
+                    Check::NotYet(format!(
+                        "kube-proxy runs on {:?}",
+                        running.keys().collect::<Vec<_>>()
+                    ))
+                })
+            }
+        },
+    )
+    .await
+    .unwrap();
+
+    // Backends on node-2 and node-3, a client pod on node-1, an outside client.
+    let client_pod = TestNamespace::pod(1, "smoke-client", 10).unwrap();
+    let backend_2 = TestNamespace::pod(2, "smoke-be-2", 10).unwrap();
+    let backend_3 = TestNamespace::pod(3, "smoke-be-3", 10).unwrap();
+    let outside = TestNamespace::external("smoke-ext", 200).unwrap();
+    let any_address = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, BACKEND_PORT));
+    let server_2 = EchoServer::start(&backend_2.thread().unwrap(), any_address, "backend-2")
+        .await
+        .unwrap();
+    let server_3 = EchoServer::start(&backend_3.thread().unwrap(), any_address, "backend-3")
+        .await
+        .unwrap();
+
+    // A selectorless NodePort Service whose endpoints the test writes itself.
+    let service = create_service(&client, "smoke", Some(NODE_PORT)).await;
+    let cluster_ip: Ipv4Addr = service
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.cluster_ip.as_deref())
+        .and_then(|ip| ip.parse().ok())
+        .expect("the Service got a ClusterIP");
+    let slice = endpoint_slice_v1beta1(
+        "default",
+        "smoke-1",
+        "smoke",
+        "http",
+        BACKEND_PORT,
+        &[
+            Endpoint {
+                address: backend_2.address,
+                node: "node-2".into(),
+            },
+            Endpoint {
+                address: backend_3.address,
+                node: "node-3".into(),
+            },
+        ],
+    )
+    .unwrap();
+    endpoint_slices_v1beta1(&client, "default")
+        .create(&PostParams::default(), &slice)
+        .await
+        .unwrap();
+    for node in ["node-1", "node-2", "node-3"] {
+        wait_for_rules(
+            node,
+            "default/smoke:http",
+            &format!("see kube-proxy on {node} program default/smoke"),
+        )
+        .await;
+        wait_for_rules(
+            node,
+            &format!("{}:{BACKEND_PORT}", backend_3.address),
+            &format!("see {node}'s rules reach backend-3"),
+        )
+        .await;
+    }
+
+    let node_1_address: Ipv4Addr = paths.node_address("node-1").unwrap().parse().unwrap();
+    let short = FlowMode::ShortConnections {
+        interval: Duration::from_millis(25),
+        workers: 2,
+    };
+    let flows = || {
+        vec![
+            Flow {
+                name: "client pod -> ClusterIP".into(),
+                source: client_pod.thread().unwrap(),
+                destination: SocketAddr::V4(SocketAddrV4::new(cluster_ip, SERVICE_PORT)),
+                mode: short,
+            },
+            Flow {
+                name: "outside -> node-1 NodePort".into(),
+                source: outside.thread().unwrap(),
+                destination: SocketAddr::V4(SocketAddrV4::new(node_1_address, NODE_PORT)),
+                mode: short,
+            },
+        ]
+    };
+    let generator = TrafficGenerator::start(flows(), Timeouts::default());
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let report = generator.stop().await;
+    println!("before the kube-proxy pod is deleted: {report}");
+    assert_clean(&report, &["backend-2", "backend-3"], "through kube-proxy");
+
+    // Delete node-2's kube-proxy pod: the pod runner stops its process and
+    // starts the replacement's only after the old one has exited. Traffic goes
+    // on meanwhile (the rules stay while kube-proxy restarts).
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "kube-system");
+    let old = running_kube_proxies(&kube_proxy_events(&paths))
+        .remove("node-2")
+        .expect("kube-proxy runs on node-2");
+    let generator = TrafficGenerator::start(flows(), Timeouts::default());
+    let deleted_at = now_unix_ms();
+    pods.delete(&old.pod, &DeleteParams::default())
+        .await
+        .unwrap();
+    let replacement = wait_for(
+        "see node-2's kube-proxy replaced by a new process",
+        WaitOptions::new(Duration::from_secs(60)),
+        || {
+            let events = kube_proxy_events(&paths);
+            let old_uid = old.pod_uid.clone();
+            async move {
+                let exited = events
+                    .iter()
+                    .find(|e| e.pod_uid == old_uid && e.kind == EventKind::Exited)
+                    .cloned();
+                let started = events
+                    .iter()
+                    .find(|e| {
+                        e.node == "node-2"
+                            && e.kind == EventKind::Started
+                            && e.pod_uid != old_uid
+                            && e.at_unix_ms >= deleted_at
+                    })
+                    .cloned();
+                Ok::<_, String>(match (exited, started) {
+                    (Some(exited), Some(started)) => Check::Ready((exited, started)),
+                    (exited, started) => {
+                        Check::NotYet(format!("old exited: {exited:?}, new started: {started:?}"))
+                    }
+                })
+            }
+        },
+    )
+    .await
+    .unwrap();
+    let (exited, started) = replacement;
+    assert!(
+        exited.at_unix_ms <= started.at_unix_ms,
+        "the replacement started at {} before the old process exited at {}",
+        started.at_unix_ms,
+        exited.at_unix_ms
+    );
+    let new_pod = pods.get(&started.pod).await.unwrap();
+    assert_eq!(
+        new_pod.metadata.uid.as_deref(),
+        Some(started.pod_uid.as_str())
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let report = generator.stop().await;
+    println!("while node-2's kube-proxy was replaced: {report}");
+    assert_clean(
+        &report,
+        &["backend-2", "backend-3"],
+        "during the kube-proxy replacement",
+    );
+
+    // The new process is live: it programs a Service created after it started.
+    create_service(&client, "smoke-after", None).await;
+    wait_for_rules(
+        "node-2",
+        "default/smoke-after:http",
+        "see the new kube-proxy on node-2 program a new Service",
+    )
+    .await;
+
+    server_2.stop().await;
+    server_3.stop().await;
+    drop((client_pod, backend_2, backend_3, outside));
+}
