@@ -117,10 +117,19 @@ pub struct AgentPodDeletion {
 /// Decides the next safe step.
 ///
 /// `config` is the DataplaneConfig to act on. Pass the one named `default`, or `None` when it
-/// does not exist: the plan then behaves as if it said `mode: KubeProxy` with every default
-/// (still creating missing DataplaneNodes) and publishes no status. A DataplaneConfig with any
-/// other name gets a plan that changes nothing and a status whose `Degraded` condition says it
-/// is ignored.
+/// does not exist. Without one, the plan publishes no status and:
+/// - on a cluster Switchyard never switched (no node told `Ebpf`, kube-proxy not disabled by
+///   Switchyard, no cleanup), behaves as if it said `mode: KubeProxy` with every default,
+///   creating the missing DataplaneNodes;
+/// - on a cluster on eBPF (kube-proxy gone, nodes told `Ebpf`), keeps it there: it behaves as if
+///   it said `mode: Ebpf`, which from there only brings joining nodes to eBPF and cleans them,
+///   so deleting the DataplaneConfig rips nothing out under traffic;
+/// - in the middle of a transition, holds everything where it stands (as `paused` does), except
+///   that it creates missing DataplaneNodes in `KubeProxy` mode and withdraws cleanup wherever
+///   kube-proxy runs or could start.
+///
+/// A DataplaneConfig with any other name gets a plan that changes nothing and a status whose
+/// `Degraded` condition says it is ignored.
 ///
 /// The result depends only on the arguments: the same snapshot always gives the same plan.
 pub fn plan(config: Option<&DataplaneConfig>, observed: &ObservedCluster) -> Plan {
@@ -130,12 +139,21 @@ pub fn plan(config: Option<&DataplaneConfig>, observed: &ObservedCluster) -> Pla
             return Plan::nothing_with_status(status::ignored(config, now));
         }
     }
-    let default_spec = DataplaneConfigSpec::default();
-    let spec = config.map_or(&default_spec, |config| &config.spec);
-
     let mut nodes: Vec<&ObservedNode> = observed.nodes.iter().collect();
     nodes.sort_by(|left, right| left.name.cmp(&right.name));
     nodes.dedup_by(|later, earlier| later.name == earlier.name);
+
+    let without_config = config
+        .is_none()
+        .then(|| WithoutConfig::of(&nodes, observed));
+    let default_spec = DataplaneConfigSpec {
+        mode: match without_config {
+            Some(WithoutConfig::KeepOnEbpf) => DataplaneMode::Ebpf,
+            _ => DataplaneMode::KubeProxy,
+        },
+        ..DataplaneConfigSpec::default()
+    };
+    let spec = config.map_or(&default_spec, |config| &config.spec);
 
     let settings = match Settings::from_spec(spec, nodes.len()) {
         Ok(settings) => settings,
@@ -149,12 +167,18 @@ pub fn plan(config: Option<&DataplaneConfig>, observed: &ObservedCluster) -> Pla
     };
 
     let facts: Vec<NodeFacts> = nodes.iter().map(|node| NodeFacts::new(node)).collect();
+    let holding = without_config == Some(WithoutConfig::Hold);
     let context = Context::new(&settings, &facts, observed, now);
     let mut decision = match settings.mode {
+        _ if holding => context.hold(),
         DataplaneMode::Ebpf => context.toward_ebpf(),
         DataplaneMode::KubeProxy => context.toward_kube_proxy(),
     };
-    context.decide_cleanup(&mut decision);
+    if holding {
+        context.withdraw_unsafe_cleanup(&mut decision);
+    } else {
+        context.decide_cleanup(&mut decision);
+    }
     if decision.phase == DataplanePhase::Ready {
         context.upgrade_agents(&mut decision);
     }
@@ -175,6 +199,41 @@ pub fn plan(config: Option<&DataplaneConfig>, observed: &ObservedCluster) -> Pla
         agent_pods_to_delete: decision.agent_pods_to_delete,
         status,
         requeue_after,
+    }
+}
+
+/// What to do when no DataplaneConfig named `default` exists.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum WithoutConfig {
+    /// Switchyard never switched this cluster: act as `mode: KubeProxy`.
+    StayOnKubeProxy,
+    /// The cluster is on eBPF: keep it there.
+    KeepOnEbpf,
+    /// A transition was under way: hold it where it stands.
+    Hold,
+}
+
+impl WithoutConfig {
+    fn of(nodes: &[&ObservedNode], observed: &ObservedCluster) -> Self {
+        let specs = || {
+            nodes
+                .iter()
+                .filter_map(|node| node.dataplane_node.as_ref())
+                .map(|node| &node.spec)
+        };
+        let any_ebpf = specs().any(|spec| spec.mode == DataplaneMode::Ebpf);
+        let any_cleanup = specs().any(|spec| spec.iptables_cleanup);
+        let daemon_set = observed.kube_proxy_daemon_set.as_ref();
+        let disabled = daemon_set.is_some_and(|set| set.disabled_by_switchyard);
+        let kube_proxy_gone = !daemon_set.is_some_and(KubeProxyDaemonSet::would_schedule)
+            && nodes.iter().all(|node| node.kube_proxy_pod.is_none());
+        if !any_ebpf && !any_cleanup && !disabled {
+            Self::StayOnKubeProxy
+        } else if any_ebpf && kube_proxy_gone {
+            Self::KeepOnEbpf
+        } else {
+            Self::Hold
+        }
     }
 }
 
@@ -461,6 +520,9 @@ impl<'a> Context<'a> {
             ));
             degraded_reason.get_or_insert(reasons::NODES_FAILED);
         }
+        if self.observed.kube_proxy_daemon_set.is_none() {
+            problems.push("the kube-proxy DaemonSet is not there (already absent)".into());
+        }
         let message = format!("preflight: {}", problems.join("; "));
         let mut decision = self.decision(
             self.unchanged(),
@@ -685,7 +747,7 @@ impl<'a> Context<'a> {
         );
         let waiting_for_cleanup_to_stop = || {
             format!(
-                "waiting for {} to stop cleaning kube-proxy's rules",
+                "waiting for the agents on {} to report on their current spec (iptablesCleanup: false)",
                 name_list(still_cleaning.iter().copied())
             )
         };
@@ -839,6 +901,28 @@ impl<'a> Context<'a> {
             ));
         }
         decision
+    }
+
+    /// No DataplaneConfig while a transition was under way: nothing moves; only missing
+    /// DataplaneNodes are created (in `KubeProxy` mode).
+    fn hold(&self) -> Decision {
+        let message =
+            "no DataplaneConfig named default: the transition is held where it stands".to_owned();
+        self.decision(
+            self.unchanged(),
+            DataplanePhase::Pending,
+            reasons::TRANSITION_IN_PROGRESS,
+            message,
+        )
+    }
+
+    /// Keeps every node's cleanup as it is, except where kube-proxy runs or could start.
+    fn withdraw_unsafe_cleanup(&self, decision: &mut Decision) {
+        for (index, node) in self.facts.iter().enumerate() {
+            decision.desired[index].cleanup = node.cleanup_requested()
+                && !self.kube_proxy_schedules
+                && !node.has_kube_proxy_pod();
+        }
     }
 
     /// Per node, whether it should clean kube-proxy's rules. Applied after the flow chose the

@@ -172,6 +172,20 @@ fn preflight_refuses_without_an_api_server_address_for_the_agents() {
 }
 
 #[test]
+fn preflight_says_when_the_kube_proxy_daemon_set_is_already_absent() {
+    let mut cluster = three_kube_proxy_nodes();
+    cluster.kube_proxy_daemon_set = None;
+    node_mut(&mut cluster, "node-1").ready = false;
+    let plan = plan(Some(&ebpf_config()), &cluster);
+    assert_eq!(phase(&plan), DataplanePhase::Preflight);
+    assert!(
+        message(&plan).contains("already absent"),
+        "{}",
+        message(&plan)
+    );
+}
+
+#[test]
 fn an_already_absent_kube_proxy_daemon_set_is_said_and_does_not_block_activation() {
     let mut cluster = three_kube_proxy_nodes();
     cluster.kube_proxy_daemon_set = None;
@@ -1262,11 +1276,52 @@ fn without_a_default_config_the_operator_behaves_as_kube_proxy_and_creates_datap
 }
 
 #[test]
-fn without_a_default_config_a_cluster_left_on_ebpf_goes_back_to_kube_proxy() {
-    // Deleting the DataplaneConfig leaves the dataplane as it is only while the operator is told
-    // so by the controller (it then stops reconciling); a planner given no config plans KubeProxy.
-    let plan = plan(None, &cluster(vec![ebpf_node("node-1")]));
-    assert_eq!(written_modes(&plan), vec![("node-1", KubeProxy)]);
+fn without_a_default_config_a_cluster_on_ebpf_stays_there_and_joining_nodes_join_it() {
+    // Deleting the DataplaneConfig rips nothing out under traffic.
+    let mut cluster = cluster_on_ebpf();
+    let mut joining = bare_node("node-3");
+    joining.kube_proxy_pod = None;
+    cluster.nodes.push(joining);
+    let plan = plan(None, &cluster);
+    assert_eq!(written_modes(&plan), vec![("node-3", Ebpf)]);
+    assert_eq!(plan.kube_proxy, KubeProxyAction::None);
+    assert!(plan.status.is_none());
+}
+
+#[test]
+fn without_a_default_config_a_transition_in_the_middle_is_held_where_it_stands() {
+    let mut cluster = cluster(vec![
+        ebpf_node("node-1"),
+        kube_proxy_node("node-2"),
+        bare_node("node-3"),
+    ]);
+    cluster.kube_proxy_daemon_set = Some(disabled_kube_proxy_daemon_set());
+    let plan = plan(None, &cluster);
+    assert_eq!(
+        written_modes(&plan),
+        vec![("node-3", KubeProxy)],
+        "only the missing DataplaneNode is created"
+    );
+    assert_eq!(
+        plan.kube_proxy,
+        KubeProxyAction::None,
+        "kube-proxy is neither disabled nor restored"
+    );
+    assert!(plan.agent_pods_to_delete.is_empty());
+}
+
+#[test]
+fn without_a_default_config_cleanup_is_still_withdrawn_where_kube_proxy_came_back() {
+    let mut cluster = cluster(vec![cleaned_node("node-1"), cleaned_node("node-2")]);
+    node_mut(&mut cluster, "node-1").kube_proxy_pod =
+        Some(pod("kube-proxy-node-1", "kp-2", at(-3)));
+    let plan = plan(None, &cluster);
+    assert_eq!(plan.dataplane_nodes.len(), 2);
+    assert!(plan
+        .dataplane_nodes
+        .iter()
+        .all(|write| !write.spec.iptables_cleanup && write.spec.mode == Ebpf));
+    assert_eq!(plan.kube_proxy, KubeProxyAction::None);
 }
 
 #[test]
@@ -1747,8 +1802,8 @@ fn a_rolling_agent_upgrade_replaces_one_batch_at_a_time() {
 }
 
 #[test]
-fn a_default_config_spec_equals_the_no_config_behaviour() {
-    let cluster = cluster(vec![ebpf_node("node-1"), bare_node("node-2")]);
+fn on_an_untouched_cluster_a_default_config_spec_equals_the_no_config_behaviour() {
+    let cluster = cluster(vec![kube_proxy_node("node-1"), bare_node("node-2")]);
     let without = plan(None, &cluster);
     let with = plan(
         Some(&DataplaneConfig::new(
