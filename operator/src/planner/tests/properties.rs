@@ -177,21 +177,44 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
 
     /// From a cluster on kube-proxy, any sequence of mode flips driven through a simulated
-    /// cluster keeps every invariant at every round and ends Ready in the last requested mode.
+    /// cluster (with an agent that may stop reporting for a while, live connections that make
+    /// nodes drain, and an agent upgrade that may land at any time) keeps every invariant at
+    /// every round, and once the broken agent recovers ends Ready in the last requested mode.
     #[test]
     fn any_sequence_of_mode_flips_converges_safely(
         node_count in 1usize..5,
         max_unavailable in 1i32..3,
+        max_failed_nodes in 0i32..2,
         flips in prop::collection::vec((mode(), 0usize..8), 1..4),
+        broken_node in prop::option::weighted(0.3, 1usize..5),
+        broken_rounds in 0usize..400,
+        live_flows in prop::collection::vec(0u32..4, 4),
+        upgrade_after in prop::option::weighted(0.3, 0usize..20),
     ) {
         let mut simulation = Simulation::new(node_count, DataplaneMode::KubeProxy, max_unavailable);
+        simulation.config.spec.rollout.max_failed_nodes = max_failed_nodes;
+        for (index, flows) in live_flows.iter().enumerate() {
+            simulation.live_flows.insert(format!("node-{}", index + 1), *flows);
+        }
+        if let Some(broken) = broken_node.filter(|broken| *broken <= node_count) {
+            simulation.broken_agents.push(format!("node-{broken}"));
+        }
+        let mut round = 0;
         for (mode, rounds) in &flips {
             simulation.config.spec.mode = *mode;
             for _ in 0..*rounds {
+                if upgrade_after == Some(round) {
+                    simulation.cluster.agent_daemon_set = Some(AgentDaemonSet { update_revision: Some(NEW_REVISION.into()) });
+                }
                 simulation.round();
+                round += 1;
             }
         }
-        simulation.run_until_ready(100);
+        for _ in 0..broken_rounds {
+            simulation.round();
+        }
+        simulation.broken_agents.clear();
+        simulation.run_until_ready(120);
         let last = flips.last().map(|(mode, _)| *mode).unwrap_or(DataplaneMode::KubeProxy);
         for node in &simulation.cluster.nodes {
             let spec = &node.dataplane_node.as_ref().expect("every node has its DataplaneNode").spec;
