@@ -16,24 +16,31 @@ use crate::controller::FIELD_MANAGER;
 use crate::error::Error;
 
 /// Applies `crds` and waits up to `timeout` for each to be `Established`.
-pub async fn apply_crds(client: Client, crds: &[CustomResourceDefinition], timeout: Duration) -> Result<(), Error> {
+pub async fn apply_crds(
+    client: Client,
+    crds: &[CustomResourceDefinition],
+    timeout: Duration,
+) -> Result<(), Error> {
     let api: Api<CustomResourceDefinition> = Api::all(client);
     let params = PatchParams::apply(FIELD_MANAGER).force();
     for crd in crds {
         let name = crd.name_any();
         api.patch(&name, &params, &Patch::Apply(crd))
             .await
-            .map_err(|source| Error::ApplyCrd { name: name.clone(), source: source.into() })?;
+            .map_err(|source| Error::ApplyCrd {
+                name: name.clone(),
+                source: source.into(),
+            })?;
         tracing::info!(crd = %name, "applied CustomResourceDefinition");
     }
     let deadline = tokio::time::Instant::now() + timeout;
     for crd in crds {
         let name = crd.name_any();
         loop {
-            let current = api
-                .get(&name)
-                .await
-                .map_err(|source| Error::ApplyCrd { name: name.clone(), source: source.into() })?;
+            let current = api.get(&name).await.map_err(|source| Error::ApplyCrd {
+                name: name.clone(),
+                source: source.into(),
+            })?;
             if is_established(&current) {
                 break;
             }
@@ -87,7 +94,10 @@ mod tests {
             let applied = serde_json::to_value(&crd).unwrap();
             assert_eq!(applied["apiVersion"], "apiextensions.k8s.io/v1");
             assert_eq!(applied["kind"], "CustomResourceDefinition");
-            assert!(applied["metadata"]["name"].as_str().unwrap().ends_with(".switchyard.dev"));
+            assert!(applied["metadata"]["name"]
+                .as_str()
+                .unwrap()
+                .ends_with(".switchyard.dev"));
         }
     }
 }

@@ -44,9 +44,9 @@ pub fn classify(error: &Error) -> FailureClass {
         | Error::PublishEvent { source, .. }
         | Error::ReadLease { source }
         | Error::WriteLease { source } => classify_api_error(source),
-        Error::LeadershipLost { .. } | Error::ConfigureClient { .. } | Error::StartTelemetry { .. } => {
-            FailureClass::Transient
-        }
+        Error::LeadershipLost { .. }
+        | Error::ConfigureClient { .. }
+        | Error::StartTelemetry { .. } => FailureClass::Transient,
     }
 }
 
@@ -85,7 +85,9 @@ pub fn step(error: &Error) -> &'static str {
         Error::ApplyStatus { .. } => "apply_status",
         Error::ApplyCrd { .. } => "apply_crd",
         Error::PublishEvent { .. } => "publish_event",
-        Error::ReadLease { .. } | Error::WriteLease { .. } | Error::LeadershipLost { .. } => "leader_election",
+        Error::ReadLease { .. } | Error::WriteLease { .. } | Error::LeadershipLost { .. } => {
+            "leader_election"
+        }
         Error::ConfigureClient { .. } => "configure_client",
         Error::StartTelemetry { .. } => "start_telemetry",
     }
@@ -103,27 +105,42 @@ mod tests {
     }
 
     fn apply_failure(code: u16) -> Error {
-        Error::ApplyDataplaneNode { name: "node-a".into(), source: api_error(code) }
+        Error::ApplyDataplaneNode {
+            name: "node-a".into(),
+            source: api_error(code),
+        }
     }
 
     #[test]
     fn server_errors_and_throttling_are_retried_with_growing_backoff() {
         for code in [500, 503, 504, 429, 404] {
-            assert_eq!(classify(&apply_failure(code)), FailureClass::Transient, "{code}");
+            assert_eq!(
+                classify(&apply_failure(code)),
+                FailureClass::Transient,
+                "{code}"
+            );
         }
-        let delays: Vec<_> = (1..=12).map(|failures| retry_after(FailureClass::Transient, failures).unwrap()).collect();
+        let delays: Vec<_> = (1..=12)
+            .map(|failures| retry_after(FailureClass::Transient, failures).unwrap())
+            .collect();
         assert_eq!(delays[0], Duration::from_secs(1));
         assert_eq!(delays[1], Duration::from_secs(2));
         assert_eq!(delays[2], Duration::from_secs(4));
         assert!(delays.windows(2).all(|pair| pair[0] <= pair[1]));
         assert_eq!(*delays.last().unwrap(), MAX_BACKOFF);
-        assert_eq!(retry_after(FailureClass::Transient, u32::MAX), Some(MAX_BACKOFF));
+        assert_eq!(
+            retry_after(FailureClass::Transient, u32::MAX),
+            Some(MAX_BACKOFF)
+        );
     }
 
     #[test]
     fn a_lost_write_race_is_retried_at_once_after_a_fresh_read() {
         assert_eq!(classify(&apply_failure(409)), FailureClass::Conflict);
-        assert_eq!(retry_after(FailureClass::Conflict, 7), Some(Duration::from_secs(1)));
+        assert_eq!(
+            retry_after(FailureClass::Conflict, 7),
+            Some(Duration::from_secs(1))
+        );
     }
 
     #[test]
@@ -131,11 +148,18 @@ mod tests {
         assert_eq!(classify(&apply_failure(422)), FailureClass::InvalidSpec);
         assert_eq!(classify(&apply_failure(400)), FailureClass::InvalidSpec);
         assert_eq!(
-            classify(&Error::ReadSpec { field: "rollout.maxUnavailable", reason: "bad".into() }),
+            classify(&Error::ReadSpec {
+                field: "rollout.maxUnavailable",
+                reason: "bad".into()
+            }),
             FailureClass::InvalidSpec
         );
         assert_eq!(
-            classify(&Error::ComputeKubeProxyPatch { namespace: "kube-system".into(), name: "kube-proxy".into(), reason: "x".into() }),
+            classify(&Error::ComputeKubeProxyPatch {
+                namespace: "kube-system".into(),
+                name: "kube-proxy".into(),
+                reason: "x".into()
+            }),
             FailureClass::InvalidSpec
         );
         assert_eq!(retry_after(FailureClass::InvalidSpec, 1), None);
@@ -150,6 +174,9 @@ mod tests {
     #[test]
     fn every_error_names_the_step_that_failed() {
         assert_eq!(step(&apply_failure(500)), "apply_dataplane_node");
-        assert_eq!(step(&Error::LeadershipLost { reason: "x".into() }), "leader_election");
+        assert_eq!(
+            step(&Error::LeadershipLost { reason: "x".into() }),
+            "leader_election"
+        );
     }
 }

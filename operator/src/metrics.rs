@@ -46,7 +46,10 @@ impl Metrics {
             .buckets(vec![0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]),
         )?;
         let reconcile_errors = IntCounterVec::new(
-            Opts::new("switchyard_operator_reconcile_errors_total", "Failed reconciles, by the step that failed."),
+            Opts::new(
+                "switchyard_operator_reconcile_errors_total",
+                "Failed reconciles, by the step that failed.",
+            ),
             &["step"],
         )?;
         let transition_phase = IntGaugeVec::new(
@@ -57,10 +60,16 @@ impl Metrics {
             &["phase"],
         )?;
         let nodes = IntGaugeVec::new(
-            Opts::new("switchyard_operator_nodes", "Nodes by state, as published in the DataplaneConfig status."),
+            Opts::new(
+                "switchyard_operator_nodes",
+                "Nodes by state, as published in the DataplaneConfig status.",
+            ),
             &["state"],
         )?;
-        let leader = IntGauge::new("switchyard_operator_leader", "1 while this replica holds the leader Lease.")?;
+        let leader = IntGauge::new(
+            "switchyard_operator_leader",
+            "1 while this replica holds the leader Lease.",
+        )?;
         registry.register(Box::new(reconcile_duration.clone()))?;
         registry.register(Box::new(reconcile_errors.clone()))?;
         registry.register(Box::new(transition_phase.clone()))?;
@@ -111,7 +120,9 @@ mod tests {
 
     fn exposition(metrics: &Metrics) -> String {
         let mut text = Vec::new();
-        TextEncoder::new().encode(&metrics.registry().gather(), &mut text).unwrap();
+        TextEncoder::new()
+            .encode(&metrics.registry().gather(), &mut text)
+            .unwrap();
         String::from_utf8(text).unwrap()
     }
 
@@ -120,20 +131,46 @@ mod tests {
         let metrics = Metrics::new().unwrap();
         let status = DataplaneConfigStatus {
             phase: DataplanePhase::ActivatingNodes,
-            nodes: NodeCounts { total: 3, serving: 1, kube_proxy_running: 3, ..NodeCounts::default() },
+            nodes: NodeCounts {
+                total: 3,
+                serving: 1,
+                kube_proxy_running: 3,
+                ..NodeCounts::default()
+            },
             ..DataplaneConfigStatus::default()
         };
         metrics.observe_status(&status);
         let text = exposition(&metrics);
-        assert!(text.contains("switchyard_operator_transition_phase{phase=\"ActivatingNodes\"} 1"), "{text}");
-        assert!(text.contains("switchyard_operator_transition_phase{phase=\"Ready\"} 0"), "{text}");
-        assert!(text.contains("switchyard_operator_nodes{state=\"total\"} 3"), "{text}");
-        assert!(text.contains("switchyard_operator_nodes{state=\"serving\"} 1"), "{text}");
+        assert!(
+            text.contains("switchyard_operator_transition_phase{phase=\"ActivatingNodes\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("switchyard_operator_transition_phase{phase=\"Ready\"} 0"),
+            "{text}"
+        );
+        assert!(
+            text.contains("switchyard_operator_nodes{state=\"total\"} 3"),
+            "{text}"
+        );
+        assert!(
+            text.contains("switchyard_operator_nodes{state=\"serving\"} 1"),
+            "{text}"
+        );
 
-        metrics.observe_status(&DataplaneConfigStatus { phase: DataplanePhase::Ready, ..status });
+        metrics.observe_status(&DataplaneConfigStatus {
+            phase: DataplanePhase::Ready,
+            ..status
+        });
         let text = exposition(&metrics);
-        assert!(text.contains("switchyard_operator_transition_phase{phase=\"ActivatingNodes\"} 0"), "{text}");
-        assert!(text.contains("switchyard_operator_transition_phase{phase=\"Ready\"} 1"), "{text}");
+        assert!(
+            text.contains("switchyard_operator_transition_phase{phase=\"ActivatingNodes\"} 0"),
+            "{text}"
+        );
+        assert!(
+            text.contains("switchyard_operator_transition_phase{phase=\"Ready\"} 1"),
+            "{text}"
+        );
     }
 
     #[test]
@@ -141,7 +178,13 @@ mod tests {
         let metrics = Metrics::new().unwrap();
         metrics.reconcile_duration.observe(0.02);
         let text = exposition(&metrics);
-        assert!(text.contains("# TYPE switchyard_operator_reconcile_duration_seconds histogram"), "{text}");
-        assert!(text.contains("switchyard_operator_reconcile_duration_seconds_count 1"), "{text}");
+        assert!(
+            text.contains("# TYPE switchyard_operator_reconcile_duration_seconds histogram"),
+            "{text}"
+        );
+        assert!(
+            text.contains("switchyard_operator_reconcile_duration_seconds_count 1"),
+            "{text}"
+        );
     }
 }

@@ -1,0 +1,172 @@
+//! `switchyard-operator`: flags, then the pieces from the library (telemetry, CRDs, leader
+//! election, the controller). Everything that decides anything lives in the library.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{ArgAction, Parser};
+use switchyard_operator::controller::{self, Context, ControllerSettings};
+use switchyard_operator::events::Recorder;
+use switchyard_operator::leader::{LeaderElector, LeaseTiming};
+use switchyard_operator::metrics::Metrics;
+use switchyard_operator::{client, crd_apply, Error};
+use switchyard_telemetry::{Health, TelemetryServer};
+
+/// Moves a cluster's Service dataplane between kube-proxy and Switchyard's eBPF datapath.
+#[derive(Debug, Parser)]
+#[command(name = "switchyard-operator", version)]
+struct Arguments {
+    /// Where /metrics, /healthz and /readyz are served.
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    metrics_address: SocketAddr,
+
+    /// Apply the operator's CustomResourceDefinitions at start (Server-Side Apply). Turn off
+    /// where GitOps owns the CRDs.
+    #[arg(long, default_value_t = true, action = ArgAction::Set)]
+    apply_crds: bool,
+
+    /// Namespace of the agent DaemonSet.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "switchyard-system")]
+    agent_namespace: String,
+
+    /// Name of the agent DaemonSet.
+    #[arg(long = "agent-daemonset", default_value = "switchyard-agent")]
+    agent_daemon_set: String,
+
+    /// The API server's real address (host:port) given to the agents. A transition does not
+    /// start without it.
+    #[arg(long)]
+    api_server_address: Option<String>,
+
+    /// Namespace of the leader Lease (the operator's own namespace).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "switchyard-system")]
+    lease_namespace: String,
+
+    /// Name of the leader Lease.
+    #[arg(long, default_value = "switchyard-operator")]
+    lease_name: String,
+
+    /// This replica's identity in the Lease and in Events (the pod's name).
+    #[arg(long, env = "POD_NAME")]
+    identity: Option<String>,
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    let arguments = Arguments::parse();
+    match run(arguments).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            let mut message = error.to_string();
+            let mut source = std::error::Error::source(&error);
+            while let Some(cause) = source {
+                message.push_str(&format!(": {cause}"));
+                source = cause.source();
+            }
+            tracing::error!("{message}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(arguments: Arguments) -> Result<(), Error> {
+    let metrics = Metrics::new().map_err(|error| Error::StartTelemetry {
+        reason: error.to_string(),
+    })?;
+    let health = Health::new();
+    let _telemetry = TelemetryServer::bind(
+        arguments.metrics_address,
+        metrics.registry(),
+        health.clone(),
+    )
+    .await
+    .map_err(|error| Error::StartTelemetry {
+        reason: error.to_string(),
+    })?;
+
+    let client = client::client().await?;
+    tracing::info!(user_agent = %client::user_agent(), "Kubernetes client configured");
+    if arguments.apply_crds {
+        crd_apply::apply_crds(
+            client.clone(),
+            &switchyard_crds::crds(),
+            Duration::from_secs(30),
+        )
+        .await?;
+    }
+    health.set_ready(true);
+
+    let identity = arguments
+        .identity
+        .clone()
+        .unwrap_or_else(|| format!("switchyard-operator-{}", std::process::id()));
+    let mut elector = LeaderElector::new(
+        client.clone(),
+        &arguments.lease_namespace,
+        &arguments.lease_name,
+        &identity,
+        LeaseTiming::default(),
+    );
+    tokio::select! {
+        acquired = elector.acquire() => acquired?,
+        () = shutdown_signal() => return Ok(()),
+    }
+    metrics.leader.set(1);
+
+    let context = Arc::new(Context::new(
+        client.clone(),
+        Recorder::new(client, identity),
+        metrics.clone(),
+        ControllerSettings {
+            agent_namespace: arguments.agent_namespace,
+            agent_daemon_set: arguments.agent_daemon_set,
+            api_server_address: arguments.api_server_address,
+        },
+    ));
+    // Whichever ends first ends the others: dropping the controller's future stops it at its
+    // next await, so a replica that lost the Lease makes no further write.
+    let outcome = tokio::select! {
+        () = controller::run(context) => Err(Error::LeadershipLost { reason: "the controller's watches ended".into() }),
+        lost = elector.keep_renewing() => Err(lost),
+        () = shutdown_signal() => Ok(()),
+    };
+    metrics.leader.set(0);
+    health.set_ready(false);
+    if outcome.is_ok() {
+        if let Err(error) = elector.release().await {
+            tracing::warn!(%error, "failed to release the leader Lease");
+        }
+    }
+    outcome
+}
+
+async fn shutdown_signal() {
+    let interrupt = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut terminate =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(terminate) => terminate,
+                Err(error) => {
+                    tracing::warn!(%error, "failed to listen for SIGTERM");
+                    let _ = interrupt.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = interrupt => {}
+            _ = terminate.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = interrupt.await;
+    }
+}
