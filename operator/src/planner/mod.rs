@@ -396,8 +396,14 @@ impl<'a> Context<'a> {
     /// The halt decision: the transition stops where it stands and says which nodes failed.
     fn halted(&self, desired: Vec<DesiredNode>, step: &str) -> Decision {
         let failed = self.failed_names();
+        // Before DisablingKubeProxy, a halt leaves kube-proxy exactly as it was: say so.
+        let kube_proxy = if self.settings.mode == DataplaneMode::Ebpf && !self.kube_proxy_gone {
+            "; kube-proxy untouched"
+        } else {
+            ""
+        };
         let message = format!(
-            "halted before {step}: {} failed node(s) ({}), {} allowed by rollout.maxFailedNodes; kube-proxy untouched. \
+            "halted before {step}: {} failed node(s) ({}), {} allowed by rollout.maxFailedNodes{kube_proxy}. \
              A node that recovers resumes the transition.",
             failed.len(),
             name_list(failed.iter().copied()),
@@ -598,7 +604,7 @@ impl<'a> Context<'a> {
         });
         if !blocked.is_empty() {
             parts.push(format!(
-                "waiting for the agent to be Ready on {}",
+                "waiting for the agent and the Node to be Ready on {}",
                 name_list(blocked.iter().copied())
             ));
         }

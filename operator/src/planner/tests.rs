@@ -449,7 +449,7 @@ fn a_node_whose_agent_is_not_ready_is_not_activated_but_waited_for() {
     let plan = plan(Some(&config), &cluster);
     assert_eq!(written_modes(&plan), vec![("node-3", Ebpf)]);
     assert!(
-        message(&plan).contains("waiting for the agent to be Ready on node-2"),
+        message(&plan).contains("waiting for the agent and the Node to be Ready on node-2"),
         "{}",
         message(&plan)
     );
@@ -1030,6 +1030,10 @@ fn a_draining_node_fails_once_its_drain_timeout_and_the_ready_timeout_passed() {
     let plan = plan(Some(&rollback_config()), &cluster);
     assert_eq!(plan.status.as_ref().expect("status").nodes.failed, 1);
     assert_eq!(phase(&plan), DataplanePhase::Halted);
+    assert!(
+        !message(&plan).contains("untouched"),
+        "kube-proxy was restored: a rollback halt must not claim otherwise"
+    );
 }
 
 #[test]
