@@ -13,4 +13,30 @@ pub enum Error {
     UpdateMap { map: &'static str, reason: String },
     #[error("failed to read map {map}: {reason}")]
     ReadMap { map: &'static str, reason: String },
+    // Loader (datapath): loading, pinning, attaching, migrating.
+    #[error("failed to load the datapath programs: {reason}")]
+    LoadPrograms { reason: String },
+    #[error("failed to {step} the pin directory {path}: {source}")]
+    PreparePinDirectory {
+        step: &'static str,
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    #[error("failed to pin {path}: {reason}")]
+    PinObject {
+        path: std::path::PathBuf,
+        reason: String,
+    },
+    #[error("failed to attach {program} to {target}: {reason}")]
+    AttachProgram {
+        program: &'static str,
+        target: String,
+        reason: String,
+    },
+    #[error("failed to detach from {target}: {reason}")]
+    DetachProgram { target: String, reason: String },
+    #[error("failed to watch network interfaces: {source}")]
+    WatchInterfaces { source: std::io::Error },
+    #[error("failed to migrate the maps of schema version {from_version}: {reason}")]
+    MigrateMaps { from_version: u32, reason: String },
 }

@@ -15,6 +15,7 @@ pub mod desired;
 pub mod diff;
 pub mod error;
 pub mod gate;
+pub mod loader;
 pub mod maps;
 pub mod model;
 pub mod sync;

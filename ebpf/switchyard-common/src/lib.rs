@@ -55,7 +55,28 @@ pub mod map_names {
     pub const AFFINITY: &str = "SY_AFFINITY";
     pub const CONFIG: &str = "SY_CONFIG";
     pub const COUNTERS: &str = "SY_COUNTERS";
+    pub const SOCKET_REVERSE: &str = "SY_SOCK_REVERSE";
 }
+
+/// Names of the programs (kernel object names are limited to 15 characters).
+pub mod program_names {
+    /// TC ingress on the host side of pod interfaces (scope internal).
+    pub const INGRESS_POD: &str = "sy_ingress_pod";
+    /// TC ingress on the node's external interfaces (scope external).
+    pub const INGRESS_HOST: &str = "sy_ingress_host";
+    /// TC egress on both kinds of interface: reverse translation of replies.
+    pub const EGRESS: &str = "sy_egress";
+    /// Socket hooks on the cgroup v2 root, for the node's own processes.
+    pub const CONNECT4: &str = "sy_connect4";
+    pub const SENDMSG4: &str = "sy_sendmsg4";
+    pub const RECVMSG4: &str = "sy_recvmsg4";
+    pub const GETPEERNAME4: &str = "sy_getpeername4";
+}
+
+/// Timeouts the programs use when the config entry leaves them at zero.
+pub const DEFAULT_TCP_IDLE_TIMEOUT_SECONDS: u32 = 6 * 60 * 60;
+pub const DEFAULT_TCP_CLOSING_TIMEOUT_SECONDS: u32 = 10;
+pub const DEFAULT_UDP_IDLE_TIMEOUT_SECONDS: u32 = 120;
 
 /// Where a packet came from, which decides the traffic policy that applies:
 /// `internalTrafficPolicy` for traffic from this node's pods and host processes,
@@ -194,6 +215,30 @@ pub struct AffinityValue {
     pub last_used_nanoseconds: u64,
 }
 
+/// Key of the socket reverse-translation map, written by the `connect4`/`sendmsg4`
+/// hooks when they send a host socket to a backend, and read by `recvmsg4` and
+/// `getpeername4`, so the application sees the Service address it asked for.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SocketReverseKey {
+    /// `bpf_get_socket_cookie` of the socket.
+    pub socket_cookie: u64,
+    pub backend_address: Address,
+    pub backend_port_big_endian: u16,
+    /// Always zero.
+    pub reserved: [u8; 6],
+}
+
+/// Value of the socket reverse-translation map: the frontend the socket asked for.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SocketReverseValue {
+    pub frontend_address: Address,
+    pub frontend_port_big_endian: u16,
+    /// Always zero.
+    pub reserved: u16,
+}
+
 /// Translate new flows and existing flows.
 pub const DATAPATH_MODE_ACTIVE: u32 = 1;
 /// Translate only flows already in Switchyard's conntrack; new connections pass
@@ -259,6 +304,8 @@ mod user {
     unsafe impl aya::Pod for AffinityKey {}
     unsafe impl aya::Pod for AffinityValue {}
     unsafe impl aya::Pod for DatapathConfig {}
+    unsafe impl aya::Pod for SocketReverseKey {}
+    unsafe impl aya::Pod for SocketReverseValue {}
 }
 
 // No hidden padding: each size is the sum of the field sizes.
@@ -273,6 +320,8 @@ const _: () = {
     assert!(size_of::<AffinityKey>() == 16 + 4);
     assert!(size_of::<AffinityValue>() == 16 + 2 + 2 + 4 + 8);
     assert!(size_of::<DatapathConfig>() == 16 + 8 + 4 * 6);
+    assert!(size_of::<SocketReverseKey>() == 8 + 16 + 2 + 6);
+    assert!(size_of::<SocketReverseValue>() == 16 + 2 + 2);
 };
 
 #[cfg(test)]
@@ -304,6 +353,7 @@ mod tests {
             map_names::AFFINITY,
             map_names::CONFIG,
             map_names::COUNTERS,
+            map_names::SOCKET_REVERSE,
         ] {
             assert!(name.len() <= 15, "{name} is longer than 15 characters");
         }

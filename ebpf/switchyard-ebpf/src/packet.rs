@@ -1,0 +1,290 @@
+//! Parsing and rewriting IPv4 TCP/UDP packets behind an Ethernet header.
+//!
+//! Every read goes through `bpf_skb_load_bytes` (`TcContext::load`), which checks
+//! bounds at run time, so the verifier never has to follow packet pointers and
+//! the code stays far below its complexity limits.
+
+use aya_ebpf::{
+    bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR},
+    helpers::bpf_skb_change_tail,
+    programs::TcContext,
+};
+use switchyard_common::{ipv4_mapped, Address, ConntrackKey, PROTOCOL_TCP, PROTOCOL_UDP};
+
+use crate::checksum;
+
+pub const ETHERNET_HEADER_LENGTH: usize = 14;
+const ETHERNET_TYPE_IPV4: u16 = 0x0800;
+const IP_OFFSET: usize = ETHERNET_HEADER_LENGTH;
+const IP_CHECKSUM_OFFSET: usize = IP_OFFSET + 10;
+const IP_SOURCE_OFFSET: usize = IP_OFFSET + 12;
+const IP_DESTINATION_OFFSET: usize = IP_OFFSET + 16;
+const TCP_FLAG_FIN: u8 = 0x01;
+const TCP_FLAG_SYN: u8 = 0x02;
+const TCP_FLAG_RST: u8 = 0x04;
+const TCP_FLAG_ACK: u8 = 0x10;
+
+/// The fields of one packet the datapath looks at. Addresses and ports are kept
+/// exactly as they are on the wire (network byte order).
+pub struct Packet {
+    pub protocol: u8,
+    pub source_ipv4: [u8; 4],
+    pub destination_ipv4: [u8; 4],
+    pub source_port: u16,
+    pub destination_port: u16,
+    pub tcp_flags: u8,
+    pub l4_offset: usize,
+}
+
+impl Packet {
+    /// `None` for anything but an unfragmented (or first-fragment-free) IPv4 TCP
+    /// or UDP packet: those pass untouched.
+    #[inline(always)]
+    pub fn parse(ctx: &TcContext) -> Option<Self> {
+        let ethernet_type: u16 = ctx.load(12).ok()?;
+        if u16::from_be(ethernet_type) != ETHERNET_TYPE_IPV4 {
+            return None;
+        }
+        let version_and_length: u8 = ctx.load(IP_OFFSET).ok()?;
+        if version_and_length >> 4 != 4 {
+            return None;
+        }
+        let header_length = ((version_and_length & 0x0f) as usize) * 4;
+        if header_length < 20 {
+            return None;
+        }
+        // Fragments other than whole packets carry no ports (or only the first
+        // carries them): leave them to the stack.
+        let fragment: u16 = ctx.load(IP_OFFSET + 6).ok()?;
+        if u16::from_be(fragment) & 0x3fff != 0 {
+            return None;
+        }
+        let protocol: u8 = ctx.load(IP_OFFSET + 9).ok()?;
+        if protocol != PROTOCOL_TCP && protocol != PROTOCOL_UDP {
+            return None;
+        }
+        let source_ipv4: [u8; 4] = ctx.load(IP_SOURCE_OFFSET).ok()?;
+        let destination_ipv4: [u8; 4] = ctx.load(IP_DESTINATION_OFFSET).ok()?;
+        let l4_offset = IP_OFFSET + header_length;
+        let source_port: u16 = ctx.load(l4_offset).ok()?;
+        let destination_port: u16 = ctx.load(l4_offset + 2).ok()?;
+        let tcp_flags = if protocol == PROTOCOL_TCP {
+            ctx.load(l4_offset + 13).ok()?
+        } else {
+            0
+        };
+        Some(Self {
+            protocol,
+            source_ipv4,
+            destination_ipv4,
+            source_port,
+            destination_port,
+            tcp_flags,
+            l4_offset,
+        })
+    }
+
+    #[inline(always)]
+    pub fn source_address(&self) -> Address {
+        ipv4_mapped(self.source_ipv4)
+    }
+
+    #[inline(always)]
+    pub fn destination_address(&self) -> Address {
+        ipv4_mapped(self.destination_ipv4)
+    }
+
+    #[inline(always)]
+    pub fn conntrack_key(&self) -> ConntrackKey {
+        ConntrackKey {
+            source_address: self.source_address(),
+            destination_address: self.destination_address(),
+            source_port_big_endian: self.source_port,
+            destination_port_big_endian: self.destination_port,
+            protocol: self.protocol,
+            reserved: [0; 3],
+        }
+    }
+
+    /// A connection's first packet: SYN without ACK.
+    #[inline(always)]
+    pub fn is_tcp_syn(&self) -> bool {
+        self.protocol == PROTOCOL_TCP
+            && self.tcp_flags & TCP_FLAG_SYN != 0
+            && self.tcp_flags & TCP_FLAG_ACK == 0
+    }
+
+    #[inline(always)]
+    pub fn is_tcp_fin(&self) -> bool {
+        self.protocol == PROTOCOL_TCP && self.tcp_flags & TCP_FLAG_FIN != 0
+    }
+
+    #[inline(always)]
+    pub fn is_tcp_reset(&self) -> bool {
+        self.protocol == PROTOCOL_TCP && self.tcp_flags & TCP_FLAG_RST != 0
+    }
+
+    #[inline(always)]
+    fn l4_checksum_offset(&self) -> usize {
+        if self.protocol == PROTOCOL_TCP {
+            self.l4_offset + 16
+        } else {
+            self.l4_offset + 6
+        }
+    }
+
+    /// Flags for `bpf_l4_csum_replace`: a UDP checksum of zero means "none" and
+    /// must stay zero.
+    #[inline(always)]
+    fn l4_checksum_flags(&self) -> u64 {
+        if self.protocol == PROTOCOL_UDP {
+            BPF_F_MARK_MANGLED_0 as u64
+        } else {
+            0
+        }
+    }
+}
+
+/// Rewrites one address and port of the packet, fixing the IP and L4 checksums.
+#[inline(always)]
+fn rewrite_endpoint(
+    ctx: &TcContext,
+    packet: &Packet,
+    address_offset: usize,
+    port_offset: usize,
+    old_ipv4: [u8; 4],
+    old_port: u16,
+    new_address: Address,
+    new_port: u16,
+) -> Result<(), ()> {
+    let new_ipv4 = [
+        new_address[12],
+        new_address[13],
+        new_address[14],
+        new_address[15],
+    ];
+    let l4_checksum_offset = packet.l4_checksum_offset();
+    let l4_flags = packet.l4_checksum_flags();
+    if new_ipv4 != old_ipv4 {
+        let old_value = u32::from_ne_bytes(old_ipv4) as u64;
+        let new_value = u32::from_ne_bytes(new_ipv4) as u64;
+        ctx.l4_csum_replace(
+            l4_checksum_offset,
+            old_value,
+            new_value,
+            l4_flags | BPF_F_PSEUDO_HDR as u64 | 4,
+        )
+        .map_err(|_| ())?;
+        ctx.l3_csum_replace(IP_CHECKSUM_OFFSET, old_value, new_value, 4)
+            .map_err(|_| ())?;
+        ctx.store(address_offset, &new_ipv4, 0).map_err(|_| ())?;
+    }
+    if new_port != old_port {
+        ctx.l4_csum_replace(
+            l4_checksum_offset,
+            old_port as u64,
+            new_port as u64,
+            l4_flags | 2,
+        )
+        .map_err(|_| ())?;
+        ctx.store(port_offset, &new_port, 0).map_err(|_| ())?;
+    }
+    Ok(())
+}
+
+#[inline(always)]
+pub fn rewrite_destination(
+    ctx: &TcContext,
+    packet: &Packet,
+    new_address: Address,
+    new_port: u16,
+) -> Result<(), ()> {
+    rewrite_endpoint(
+        ctx,
+        packet,
+        IP_DESTINATION_OFFSET,
+        packet.l4_offset + 2,
+        packet.destination_ipv4,
+        packet.destination_port,
+        new_address,
+        new_port,
+    )
+}
+
+#[inline(always)]
+pub fn rewrite_source(
+    ctx: &TcContext,
+    packet: &Packet,
+    new_address: Address,
+    new_port: u16,
+) -> Result<(), ()> {
+    rewrite_endpoint(
+        ctx,
+        packet,
+        IP_SOURCE_OFFSET,
+        packet.l4_offset,
+        packet.source_ipv4,
+        packet.source_port,
+        new_address,
+        new_port,
+    )
+}
+
+#[inline(always)]
+pub fn swap_ethernet_addresses(ctx: &TcContext) -> Result<(), ()> {
+    let addresses: [u8; 12] = ctx.load(0).map_err(|_| ())?;
+    let mut swapped = [0u8; 12];
+    swapped[..6].copy_from_slice(&addresses[6..]);
+    swapped[6..].copy_from_slice(&addresses[..6]);
+    ctx.store(0, &swapped, 0).map_err(|_| ())
+}
+
+const ICMP_HEADER_LENGTH: usize = 8;
+/// What an ICMP error quotes of the original packet: its IP header (without
+/// options) and the first 8 bytes of its payload (the ports).
+const QUOTED_LENGTH: usize = 20 + 8;
+const ICMP_PACKET_LENGTH: usize = 20 + ICMP_HEADER_LENGTH + QUOTED_LENGTH;
+
+/// Turns the packet into an ICMP port unreachable from the frontend to the
+/// client and sends it back out of the interface it came in on, as kube-proxy's
+/// REJECT rule does: a TCP client in SYN_SENT gets ECONNREFUSED at once.
+#[inline(always)]
+pub fn reject_with_icmp_port_unreachable(ctx: &TcContext, packet: &Packet) -> Result<i32, ()> {
+    if packet.l4_offset != IP_OFFSET + 20 {
+        // IP options: not worth the complexity; the client times out instead.
+        return Ok(crate::PASS);
+    }
+    let quoted: [u8; QUOTED_LENGTH] = ctx.load(IP_OFFSET).map_err(|_| ())?;
+    let new_length = (ETHERNET_HEADER_LENGTH + ICMP_PACKET_LENGTH) as u32;
+    // SAFETY: the context pointer is the one the kernel passed in.
+    let result = unsafe { bpf_skb_change_tail(ctx.skb.skb, new_length, 0) };
+    if result != 0 {
+        return Err(());
+    }
+
+    let mut ip_header = [0u8; 20];
+    ip_header[0] = 0x45;
+    let total_length = (ICMP_PACKET_LENGTH as u16).to_be_bytes();
+    ip_header[2] = total_length[0];
+    ip_header[3] = total_length[1];
+    ip_header[8] = 64; // TTL
+    ip_header[9] = 1; // ICMP
+    ip_header[12..16].copy_from_slice(&packet.destination_ipv4);
+    ip_header[16..20].copy_from_slice(&packet.source_ipv4);
+    let ip_checksum = checksum::fold(checksum::sum_words(&ip_header, 0));
+    ip_header[10..12].copy_from_slice(&ip_checksum.to_be_bytes());
+
+    let mut icmp_header = [0u8; ICMP_HEADER_LENGTH];
+    icmp_header[0] = 3; // destination unreachable
+    icmp_header[1] = 3; // port unreachable
+    let partial = checksum::sum_words(&icmp_header, 0);
+    // The quoted header's checksum field is left as it was on the wire.
+    let icmp_checksum = checksum::fold(checksum::sum_words(&quoted, partial));
+    icmp_header[2..4].copy_from_slice(&icmp_checksum.to_be_bytes());
+
+    ctx.store(IP_OFFSET, &ip_header, 0).map_err(|_| ())?;
+    ctx.store(IP_OFFSET + 20, &icmp_header, 0).map_err(|_| ())?;
+    ctx.store(IP_OFFSET + 20 + ICMP_HEADER_LENGTH, &quoted, 0)
+        .map_err(|_| ())?;
+    crate::bounce(ctx)
+}

@@ -1,0 +1,319 @@
+//! Loading the kernel programs, pinning their maps, programs and links, attaching
+//! them to interfaces and to the cgroup root, and the real `ServiceMaps`.
+//!
+//! Everything the datapath needs to keep working lives in the BPF filesystem under
+//! the pin directory, so a process that dies (SIGKILL included) leaves traffic
+//! flowing, and the next one picks up where it stopped:
+//!
+//! ```text
+//! <pin dir>/v<SCHEMA_VERSION>/SY_*            maps (reused by the next process)
+//! <pin dir>/v<SCHEMA_VERSION>/programs/sy_*   programs
+//! <pin dir>/links/tcx-<ifindex>-<direction>   TCX links (version independent, so
+//!                                             an upgrade updates them in place)
+//! <pin dir>/links/cgroup-<hook>               cgroup socket hook links
+//! ```
+
+mod attach;
+mod migrate;
+mod pinned_maps;
+pub mod system;
+mod watch;
+
+use std::path::{Path, PathBuf};
+
+use aya::{
+    programs::{CgroupSockAddr, SchedClassifier},
+    Ebpf, EbpfLoader,
+};
+use switchyard_common::{map_names, program_names, SCHEMA_VERSION};
+
+pub use attach::{AttachMode, AttachOutcome, Direction, InterfaceKind};
+pub use pinned_maps::{live_tcp_flow_count, Counters, PinnedServiceMaps};
+pub use watch::{glob_matches, InterfaceEvent, InterfaceWatcher};
+
+use crate::Error;
+
+/// The kernel programs, built by `build.rs` and embedded in the binary.
+static PROGRAM_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/switchyard"));
+
+/// Default pin directory (`--bpf-pin-dir`).
+pub const DEFAULT_PIN_DIRECTORY: &str = "/sys/fs/bpf/switchyard";
+/// The cgroup v2 root, where the socket hooks go so that every process of the
+/// node's network namespace is covered: the first `cgroup2` mount (`/sys/fs/cgroup`
+/// on unified hosts, `/sys/fs/cgroup/unified` on hybrid ones).
+pub fn default_cgroup_path() -> Option<PathBuf> {
+    let mounts = std::fs::read_to_string("/proc/self/mounts").ok()?;
+    mounts.lines().find_map(|line| {
+        let mut fields = line.split_whitespace();
+        let _source = fields.next()?;
+        let mount_point = fields.next()?;
+        (fields.next()? == "cgroup2").then(|| PathBuf::from(mount_point))
+    })
+}
+
+/// Map sizes, set when the maps are created. Pinned maps are reused with the size
+/// they were created with (resizing would drop every connection's state).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MapSizes {
+    pub frontends: u32,
+    pub backend_slots: u32,
+    pub conntrack: u32,
+    pub affinity: u32,
+    pub socket_reverse: u32,
+}
+
+impl Default for MapSizes {
+    /// Calico's defaults for Services; conntrack sized for a busy node.
+    fn default() -> Self {
+        Self {
+            frontends: 65_536,
+            backend_slots: 262_144,
+            conntrack: 524_288,
+            affinity: 65_536,
+            socket_reverse: 65_536,
+        }
+    }
+}
+
+/// What the loader needs to know.
+#[derive(Debug, Clone)]
+pub struct LoaderSettings {
+    pub pin_directory: PathBuf,
+    pub map_sizes: MapSizes,
+    /// cgroup v2 directory the socket hooks attach to; `None` attaches none.
+    pub cgroup_path: Option<PathBuf>,
+    pub attach_mode: AttachMode,
+}
+
+impl Default for LoaderSettings {
+    fn default() -> Self {
+        Self {
+            pin_directory: PathBuf::from(DEFAULT_PIN_DIRECTORY),
+            map_sizes: MapSizes::default(),
+            cgroup_path: default_cgroup_path(),
+            attach_mode: AttachMode::Auto,
+        }
+    }
+}
+
+/// Directory of the maps and programs of one schema version.
+pub fn version_directory(pin_directory: &Path, version: u32) -> PathBuf {
+    pin_directory.join(format!("v{version}"))
+}
+
+pub fn links_directory(pin_directory: &Path) -> PathBuf {
+    pin_directory.join("links")
+}
+
+const TC_PROGRAMS: [&str; 3] = [
+    program_names::INGRESS_POD,
+    program_names::INGRESS_HOST,
+    program_names::EGRESS,
+];
+
+/// The loaded programs (the maps they use are pinned and opened separately through
+/// [`PinnedServiceMaps`]).
+pub struct Datapath {
+    ebpf: Ebpf,
+    settings: LoaderSettings,
+    /// Older schema versions whose entries were copied into the new maps; their
+    /// pins are removed by [`Datapath::finish_migration`] once the new programs
+    /// are attached.
+    migrated_versions: Vec<u32>,
+}
+
+fn io_error<'a>(step: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> Error + 'a {
+    move |source| Error::PreparePinDirectory {
+        step,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+impl Datapath {
+    /// Loads the programs (running the verifier), creating the pinned maps or
+    /// reusing them, and pins the programs. Maps of an older schema version found
+    /// under the pin directory are copied into the new maps (see `migrate`).
+    pub fn load(settings: LoaderSettings) -> Result<Self, Error> {
+        let version_directory = version_directory(&settings.pin_directory, SCHEMA_VERSION);
+        let programs_directory = version_directory.join("programs");
+        for directory in [
+            &programs_directory,
+            &links_directory(&settings.pin_directory),
+        ] {
+            std::fs::create_dir_all(directory).map_err(io_error("create", directory))?;
+        }
+        let new_maps = !version_directory.join(map_names::FRONTENDS).exists();
+
+        let sizes = settings.map_sizes;
+        let mut ebpf = EbpfLoader::new()
+            .default_map_pin_directory(&version_directory)
+            .map_max_entries(map_names::FRONTENDS, sizes.frontends)
+            .map_max_entries(map_names::BACKEND_SLOTS, sizes.backend_slots)
+            .map_max_entries(map_names::CONNTRACK, sizes.conntrack)
+            .map_max_entries(map_names::AFFINITY, sizes.affinity)
+            .map_max_entries(map_names::SOCKET_REVERSE, sizes.socket_reverse)
+            .load(PROGRAM_OBJECT)
+            .map_err(|error| Error::LoadPrograms {
+                reason: format!("{error}"),
+            })?;
+
+        for name in TC_PROGRAMS {
+            let program: &mut SchedClassifier = program_mut(&mut ebpf, name)?;
+            program.load().map_err(|error| load_error(name, error))?;
+            pin_program(program.fd(), &programs_directory, name)?;
+        }
+        for name in attach::SOCKET_HOOKS.iter().map(|hook| hook.program) {
+            let program: &mut CgroupSockAddr = program_mut(&mut ebpf, name)?;
+            program.load().map_err(|error| load_error(name, error))?;
+            pin_program(program.fd(), &programs_directory, name)?;
+        }
+
+        let migrated_versions = if new_maps {
+            migrate::copy_older_versions(&settings.pin_directory)?
+        } else {
+            Vec::new()
+        };
+        Ok(Self {
+            ebpf,
+            settings,
+            migrated_versions,
+        })
+    }
+
+    pub fn settings(&self) -> &LoaderSettings {
+        &self.settings
+    }
+
+    /// Opens the pinned maps of the current schema version for reading and writing.
+    pub fn service_maps(&self) -> Result<PinnedServiceMaps, Error> {
+        PinnedServiceMaps::open(&self.settings.pin_directory)
+    }
+
+    /// Attaches (or keeps, or updates in place) the ingress program for `kind` and
+    /// the egress program on one interface. See `attach` for the rules.
+    pub fn attach_interface(
+        &mut self,
+        interface: &str,
+        kind: InterfaceKind,
+    ) -> Result<[AttachOutcome; 2], Error> {
+        attach::attach_interface(&mut self.ebpf, &self.settings, interface, kind)
+    }
+
+    /// Attaches the socket hooks to the configured cgroup (idempotent too).
+    pub fn attach_socket_hooks(&mut self) -> Result<Vec<AttachOutcome>, Error> {
+        match self.settings.cgroup_path.clone() {
+            Some(cgroup) => attach::attach_socket_hooks(&mut self.ebpf, &self.settings, &cgroup),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    /// Removes this agent's programs from one interface (its links and pins).
+    pub fn detach_interface(&self, interface: &str) -> Result<(), Error> {
+        attach::detach_interface(&self.settings, interface)
+    }
+
+    /// After a schema migration, once the new programs are attached everywhere:
+    /// copies conntrack entries the old programs created in the meantime, then
+    /// removes the old version's pins.
+    pub fn finish_migration(&mut self) -> Result<(), Error> {
+        for version in std::mem::take(&mut self.migrated_versions) {
+            migrate::finish(&self.settings.pin_directory, version)?;
+        }
+        Ok(())
+    }
+
+    /// Interfaces with a pinned link of this agent, by interface index.
+    pub fn attached_interfaces(&self) -> Result<Vec<u32>, Error> {
+        attach::attached_interface_indexes(&self.settings.pin_directory)
+    }
+}
+
+/// Removes everything the agent attached and pinned under `pin_directory`:
+/// every TCX link, clsact filter, cgroup link, program and map pin.
+pub fn detach_everything(pin_directory: &Path) -> Result<(), Error> {
+    attach::detach_all_links(pin_directory)?;
+    if pin_directory.exists() {
+        std::fs::remove_dir_all(pin_directory).map_err(io_error("remove", pin_directory))?;
+    }
+    Ok(())
+}
+
+/// An error with its chain of sources ("a: b: c"), since aya's errors keep the
+/// interesting part (the errno, the verifier log) in their sources.
+pub(crate) fn describe(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+fn program_mut<'a, T>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut T, Error>
+where
+    &'a mut T: TryFrom<&'a mut aya::programs::Program, Error = aya::programs::ProgramError>,
+{
+    let program = ebpf.program_mut(name).ok_or_else(|| Error::LoadPrograms {
+        reason: format!("program {name} is missing from the object"),
+    })?;
+    program.try_into().map_err(|error| Error::LoadPrograms {
+        reason: format!("program {name} has an unexpected type: {error}"),
+    })
+}
+
+fn load_error(name: &str, error: aya::programs::ProgramError) -> Error {
+    // The verifier log is in the Debug form of the error; keep all of it.
+    Error::LoadPrograms {
+        reason: format!("program {name} was rejected: {error:?}"),
+    }
+}
+
+fn pin_program(
+    fd: Result<&aya::programs::ProgramFd, aya::programs::ProgramError>,
+    directory: &Path,
+    name: &str,
+) -> Result<(), Error> {
+    use std::os::fd::AsFd as _;
+    let fd = fd.map_err(|error| load_error(name, error))?;
+    let path = directory.join(name);
+    // Replace the previous process's pin: the program attached through a link
+    // stays loaded through the link, whatever the pin points to.
+    match std::fs::remove_file(&path) {
+        Ok(()) => {}
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+        Err(error) => return Err(io_error("replace", &path)(error)),
+    }
+    pin_fd(&fd.as_fd(), &path)
+}
+
+pub(crate) fn pin_fd(fd: &impl std::os::fd::AsFd, path: &Path) -> Result<(), Error> {
+    use std::os::{fd::AsRawFd as _, unix::ffi::OsStrExt as _};
+    const BPF_OBJ_PIN: libc::c_long = 6;
+    let path_string =
+        std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(|_| Error::PinObject {
+            path: path.to_path_buf(),
+            reason: "the path contains a NUL byte".to_string(),
+        })?;
+    let mut attribute = [0u8; 16];
+    attribute[..8].copy_from_slice(&(path_string.as_ptr() as u64).to_ne_bytes());
+    attribute[8..12].copy_from_slice(&(fd.as_fd().as_raw_fd() as u32).to_ne_bytes());
+    // SAFETY: valid attribute buffer of the length passed.
+    let result = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_OBJ_PIN,
+            attribute.as_mut_ptr(),
+            attribute.len() as libc::c_uint,
+        )
+    };
+    if result < 0 {
+        return Err(Error::PinObject {
+            path: path.to_path_buf(),
+            reason: std::io::Error::last_os_error().to_string(),
+        });
+    }
+    Ok(())
+}

@@ -1,0 +1,384 @@
+//! The real `ServiceMaps`: the pinned maps of the current schema version, opened
+//! by path, so any process (the agent, a test, a status reader) can use them.
+
+use std::{collections::BTreeMap, path::Path};
+
+use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray};
+use switchyard_common::{
+    counter, map_names, AffinityKey, AffinityValue, BackendSlotKey, BackendValue, ConntrackKey,
+    ConntrackValue, DatapathConfig, FrontendKey, FrontendValue, CONNTRACK_FLAG_REPLY,
+    DEFAULT_TCP_IDLE_TIMEOUT_SECONDS, PROTOCOL_TCP, SCHEMA_VERSION, TCP_STATE_FIN_FROM_BACKEND,
+    TCP_STATE_FIN_FROM_CLIENT, TCP_STATE_RESET,
+};
+
+use super::{system, version_directory};
+use crate::{maps::ServiceMaps, Error};
+
+/// Opens one pinned map as an `aya::maps::Map`.
+pub(crate) fn open_map(directory: &Path, name: &'static str) -> Result<Map, Error> {
+    let read_error = |reason: String| Error::ReadMap { map: name, reason };
+    let data = MapData::from_pin(directory.join(name))
+        .map_err(|error| read_error(format!("cannot open the pin: {error}")))?;
+    Map::from_map_data(data).map_err(|error| read_error(error.to_string()))
+}
+
+fn typed<T>(map: Map, name: &'static str) -> Result<T, Error>
+where
+    T: TryFrom<Map, Error = aya::maps::MapError>,
+{
+    T::try_from(map).map_err(|error| Error::ReadMap {
+        map: name,
+        reason: format!("unexpected map type or layout: {error}"),
+    })
+}
+
+/// The per-CPU counters, summed over CPUs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counters {
+    pub translated: u64,
+    pub no_backend: u64,
+    pub conntrack_hit: u64,
+    pub conntrack_miss: u64,
+    pub error: u64,
+    pub passed_untracked: u64,
+    pub reverse_translated: u64,
+}
+
+pub struct PinnedServiceMaps {
+    frontends: HashMap<MapData, FrontendKey, FrontendValue>,
+    backend_slots: HashMap<MapData, BackendSlotKey, BackendValue>,
+    conntrack: HashMap<MapData, ConntrackKey, ConntrackValue>,
+    affinity: HashMap<MapData, AffinityKey, AffinityValue>,
+    config: Array<MapData, DatapathConfig>,
+    counters: PerCpuArray<MapData, u64>,
+}
+
+impl PinnedServiceMaps {
+    /// Opens the maps pinned under `<pin directory>/v<SCHEMA_VERSION>/`.
+    pub fn open(pin_directory: &Path) -> Result<Self, Error> {
+        Self::open_version(&version_directory(pin_directory, SCHEMA_VERSION))
+    }
+
+    pub(crate) fn open_version(directory: &Path) -> Result<Self, Error> {
+        Ok(Self {
+            frontends: typed(
+                open_map(directory, map_names::FRONTENDS)?,
+                map_names::FRONTENDS,
+            )?,
+            backend_slots: typed(
+                open_map(directory, map_names::BACKEND_SLOTS)?,
+                map_names::BACKEND_SLOTS,
+            )?,
+            conntrack: typed(
+                open_map(directory, map_names::CONNTRACK)?,
+                map_names::CONNTRACK,
+            )?,
+            affinity: typed(
+                open_map(directory, map_names::AFFINITY)?,
+                map_names::AFFINITY,
+            )?,
+            config: typed(open_map(directory, map_names::CONFIG)?, map_names::CONFIG)?,
+            counters: typed(
+                open_map(directory, map_names::COUNTERS)?,
+                map_names::COUNTERS,
+            )?,
+        })
+    }
+
+    pub fn counters(&self) -> Result<Counters, Error> {
+        let mut sums = [0u64; counter::COUNT as usize];
+        for (index, sum) in sums.iter_mut().enumerate() {
+            let values = self
+                .counters
+                .get(&(index as u32), 0)
+                .map_err(|error| Error::ReadMap {
+                    map: map_names::COUNTERS,
+                    reason: error.to_string(),
+                })?;
+            *sum = values.iter().sum();
+        }
+        Ok(Counters {
+            translated: sums[counter::TRANSLATED as usize],
+            no_backend: sums[counter::NO_BACKEND as usize],
+            conntrack_hit: sums[counter::CONNTRACK_HIT as usize],
+            conntrack_miss: sums[counter::CONNTRACK_MISS as usize],
+            error: sums[counter::ERROR as usize],
+            passed_untracked: sums[counter::PASSED_UNTRACKED as usize],
+            reverse_translated: sums[counter::REVERSE_TRANSLATED as usize],
+        })
+    }
+
+    /// Every conntrack entry (a snapshot; the programs keep writing).
+    pub fn conntrack_entries(&self) -> Result<Vec<(ConntrackKey, ConntrackValue)>, Error> {
+        let mut entries = Vec::new();
+        for entry in self.conntrack.iter() {
+            match entry {
+                Ok(entry) => entries.push(entry),
+                // An entry evicted between listing its key and reading it.
+                Err(aya::maps::MapError::KeyNotFound) => {}
+                Err(error) => {
+                    return Err(Error::ReadMap {
+                        map: map_names::CONNTRACK,
+                        reason: error.to_string(),
+                    })
+                }
+            }
+        }
+        Ok(entries)
+    }
+
+    /// Inserts a conntrack entry only if the key is absent (used when carrying
+    /// entries over from an older schema version: the new programs' own entries win).
+    pub fn insert_conntrack_if_absent(
+        &mut self,
+        key: &ConntrackKey,
+        value: &ConntrackValue,
+    ) -> Result<(), Error> {
+        const BPF_NOEXIST: u64 = 1;
+        match self.conntrack.insert(key, value, BPF_NOEXIST) {
+            Ok(()) => Ok(()),
+            Err(aya::maps::MapError::SyscallError(error))
+                if error.io_error.raw_os_error() == Some(libc::EEXIST) =>
+            {
+                Ok(())
+            }
+            Err(error) => Err(Error::UpdateMap {
+                map: map_names::CONNTRACK,
+                reason: error.to_string(),
+            }),
+        }
+    }
+
+    pub fn affinity_entries(&self) -> Result<Vec<(AffinityKey, AffinityValue)>, Error> {
+        let mut entries = Vec::new();
+        for entry in self.affinity.iter() {
+            match entry {
+                Ok(entry) => entries.push(entry),
+                Err(aya::maps::MapError::KeyNotFound) => {}
+                Err(error) => {
+                    return Err(Error::ReadMap {
+                        map: map_names::AFFINITY,
+                        reason: error.to_string(),
+                    })
+                }
+            }
+        }
+        Ok(entries)
+    }
+
+    pub fn write_affinity(
+        &mut self,
+        key: &AffinityKey,
+        value: &AffinityValue,
+    ) -> Result<(), Error> {
+        self.affinity
+            .insert(key, value, 0)
+            .map_err(|error| Error::UpdateMap {
+                map: map_names::AFFINITY,
+                reason: error.to_string(),
+            })
+    }
+
+    /// Live TCP flows in Switchyard's conntrack: what a draining agent waits for.
+    pub fn live_tcp_flows(&self) -> Result<usize, Error> {
+        let config = self.config()?.unwrap_or(DatapathConfig {
+            hairpin_address: [0; 16],
+            network_namespace_cookie: 0,
+            mode: 0,
+            masquerade_mark: 0,
+            tcp_idle_timeout_seconds: 0,
+            tcp_closing_timeout_seconds: 0,
+            udp_idle_timeout_seconds: 0,
+            reserved: 0,
+        });
+        let entries = self.conntrack_entries()?;
+        Ok(live_tcp_flow_count(
+            &entries,
+            &config,
+            system::monotonic_nanoseconds(),
+        ))
+    }
+}
+
+/// Counts connections (client-direction entries) that are TCP, not closing, and
+/// seen within the idle timeout, as the programs judge liveness.
+pub fn live_tcp_flow_count(
+    entries: &[(ConntrackKey, ConntrackValue)],
+    config: &DatapathConfig,
+    now_nanoseconds: u64,
+) -> usize {
+    let idle_seconds = if config.tcp_idle_timeout_seconds == 0 {
+        DEFAULT_TCP_IDLE_TIMEOUT_SECONDS
+    } else {
+        config.tcp_idle_timeout_seconds
+    };
+    let idle_nanoseconds = u64::from(idle_seconds) * 1_000_000_000;
+    let both_fins = TCP_STATE_FIN_FROM_CLIENT | TCP_STATE_FIN_FROM_BACKEND;
+    entries
+        .iter()
+        .filter(|(key, value)| {
+            key.protocol == PROTOCOL_TCP
+                && value.flags & CONNTRACK_FLAG_REPLY == 0
+                && value.tcp_state & TCP_STATE_RESET == 0
+                && value.tcp_state & both_fins != both_fins
+                && now_nanoseconds.saturating_sub(value.last_seen_nanoseconds) < idle_nanoseconds
+        })
+        .count()
+}
+
+fn read_all<K, V>(map: &HashMap<MapData, K, V>, name: &'static str) -> Result<BTreeMap<K, V>, Error>
+where
+    K: aya::Pod + Ord,
+    V: aya::Pod,
+{
+    let mut entries = BTreeMap::new();
+    for entry in map.iter() {
+        let (key, value) = entry.map_err(|error| Error::ReadMap {
+            map: name,
+            reason: error.to_string(),
+        })?;
+        entries.insert(key, value);
+    }
+    Ok(entries)
+}
+
+fn update_error(name: &'static str) -> impl Fn(aya::maps::MapError) -> Error {
+    move |error| Error::UpdateMap {
+        map: name,
+        reason: error.to_string(),
+    }
+}
+
+/// Deleting an absent entry is not an error: the desired state is reached.
+fn ignore_missing(result: Result<(), aya::maps::MapError>) -> Result<(), aya::maps::MapError> {
+    match result {
+        Err(aya::maps::MapError::KeyNotFound) => Ok(()),
+        Err(aya::maps::MapError::SyscallError(error))
+            if error.io_error.raw_os_error() == Some(libc::ENOENT) =>
+        {
+            Ok(())
+        }
+        other => other,
+    }
+}
+
+impl ServiceMaps for PinnedServiceMaps {
+    fn frontends(&self) -> Result<BTreeMap<FrontendKey, FrontendValue>, Error> {
+        read_all(&self.frontends, map_names::FRONTENDS)
+    }
+
+    fn backend_slots(&self) -> Result<BTreeMap<BackendSlotKey, BackendValue>, Error> {
+        read_all(&self.backend_slots, map_names::BACKEND_SLOTS)
+    }
+
+    fn write_frontend(&mut self, key: &FrontendKey, value: &FrontendValue) -> Result<(), Error> {
+        self.frontends
+            .insert(key, value, 0)
+            .map_err(update_error(map_names::FRONTENDS))
+    }
+
+    fn delete_frontend(&mut self, key: &FrontendKey) -> Result<(), Error> {
+        ignore_missing(self.frontends.remove(key)).map_err(update_error(map_names::FRONTENDS))
+    }
+
+    fn write_backend_slot(
+        &mut self,
+        key: &BackendSlotKey,
+        value: &BackendValue,
+    ) -> Result<(), Error> {
+        self.backend_slots
+            .insert(key, value, 0)
+            .map_err(update_error(map_names::BACKEND_SLOTS))
+    }
+
+    fn delete_backend_slot(&mut self, key: &BackendSlotKey) -> Result<(), Error> {
+        ignore_missing(self.backend_slots.remove(key))
+            .map_err(update_error(map_names::BACKEND_SLOTS))
+    }
+
+    fn config(&self) -> Result<Option<DatapathConfig>, Error> {
+        let config = self.config.get(&0, 0).map_err(|error| Error::ReadMap {
+            map: map_names::CONFIG,
+            reason: error.to_string(),
+        })?;
+        // An array entry always exists; all zeroes means never written.
+        let unwritten = config.mode == 0 && config.network_namespace_cookie == 0;
+        Ok((!unwritten).then_some(config))
+    }
+
+    fn write_config(&mut self, config: &DatapathConfig) -> Result<(), Error> {
+        self.config
+            .set(0, config, 0)
+            .map_err(update_error(map_names::CONFIG))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(
+        protocol: u8,
+        flags: u8,
+        tcp_state: u8,
+        last_seen: u64,
+    ) -> (ConntrackKey, ConntrackValue) {
+        (
+            ConntrackKey {
+                source_address: [0; 16],
+                destination_address: [0; 16],
+                source_port_big_endian: 0,
+                destination_port_big_endian: 0,
+                protocol,
+                reserved: [0; 3],
+            },
+            ConntrackValue {
+                new_source_address: [0; 16],
+                new_destination_address: [0; 16],
+                new_source_port_big_endian: 0,
+                new_destination_port_big_endian: 0,
+                flags,
+                tcp_state,
+                reserved: [0; 2],
+                last_seen_nanoseconds: last_seen,
+            },
+        )
+    }
+
+    fn config_with_idle(seconds: u32) -> DatapathConfig {
+        DatapathConfig {
+            hairpin_address: [0; 16],
+            network_namespace_cookie: 1,
+            mode: switchyard_common::DATAPATH_MODE_DRAINING,
+            masquerade_mark: 0,
+            tcp_idle_timeout_seconds: seconds,
+            tcp_closing_timeout_seconds: 10,
+            udp_idle_timeout_seconds: 120,
+            reserved: 0,
+        }
+    }
+
+    #[test]
+    fn only_open_recent_tcp_connections_count_as_live_flows() {
+        let now = 1_000 * 1_000_000_000;
+        let entries = [
+            entry(PROTOCOL_TCP, 0, 0, now - 1_000_000_000),
+            // The reply direction of the same connection is not counted twice.
+            entry(PROTOCOL_TCP, CONNTRACK_FLAG_REPLY, 0, now),
+            // UDP never holds a drain open.
+            entry(switchyard_common::PROTOCOL_UDP, 0, 0, now),
+            entry(PROTOCOL_TCP, 0, TCP_STATE_RESET, now),
+            entry(
+                PROTOCOL_TCP,
+                0,
+                TCP_STATE_FIN_FROM_CLIENT | TCP_STATE_FIN_FROM_BACKEND,
+                now,
+            ),
+            // Half closed: still live.
+            entry(PROTOCOL_TCP, 0, TCP_STATE_FIN_FROM_CLIENT, now),
+            // Idle past the timeout.
+            entry(PROTOCOL_TCP, 0, 0, now - 61 * 1_000_000_000),
+        ];
+        assert_eq!(live_tcp_flow_count(&entries, &config_with_idle(60), now), 2);
+    }
+}

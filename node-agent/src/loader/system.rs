@@ -1,0 +1,176 @@
+//! The few bpf(2) and socket calls aya 0.14 does not expose: opening any pinned
+//! object, reading a link's kernel info (which program, which interface), updating
+//! a link in place, and reading a program's tag by id.
+
+use std::{
+    ffi::CString,
+    io,
+    os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd},
+    path::Path,
+};
+
+const BPF_PROG_GET_FD_BY_ID: libc::c_long = 13;
+const BPF_OBJ_GET: libc::c_long = 7;
+const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+const BPF_LINK_UPDATE: libc::c_long = 29;
+/// `bpf_link_type`: the two kinds of link the agent pins.
+pub const LINK_TYPE_CGROUP: u32 = 3;
+pub const LINK_TYPE_TCX: u32 = 11;
+
+fn bpf(command: libc::c_long, attribute: &mut [u8]) -> io::Result<libc::c_long> {
+    // SAFETY: `attribute` is a valid, writable buffer of the length we pass; the
+    // kernel reads (and for info calls writes) at most that many bytes.
+    let result = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            command,
+            attribute.as_mut_ptr(),
+            attribute.len() as libc::c_uint,
+        )
+    };
+    if result < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(result)
+    }
+}
+
+fn put_u32(buffer: &mut [u8], offset: usize, value: u32) {
+    buffer[offset..offset + 4].copy_from_slice(&value.to_ne_bytes());
+}
+
+fn put_u64(buffer: &mut [u8], offset: usize, value: u64) {
+    buffer[offset..offset + 8].copy_from_slice(&value.to_ne_bytes());
+}
+
+fn get_u32(buffer: &[u8], offset: usize) -> u32 {
+    let mut bytes = [0u8; 4];
+    bytes.copy_from_slice(&buffer[offset..offset + 4]);
+    u32::from_ne_bytes(bytes)
+}
+
+fn owned(fd: libc::c_long) -> OwnedFd {
+    // SAFETY: the kernel just returned this descriptor to us and nobody else owns it.
+    unsafe { OwnedFd::from_raw_fd(fd as i32) }
+}
+
+/// Opens a pinned BPF object (map, program or link).
+pub fn open_pinned(path: &Path) -> io::Result<OwnedFd> {
+    use std::os::unix::ffi::OsStrExt as _;
+    let path = CString::new(path.as_os_str().as_bytes())
+        .map_err(|error| io::Error::new(io::ErrorKind::InvalidInput, error))?;
+    let mut attribute = [0u8; 16];
+    put_u64(&mut attribute, 0, path.as_ptr() as u64);
+    bpf(BPF_OBJ_GET, &mut attribute).map(owned)
+}
+
+/// What the kernel says about a link.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LinkInfo {
+    pub link_type: u32,
+    pub program_id: u32,
+    /// For a TCX link, the interface it is attached to; zero once the interface is
+    /// gone (the link is then defunct).
+    pub tcx_ifindex: u32,
+}
+
+pub fn link_info(link: BorrowedFd<'_>) -> io::Result<LinkInfo> {
+    let mut info = [0u8; 128];
+    let mut attribute = [0u8; 16];
+    put_u32(&mut attribute, 0, link.as_raw_fd() as u32);
+    put_u32(&mut attribute, 4, info.len() as u32);
+    put_u64(&mut attribute, 8, info.as_mut_ptr() as u64);
+    bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attribute)?;
+    // struct bpf_link_info { u32 type; u32 id; u32 prog_id; union (8-aligned) at 16 }
+    Ok(LinkInfo {
+        link_type: get_u32(&info, 0),
+        program_id: get_u32(&info, 8),
+        tcx_ifindex: get_u32(&info, 16),
+    })
+}
+
+/// Replaces the program of a link atomically: the hook is never empty.
+pub fn link_update(link: BorrowedFd<'_>, program: BorrowedFd<'_>) -> io::Result<()> {
+    let mut attribute = [0u8; 16];
+    put_u32(&mut attribute, 0, link.as_raw_fd() as u32);
+    put_u32(&mut attribute, 4, program.as_raw_fd() as u32);
+    bpf(BPF_LINK_UPDATE, &mut attribute).map(|_| ())
+}
+
+/// The tag (hash of the instructions, independent of map descriptors) of a program.
+pub fn program_tag_of_fd(program: BorrowedFd<'_>) -> io::Result<[u8; 8]> {
+    let mut info = [0u8; 256];
+    let mut attribute = [0u8; 16];
+    put_u32(&mut attribute, 0, program.as_raw_fd() as u32);
+    put_u32(&mut attribute, 4, info.len() as u32);
+    put_u64(&mut attribute, 8, info.as_mut_ptr() as u64);
+    bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attribute)?;
+    // struct bpf_prog_info { u32 type; u32 id; u8 tag[8]; ... }
+    let mut tag = [0u8; 8];
+    tag.copy_from_slice(&info[8..16]);
+    Ok(tag)
+}
+
+pub fn program_tag_of_id(id: u32) -> io::Result<[u8; 8]> {
+    let mut attribute = [0u8; 16];
+    put_u32(&mut attribute, 0, id);
+    let fd = bpf(BPF_PROG_GET_FD_BY_ID, &mut attribute).map(owned)?;
+    use std::os::fd::AsFd as _;
+    program_tag_of_fd(fd.as_fd())
+}
+
+/// The cookie of the calling thread's network namespace (`SO_NETNS_COOKIE`), which
+/// the socket hooks compare with `bpf_get_netns_cookie`.
+pub fn network_namespace_cookie() -> io::Result<u64> {
+    const SO_NETNS_COOKIE: libc::c_int = 71;
+    let socket = std::net::UdpSocket::bind("127.0.0.1:0")
+        .or_else(|_| std::net::UdpSocket::bind("[::1]:0"))?;
+    let mut cookie: u64 = 0;
+    let mut length = std::mem::size_of::<u64>() as libc::socklen_t;
+    // SAFETY: valid socket, and a buffer of the size we pass.
+    let result = unsafe {
+        libc::getsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            SO_NETNS_COOKIE,
+            (&mut cookie as *mut u64).cast(),
+            &mut length,
+        )
+    };
+    if result != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(cookie)
+}
+
+/// `CLOCK_MONOTONIC` in nanoseconds: the clock of `bpf_ktime_get_ns`.
+pub fn monotonic_nanoseconds() -> u64 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    now.tv_sec as u64 * 1_000_000_000 + now.tv_nsec as u64
+}
+
+/// The interface index of a name, or `None` if there is no such interface.
+pub fn interface_index(name: &str) -> Option<u32> {
+    let name = CString::new(name).ok()?;
+    // SAFETY: valid C string.
+    let index = unsafe { libc::if_nametoindex(name.as_ptr()) };
+    (index != 0).then_some(index)
+}
+
+/// The name of an interface index, or `None` if there is no such interface.
+pub fn interface_name(index: u32) -> Option<String> {
+    let mut buffer = [0 as libc::c_char; libc::IF_NAMESIZE];
+    // SAFETY: the buffer is IF_NAMESIZE long, as the call requires.
+    let result = unsafe { libc::if_indextoname(index, buffer.as_mut_ptr()) };
+    if result.is_null() {
+        return None;
+    }
+    // SAFETY: if_indextoname wrote a NUL-terminated string into the buffer.
+    let name = unsafe { std::ffi::CStr::from_ptr(buffer.as_ptr()) };
+    Some(name.to_string_lossy().into_owned())
+}

@@ -1,0 +1,348 @@
+//! Privileged datapath tests: Services through the real TC programs and socket
+//! hooks, in a private topology (see `datapath_support`). Run by
+//! `make datapath-test` (root, serially):
+//! `cargo test -p switchyard-agent --test 'datapath_*' -- --ignored --test-threads=1`.
+
+mod datapath_support;
+
+use std::{
+    collections::BTreeMap,
+    net::{Ipv4Addr, SocketAddrV4},
+    time::{Duration, Instant},
+};
+
+use datapath_support::*;
+use switchyard_common::{
+    FRONTEND_FLAG_PRESERVE_CLIENT_ADDRESS, FRONTEND_FLAG_SESSION_AFFINITY, PROTOCOL_TCP,
+    PROTOCOL_UDP, SCOPE_EXTERNAL,
+};
+
+const CLUSTER_IP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
+const SERVICE_PORT: u16 = 80;
+const NODE_PORT: u16 = 30080;
+
+fn cluster_ip_address() -> SocketAddrV4 {
+    SocketAddrV4::new(CLUSTER_IP, SERVICE_PORT)
+}
+
+fn node_port_address() -> SocketAddrV4 {
+    SocketAddrV4::new(NODE_IP, NODE_PORT)
+}
+
+fn backends_hit(results: &[std::io::Result<Answer>]) -> BTreeMap<String, usize> {
+    let mut counts = BTreeMap::new();
+    for (index, result) in results.iter().enumerate() {
+        match result {
+            Ok(answer) => *counts.entry(answer.backend.clone()).or_insert(0) += 1,
+            Err(error) => panic!("request {index} failed: {error}\n{}", diagnostics()),
+        }
+    }
+    counts
+}
+
+#[test]
+#[ignore = "privileged netns test: run by make datapath-test"]
+fn the_test_topology_routes_between_pods_and_the_client_without_the_datapath() {
+    run_isolated(
+        "the_test_topology_routes_between_pods_and_the_client_without_the_datapath",
+        |_node| {
+            let pods = standard_topology(2);
+            start_servers(&pods[0]);
+            let pod_address = SocketAddrV4::new(pods[0].ip, TCP_PORT);
+            for namespace in [Some("pod2"), Some("client"), None] {
+                let results = tcp_requests_from(namespace, pod_address, 3);
+                assert_eq!(
+                    backends_hit(&results).get("pod1"),
+                    Some(&3),
+                    "{namespace:?}"
+                );
+            }
+        },
+    );
+}
+
+#[test]
+#[ignore = "privileged netns test: run by make datapath-test"]
+fn cluster_ip_and_node_port_reach_every_backend_from_pods_host_and_outside() {
+    run_isolated(
+        "cluster_ip_and_node_port_reach_every_backend_from_pods_host_and_outside",
+        |node| {
+            let pods = standard_topology(4);
+            for pod in &pods[..3] {
+                start_servers(pod);
+            }
+            let (_datapath, mut maps) = start_datapath(node, &pods);
+            let backends: Vec<&Pod> = pods[..3].iter().collect();
+            write_service(
+                &mut maps,
+                &ServiceEntry::cluster_ip(1, CLUSTER_IP, SERVICE_PORT, PROTOCOL_TCP)
+                    .with_node_port(NODE_PORT)
+                    .with_backends(&backends),
+            );
+            write_service(
+                &mut maps,
+                &ServiceEntry::cluster_ip(2, CLUSTER_IP, 53, PROTOCOL_UDP).with_backends(&backends),
+            );
+
+            // From a pod that is not a backend.
+            let from_pod = tcp_requests_from(Some("pod4"), cluster_ip_address(), 60);
+            let counts = backends_hit(&from_pod);
+            assert_eq!(counts.len(), 3, "every backend gets traffic: {counts:?}");
+            // From the node's own network namespace (socket hooks).
+            let from_host = tcp_requests_from(None, cluster_ip_address(), 60);
+            assert_eq!(backends_hit(&from_host).len(), 3);
+            // NodePort from outside, and from a pod.
+            let from_outside = tcp_requests_from(Some("client"), node_port_address(), 60);
+            let counts = backends_hit(&from_outside);
+            assert_eq!(counts.len(), 3, "{counts:?}");
+            let from_pod = tcp_requests_from(Some("pod4"), node_port_address(), 30);
+            assert!(!backends_hit(&from_pod).is_empty());
+            // UDP to a ClusterIP from a pod and from the host: the answer comes
+            // from the Service address (reverse translation), every backend used.
+            for namespace in [Some("pod4"), None] {
+                let answers = in_namespace(namespace, || {
+                    (0..60)
+                        .map(|_| {
+                            udp_request(SocketAddrV4::new(CLUSTER_IP, 53), Duration::from_secs(2))
+                        })
+                        .collect::<Vec<_>>()
+                })
+                .join()
+                .expect("udp client");
+                assert_eq!(backends_hit(&answers).len(), 3, "udp from {namespace:?}");
+            }
+            let counters = maps.counters().expect("counters");
+            assert!(counters.translated >= 240, "{counters:?}");
+            assert_eq!(counters.error, 0, "{counters:?}");
+        },
+    );
+}
+
+#[test]
+#[ignore = "privileged netns test: run by make datapath-test"]
+fn a_pod_reaching_a_service_that_picks_itself_gets_its_answer_hairpin() {
+    run_isolated(
+        "a_pod_reaching_a_service_that_picks_itself_gets_its_answer_hairpin",
+        |node| {
+            let pods = standard_topology(1);
+            start_servers(&pods[0]);
+            let (_datapath, mut maps) = start_datapath(node, &pods);
+            write_service(
+                &mut maps,
+                &ServiceEntry::cluster_ip(1, CLUSTER_IP, SERVICE_PORT, PROTOCOL_TCP)
+                    .with_backends(&[&pods[0]]),
+            );
+            let results = tcp_requests_from(Some("pod1"), cluster_ip_address(), 20);
+            for result in &results {
+                let answer = result.as_ref().expect("hairpin request");
+                assert_eq!(answer.backend, "pod1");
+                assert_eq!(answer.seen_client.ip(), std::net::IpAddr::V4(HAIRPIN_IP));
+            }
+        },
+    );
+}
+
+#[test]
+#[ignore = "privileged netns test: run by make datapath-test"]
+fn client_ip_affinity_sends_a_client_back_to_the_same_backend() {
+    run_isolated(
+        "client_ip_affinity_sends_a_client_back_to_the_same_backend",
+        |node| {
+            let pods = standard_topology(4);
+            for pod in &pods[..3] {
+                start_servers(pod);
+            }
+            let (_datapath, mut maps) = start_datapath(node, &pods);
+            let mut service = ServiceEntry::cluster_ip(1, CLUSTER_IP, SERVICE_PORT, PROTOCOL_TCP)
+                .with_node_port(NODE_PORT)
+                .with_backends(&pods[..3].iter().collect::<Vec<_>>());
+            service.flags = FRONTEND_FLAG_SESSION_AFFINITY;
+            service.affinity_timeout_seconds = 10_800;
+            write_service(&mut maps, &service);
+            for (namespace, address) in [
+                (Some("pod4"), cluster_ip_address()),
+                (Some("client"), node_port_address()),
+                (None, cluster_ip_address()),
+            ] {
+                let counts = backends_hit(&tcp_requests_from(namespace, address, 40));
+                assert_eq!(
+                    counts.len(),
+                    1,
+                    "{namespace:?} stuck to one backend: {counts:?}"
+                );
+            }
+        },
+    );
+}
+
+#[test]
+#[ignore = "privileged netns test: run by make datapath-test"]
+fn external_traffic_policy_local_uses_only_local_endpoints_and_keeps_the_client_ip() {
+    run_isolated(
+        "external_traffic_policy_local_uses_only_local_endpoints_and_keeps_the_client_ip",
+        |node| {
+            let pods = standard_topology(3);
+            for pod in &pods {
+                start_servers(pod);
+            }
+            let (_datapath, mut maps) = start_datapath(node, &pods);
+            // Cluster-wide group: all three (pod3 stands for a remote endpoint).
+            let mut cluster = ServiceEntry::cluster_ip(1, CLUSTER_IP, SERVICE_PORT, PROTOCOL_TCP)
+                .with_backends(&[&pods[0], &pods[1], &pods[2]]);
+            cluster.backends[2].2 = false;
+            write_service(&mut maps, &cluster);
+            // The external view of the NodePort: its own group, local endpoints only.
+            let mut local = ServiceEntry::cluster_ip(2, NODE_IP, NODE_PORT, PROTOCOL_TCP)
+                .with_backends(&[&pods[0], &pods[1]]);
+            local.frontends = vec![(NODE_IP, NODE_PORT, SCOPE_EXTERNAL)];
+            local.flags = FRONTEND_FLAG_PRESERVE_CLIENT_ADDRESS;
+            write_service(&mut maps, &local);
+
+            let results = tcp_requests_from(Some("client"), node_port_address(), 60);
+            let counts = backends_hit(&results);
+            assert_eq!(
+                counts.keys().cloned().collect::<Vec<_>>(),
+                vec!["pod1".to_string(), "pod2".to_string()],
+                "only local endpoints: {counts:?}"
+            );
+            for result in &results {
+                let answer = result.as_ref().expect("request");
+                assert_eq!(
+                    answer.seen_client.ip(),
+                    std::net::IpAddr::V4(CLIENT_IP),
+                    "the client IP is kept"
+                );
+            }
+        },
+    );
+}
+
+#[test]
+#[ignore = "privileged netns test: run by make datapath-test"]
+fn removing_a_backend_moves_only_new_flows() {
+    run_isolated("removing_a_backend_moves_only_new_flows", |node| {
+        let pods = standard_topology(3);
+        for pod in &pods[..2] {
+            start_servers(pod);
+        }
+        let (_datapath, mut maps) = start_datapath(node, &pods);
+        let both = ServiceEntry::cluster_ip(1, CLUSTER_IP, SERVICE_PORT, PROTOCOL_TCP)
+            .with_backends(&[&pods[0], &pods[1]]);
+        write_service(&mut maps, &both);
+        // Long-lived connections until both backends hold some.
+        let mut connections = Vec::new();
+        for _ in 0..20 {
+            connections.push(LongLivedConnection::open(
+                Some("pod3"),
+                cluster_ip_address(),
+                Duration::from_millis(100),
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        // pod2 leaves the Service (terminating: existing flows continue).
+        write_service(
+            &mut maps,
+            &ServiceEntry::cluster_ip(1, CLUSTER_IP, SERVICE_PORT, PROTOCOL_TCP)
+                .with_backends(&[&pods[0]]),
+        );
+        let new_flows = backends_hit(&tcp_requests_from(Some("pod3"), cluster_ip_address(), 40));
+        assert_eq!(
+            new_flows.keys().collect::<Vec<_>>(),
+            vec!["pod1"],
+            "{new_flows:?}"
+        );
+        std::thread::sleep(Duration::from_secs(1));
+        let reports: Vec<LongLivedReport> = connections
+            .into_iter()
+            .map(LongLivedConnection::close)
+            .collect();
+        let on_pod2 = reports
+            .iter()
+            .filter(|report| report.backends == ["pod2"])
+            .count();
+        assert!(on_pod2 > 0, "some connections were on pod2: {reports:?}");
+        for report in &reports {
+            assert!(report.failure.is_none(), "{report:?}");
+            assert_eq!(
+                report.backends.len(),
+                1,
+                "a flow kept its backend: {report:?}"
+            );
+            assert!(report.requests >= 10, "{report:?}");
+        }
+    });
+}
+
+#[test]
+#[ignore = "privileged netns test: run by make datapath-test"]
+fn a_service_without_endpoints_refuses_within_100_milliseconds() {
+    run_isolated(
+        "a_service_without_endpoints_refuses_within_100_milliseconds",
+        |node| {
+            let pods = standard_topology(1);
+            let (_datapath, mut maps) = start_datapath(node, &pods);
+            write_service(
+                &mut maps,
+                &ServiceEntry::cluster_ip(1, CLUSTER_IP, SERVICE_PORT, PROTOCOL_TCP)
+                    .with_node_port(NODE_PORT),
+            );
+            write_service(
+                &mut maps,
+                &ServiceEntry::cluster_ip(2, CLUSTER_IP, 53, PROTOCOL_UDP),
+            );
+            for (namespace, address) in [
+                (Some("pod1"), cluster_ip_address()),
+                (Some("client"), node_port_address()),
+                (None, cluster_ip_address()),
+            ] {
+                let elapsed = in_namespace(namespace, move || {
+                    let started = Instant::now();
+                    let result = std::net::TcpStream::connect_timeout(
+                        &address.into(),
+                        Duration::from_secs(3),
+                    );
+                    (
+                        started.elapsed(),
+                        result.map(|_| ()).map_err(|error| error.kind()),
+                    )
+                })
+                .join()
+                .expect("client");
+                assert!(elapsed.1.is_err(), "{namespace:?}: connected to nothing?");
+                assert_ne!(
+                    elapsed.1,
+                    Err(std::io::ErrorKind::TimedOut),
+                    "{namespace:?}: the client hung"
+                );
+                assert!(
+                    elapsed.0 < Duration::from_millis(100),
+                    "{namespace:?}: refused after {:?}",
+                    elapsed.0
+                );
+            }
+            // UDP: the ICMP error reaches the client's next call.
+            let udp = in_namespace(Some("pod1"), || {
+                udp_request(
+                    SocketAddrV4::new(CLUSTER_IP, 53),
+                    Duration::from_millis(500),
+                )
+                .map_err(|error| error.kind())
+            })
+            .join()
+            .expect("udp client");
+            assert_eq!(udp, Err(std::io::ErrorKind::ConnectionRefused));
+            let counters = maps.counters().expect("counters");
+            assert!(counters.no_backend >= 3, "{counters:?}");
+            // The Service gets an endpoint: it answers at once.
+            let pods_with_server = &pods[..1];
+            start_servers(&pods_with_server[0]);
+            write_service(
+                &mut maps,
+                &ServiceEntry::cluster_ip(1, CLUSTER_IP, SERVICE_PORT, PROTOCOL_TCP)
+                    .with_backends(&[&pods_with_server[0]]),
+            );
+            let results = tcp_requests_from(Some("pod1"), cluster_ip_address(), 5);
+            assert_eq!(backends_hit(&results).len(), 1);
+        },
+    );
+}
