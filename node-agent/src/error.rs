@@ -39,4 +39,15 @@ pub enum Error {
     WatchInterfaces { source: std::io::Error },
     #[error("failed to migrate the maps of schema version {from_version}: {reason}")]
     MigrateMaps { from_version: u32, reason: String },
+    #[error("failed to read manifest {path}, document {document}: field {field}: {reason}")]
+    InvalidManifest {
+        path: std::path::PathBuf,
+        document: usize,
+        field: String,
+        reason: String,
+    },
+    #[error("failed to read the host's interfaces: {reason}")]
+    ReadInterfaces { reason: String },
+    #[error("failed to program the masquerade rule: {reason}")]
+    ProgramMasquerade { reason: String },
 }

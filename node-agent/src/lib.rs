@@ -11,6 +11,7 @@
 //! - `loader`: aya loading, pinning, attaching, the real `ServiceMaps`.
 //! - `standalone`: `switchyard-agent standalone`.
 
+pub mod cli;
 pub mod desired;
 pub mod diff;
 pub mod error;
@@ -18,5 +19,6 @@ pub mod gate;
 pub mod loader;
 pub mod maps;
 pub mod model;
+pub mod standalone;
 pub mod sync;
 pub use error::Error;

@@ -1,0 +1,62 @@
+//! `switchyard-agent`: see `switchyard_agent::cli`.
+
+use clap::Parser;
+use switchyard_agent::cli::{Cli, Command};
+use switchyard_agent::standalone::{self, datapath::KernelDatapath, IpCommand};
+
+/// Completes on SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut terminate), Ok(mut interrupt)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::error!("cannot install signal handlers; running until killed");
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = terminate.recv() => tracing::info!("SIGTERM"),
+        _ = interrupt.recv() => tracing::info!("SIGINT"),
+    }
+}
+
+fn main() -> std::process::ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            tracing::error!(%error, "failed to start the runtime");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Standalone(arguments) => {
+                let options = arguments.options();
+                let datapath = KernelDatapath::load(options.pin_directory.clone())?;
+                standalone::run(options, datapath, IpCommand, shutdown_signal()).await
+            }
+            Command::Detach(arguments) => {
+                switchyard_agent::loader::detach_everything(&arguments.bpf_pin_dir)?;
+                switchyard_agent::standalone::masquerade::remove()
+            }
+        }
+    });
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            tracing::error!(%error);
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,466 @@
+//! Reading Kubernetes manifests from a file or a directory: multi-document YAML
+//! (JSON is YAML too), `kind: List` included. Services, EndpointSlices (v1 and
+//! v1beta1) and this node's DataplaneNode are kept; other kinds are skipped, so a
+//! file can also hold the Deployments that go with its Services.
+//!
+//! Any problem is reported with the file, the document's position in it (from 1)
+//! and the field, and the whole set is rejected: the caller keeps serving the
+//! last good set.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use serde::de::DeserializeOwned;
+use switchyard_crds::{DataplaneNode, DataplaneNodeSpec};
+
+use crate::model::{self, v1beta1, EndpointSliceModel, FieldError, ServiceModel, ServiceName};
+use crate::Error;
+
+/// Everything the manifests say that the agent uses.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Manifests {
+    pub services: Vec<ServiceModel>,
+    pub endpoint_slices: Vec<EndpointSliceModel>,
+    /// The spec of the DataplaneNode named after this node, if the manifests have one.
+    pub dataplane_node: Option<DataplaneNodeSpec>,
+}
+
+/// Files a manifest path stands for: the file itself, or the `.yaml`, `.yml` and
+/// `.json` files of a directory (not recursive), sorted by name.
+pub fn manifest_files(path: &Path) -> Result<Vec<PathBuf>, Error> {
+    let read_error = |source| Error::ReadManifest {
+        path: path.to_path_buf(),
+        source,
+    };
+    let metadata = std::fs::metadata(path).map_err(read_error)?;
+    if !metadata.is_dir() {
+        return Ok(vec![path.to_path_buf()]);
+    }
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(path).map_err(read_error)? {
+        let entry = entry.map_err(read_error)?;
+        let file = entry.path();
+        let is_manifest = file
+            .extension()
+            .and_then(|extension| extension.to_str())
+            .is_some_and(|extension| matches!(extension, "yaml" | "yml" | "json"));
+        if is_manifest && file.is_file() {
+            files.push(file);
+        }
+    }
+    files.sort();
+    Ok(files)
+}
+
+/// What identifies a version of the manifests without reading them: names, sizes
+/// and modification times. Polled to notice changes.
+pub type Fingerprint = Vec<(PathBuf, u64, Option<SystemTime>)>;
+
+pub fn fingerprint(path: &Path) -> Result<Fingerprint, Error> {
+    manifest_files(path)?
+        .into_iter()
+        .map(|file| {
+            let metadata = std::fs::metadata(&file).map_err(|source| Error::ReadManifest {
+                path: file.clone(),
+                source,
+            })?;
+            Ok((file, metadata.len(), metadata.modified().ok()))
+        })
+        .collect()
+}
+
+/// Reads and interprets every manifest file under `path`.
+pub fn load(path: &Path, node_name: &str) -> Result<Manifests, Error> {
+    let mut documents = Vec::new();
+    for file in manifest_files(path)? {
+        let text = std::fs::read_to_string(&file).map_err(|source| Error::ReadManifest {
+            path: file.clone(),
+            source,
+        })?;
+        documents.push((file, text));
+    }
+    parse(&documents, node_name)
+}
+
+fn invalid(file: &Path, document: usize, error: FieldError) -> Error {
+    Error::InvalidManifest {
+        path: file.to_path_buf(),
+        document,
+        field: error.field,
+        reason: error.reason,
+    }
+}
+
+/// Deserializes `value` as `T`, naming the failing field.
+fn typed<T: DeserializeOwned>(value: serde_yaml::Value) -> Result<T, FieldError> {
+    serde_path_to_error::deserialize(value).map_err(|error| {
+        let path = error.path().to_string();
+        FieldError {
+            field: if path == "." {
+                "(document)".to_string()
+            } else {
+                path
+            },
+            reason: error.into_inner().to_string(),
+        }
+    })
+}
+
+fn string_field<'a>(value: &'a serde_yaml::Value, name: &str) -> Result<&'a str, FieldError> {
+    match value.get(name) {
+        Some(serde_yaml::Value::String(text)) => Ok(text),
+        Some(_) => Err(FieldError {
+            field: name.to_string(),
+            reason: "is not a string".to_string(),
+        }),
+        None => Err(FieldError {
+            field: name.to_string(),
+            reason: "is missing".to_string(),
+        }),
+    }
+}
+
+/// Where an object was read, to name both places when it is defined twice.
+type Origin = (PathBuf, usize);
+
+#[derive(Default)]
+struct Collected {
+    manifests: Manifests,
+    services: BTreeMap<ServiceName, Origin>,
+    slices: BTreeMap<ServiceName, Origin>,
+    dataplane_node: Option<Origin>,
+}
+
+/// Interprets already-read files (`(path, contents)`); pure.
+pub fn parse(files: &[(PathBuf, String)], node_name: &str) -> Result<Manifests, Error> {
+    let mut collected = Collected::default();
+    for (file, text) in files {
+        for (index, document) in serde_yaml::Deserializer::from_str(text).enumerate() {
+            let number = index + 1;
+            let value = <serde_yaml::Value as serde::Deserialize>::deserialize(document).map_err(
+                |error| {
+                    invalid(
+                        file,
+                        number,
+                        FieldError {
+                            field: "(document)".to_string(),
+                            reason: format!("is not valid YAML: {error}"),
+                        },
+                    )
+                },
+            )?;
+            add_object(&mut collected, value, file, number, "", node_name)?;
+        }
+    }
+    Ok(collected.manifests)
+}
+
+fn add_object(
+    collected: &mut Collected,
+    value: serde_yaml::Value,
+    file: &Path,
+    document: usize,
+    field_prefix: &str,
+    node_name: &str,
+) -> Result<(), Error> {
+    if value.is_null() {
+        return Ok(());
+    }
+    let fail = |error: FieldError| {
+        invalid(
+            file,
+            document,
+            FieldError {
+                field: format!("{field_prefix}{}", error.field),
+                reason: error.reason,
+            },
+        )
+    };
+    let api_version = string_field(&value, "apiVersion")
+        .map_err(fail)?
+        .to_string();
+    let kind = string_field(&value, "kind").map_err(fail)?.to_string();
+    let origin = (file.to_path_buf(), document);
+    let duplicate = |what: String, first: &Origin| Error::InvalidManifest {
+        path: file.to_path_buf(),
+        document,
+        field: format!("{field_prefix}metadata.name"),
+        reason: format!(
+            "{what} is also defined in {}, document {}",
+            first.0.display(),
+            first.1
+        ),
+    };
+    match (api_version.as_str(), kind.as_str()) {
+        ("v1", "List") => {
+            let items = match value.get("items") {
+                Some(serde_yaml::Value::Sequence(items)) => items.clone(),
+                None | Some(serde_yaml::Value::Null) => Vec::new(),
+                Some(_) => {
+                    return Err(fail(FieldError {
+                        field: "items".to_string(),
+                        reason: "is not a list".to_string(),
+                    }))
+                }
+            };
+            for (index, item) in items.into_iter().enumerate() {
+                add_object(
+                    collected,
+                    item,
+                    file,
+                    document,
+                    &format!("{field_prefix}items[{index}]."),
+                    node_name,
+                )?;
+            }
+        }
+        ("v1", "Service") => {
+            let service: Service = typed(value).map_err(fail)?;
+            if let Some(model) = model::service_from_v1(&service).map_err(fail)? {
+                if let Some(first) = collected.services.get(&model.name) {
+                    return Err(duplicate(format!("Service {}", model.name), first));
+                }
+                collected.services.insert(model.name.clone(), origin);
+                collected.manifests.services.push(model);
+            }
+        }
+        ("discovery.k8s.io/v1", "EndpointSlice") => {
+            let slice: EndpointSlice = typed(value).map_err(fail)?;
+            if let Some(model) = model::endpoint_slice_from_v1(&slice).map_err(fail)? {
+                add_slice(collected, model, origin, duplicate)?;
+            }
+        }
+        (v1beta1::API_VERSION, "EndpointSlice") => {
+            let slice: v1beta1::EndpointSlice = typed(value).map_err(fail)?;
+            if let Some(model) = v1beta1::endpoint_slice_from_v1beta1(&slice).map_err(fail)? {
+                add_slice(collected, model, origin, duplicate)?;
+            }
+        }
+        ("switchyard.dev/v1alpha1", "DataplaneNode") => {
+            let node: DataplaneNode = typed(value).map_err(fail)?;
+            if node.metadata.name.as_deref() == Some(node_name) {
+                if let Some(first) = &collected.dataplane_node {
+                    return Err(duplicate(format!("DataplaneNode {node_name}"), first));
+                }
+                collected.dataplane_node = Some(origin);
+                collected.manifests.dataplane_node = Some(node.spec);
+            }
+        }
+        _ => {
+            tracing::debug!(
+                file = %file.display(),
+                document,
+                api_version,
+                kind,
+                "skipping a manifest the agent does not use"
+            );
+        }
+    }
+    Ok(())
+}
+
+fn add_slice(
+    collected: &mut Collected,
+    model: EndpointSliceModel,
+    origin: Origin,
+    duplicate: impl Fn(String, &Origin) -> Error,
+) -> Result<(), Error> {
+    if let Some(first) = collected.slices.get(&model.slice_name) {
+        return Err(duplicate(
+            format!("EndpointSlice {}", model.slice_name),
+            first,
+        ));
+    }
+    collected.slices.insert(model.slice_name.clone(), origin);
+    collected.manifests.endpoint_slices.push(model);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use switchyard_crds::DataplaneMode;
+
+    fn parse_one(text: &str) -> Result<Manifests, Error> {
+        parse(
+            &[(PathBuf::from("/manifests/web.yaml"), text.to_string())],
+            "node-a",
+        )
+    }
+
+    const GOOD: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: shop}
+spec:
+  clusterIP: 10.96.0.10
+  ports: [{name: http, port: 80, targetPort: http}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: web-1
+  namespace: shop
+  labels: {kubernetes.io/service-name: web}
+addressType: IPv4
+ports: [{name: http, port: 8080}]
+endpoints:
+- addresses: [10.0.0.5]
+  nodeName: node-a
+---
+# an empty document
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web}
+spec: {}
+---
+apiVersion: switchyard.dev/v1alpha1
+kind: DataplaneNode
+metadata: {name: node-b}
+spec: {mode: KubeProxy}
+---
+apiVersion: switchyard.dev/v1alpha1
+kind: DataplaneNode
+metadata: {name: node-a}
+spec: {mode: Ebpf, drainTimeoutSeconds: 30}
+"#;
+
+    #[test]
+    fn services_slices_and_this_nodes_dataplane_node_are_read_and_other_kinds_skipped() {
+        let manifests = parse_one(GOOD).expect("parses");
+        assert_eq!(manifests.services.len(), 1);
+        assert_eq!(manifests.services[0].name, ServiceName::new("shop", "web"));
+        assert_eq!(manifests.endpoint_slices.len(), 1);
+        assert_eq!(
+            manifests.endpoint_slices[0].endpoints[0]
+                .node_name
+                .as_deref(),
+            Some("node-a")
+        );
+        let spec = manifests.dataplane_node.expect("node-a's DataplaneNode");
+        assert_eq!(spec.mode, DataplaneMode::Ebpf);
+        assert_eq!(spec.drain_timeout_seconds, 30);
+    }
+
+    #[test]
+    fn a_list_and_a_v1beta1_slice_are_read() {
+        let manifests = parse_one(
+            r#"
+apiVersion: v1
+kind: List
+items:
+- apiVersion: v1
+  kind: Service
+  metadata: {name: web}
+  spec: {clusterIP: 10.96.0.10, ports: [{port: 80}]}
+- apiVersion: discovery.k8s.io/v1beta1
+  kind: EndpointSlice
+  metadata: {name: web-1, labels: {kubernetes.io/service-name: web}}
+  addressType: IPv4
+  ports: [{port: 8080}]
+  endpoints: [{addresses: [10.0.0.5], topology: {kubernetes.io/hostname: node-a}}]
+"#,
+        )
+        .expect("parses");
+        assert_eq!(manifests.services.len(), 1);
+        assert_eq!(
+            manifests.endpoint_slices[0].endpoints[0]
+                .node_name
+                .as_deref(),
+            Some("node-a")
+        );
+        assert_eq!(manifests.dataplane_node, None);
+    }
+
+    fn error_of(text: &str) -> (usize, String) {
+        match parse_one(text) {
+            Err(Error::InvalidManifest {
+                path,
+                document,
+                field,
+                ..
+            }) => {
+                assert_eq!(path, PathBuf::from("/manifests/web.yaml"));
+                (document, field)
+            }
+            other => panic!("expected an invalid manifest, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_bad_field_is_reported_with_file_document_and_field() {
+        // A type error found by the deserializer.
+        let (document, field) = error_of(
+            "apiVersion: v1\nkind: Service\nmetadata: {name: a}\nspec: {clusterIP: 10.96.0.1, ports: [{port: 80}]}\n---\napiVersion: v1\nkind: Service\nmetadata: {name: b}\nspec: {clusterIP: 10.96.0.2, ports: [{port: eighty}]}\n",
+        );
+        assert_eq!(document, 2);
+        assert_eq!(field, "spec.ports[0].port");
+        // A value found wrong by the model.
+        let (document, field) = error_of(
+            "apiVersion: v1\nkind: Service\nmetadata: {name: a}\nspec: {clusterIP: 10.96.0.999, ports: [{port: 80}]}\n",
+        );
+        assert_eq!((document, field.as_str()), (1, "spec.clusterIP"));
+        // Inside a List.
+        let (document, field) = error_of(
+            "apiVersion: v1\nkind: List\nitems:\n- {apiVersion: v1, kind: Service, metadata: {name: a}, spec: {clusterIP: 10.96.0.1, ports: [{port: 0}]}}\n",
+        );
+        assert_eq!(
+            (document, field.as_str()),
+            (1, "items[0].spec.ports[0].port")
+        );
+        // A missing kind.
+        let (_, field) = error_of("apiVersion: v1\nmetadata: {name: a}\n");
+        assert_eq!(field, "kind");
+        // Broken YAML.
+        let (document, field) =
+            error_of("apiVersion: v1\nkind: Service\nmetadata: {name: a}\n---\nkind: [unclosed\n");
+        assert_eq!((document, field.as_str()), (2, "(document)"));
+    }
+
+    #[test]
+    fn an_object_defined_twice_is_an_error_naming_both_places() {
+        let text = "apiVersion: v1\nkind: Service\nmetadata: {name: a}\nspec: {clusterIP: 10.96.0.1}\n---\napiVersion: v1\nkind: Service\nmetadata: {name: a}\nspec: {clusterIP: 10.96.0.2}\n";
+        match parse_one(text) {
+            Err(Error::InvalidManifest {
+                document, reason, ..
+            }) => {
+                assert_eq!(document, 2);
+                assert!(reason.contains("document 1"), "{reason}");
+            }
+            other => panic!("expected a duplicate error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_directory_is_read_in_name_order_ignoring_other_files() {
+        let directory =
+            std::env::temp_dir().join(format!("switchyard-manifests-test-{}", std::process::id()));
+        std::fs::create_dir_all(&directory).expect("temp dir");
+        std::fs::write(
+            directory.join("b.yaml"),
+            "apiVersion: v1\nkind: Service\nmetadata: {name: b}\nspec: {clusterIP: 10.96.0.2}\n",
+        )
+        .expect("write");
+        std::fs::write(
+            directory.join("a.yml"),
+            "apiVersion: v1\nkind: Service\nmetadata: {name: a}\nspec: {clusterIP: 10.96.0.1}\n",
+        )
+        .expect("write");
+        std::fs::write(directory.join("notes.txt"), "not: [yaml").expect("write");
+        let loaded = load(&directory, "node-a");
+        let print = fingerprint(&directory);
+        std::fs::remove_dir_all(&directory).expect("cleanup");
+        let names: Vec<String> = loaded
+            .expect("loads")
+            .services
+            .iter()
+            .map(|service| service.name.name.clone())
+            .collect();
+        assert_eq!(names, vec!["a", "b"]);
+        assert_eq!(print.expect("fingerprints").len(), 2);
+    }
+}

@@ -1,0 +1,394 @@
+//! `switchyard-agent standalone`: the datapath driven by manifest files instead of
+//! an API server. The same pure parts as cluster mode (model, desired state,
+//! gate, syncer, mode following) fed from files:
+//! - manifests are polled (modification times, every `poll_interval`) and
+//!   re-applied when they change; a bad set is reported (file, document, field)
+//!   and the last good set keeps serving;
+//! - a DataplaneNode named after `--node-name` is followed; without one the mode
+//!   is `Ebpf`;
+//! - SIGTERM or SIGINT leaves programs, links and maps in place (the next process
+//!   takes over without a dropped connection); `--detach-on-exit` removes all.
+
+pub mod datapath;
+pub mod follow;
+pub mod interfaces;
+pub mod manifests;
+pub mod masquerade;
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use switchyard_common::{DATAPATH_MODE_ACTIVE, DATAPATH_MODE_DRAINING};
+use switchyard_crds::DataplaneMode;
+
+use self::datapath::{datapath_config, Datapath};
+use self::follow::{follow_mode, Attachment, ModeAction};
+use self::interfaces::{Globs, InterfaceRole};
+use self::manifests::{Fingerprint, Manifests};
+use crate::desired::{desired_services, NodeView};
+use crate::gate::{Gate, GateInput, GateStatus};
+use crate::maps::ServiceMaps;
+use crate::sync::coalesce::{Coalescer, Next};
+use crate::sync::Syncer;
+use crate::Error;
+
+#[derive(Clone, Debug)]
+pub struct StandaloneOptions {
+    pub manifests: PathBuf,
+    pub pod_interfaces: Globs,
+    /// `None`: every non-loopback interface that is not a pod interface.
+    pub host_interfaces: Option<Globs>,
+    /// Empty: the global addresses of the host interfaces.
+    pub node_ips: Vec<IpAddr>,
+    pub node_name: String,
+    pub pin_directory: PathBuf,
+    pub detach_on_exit: bool,
+    pub min_sync_period: Duration,
+    pub poll_interval: Duration,
+    pub gate_timeout: Duration,
+    pub masquerade_mark: u32,
+    /// Install the agent's masquerade rule (off in environments without iptables).
+    pub manage_masquerade_rule: bool,
+}
+
+/// Where the interfaces and addresses come from (the host, or a test's list).
+pub trait HostView {
+    fn interfaces(&mut self) -> Result<Vec<interfaces::IpInterface>, Error>;
+}
+
+/// The host's interfaces through `ip -j addr`.
+pub struct IpCommand;
+
+impl HostView for IpCommand {
+    fn interfaces(&mut self) -> Result<Vec<interfaces::IpInterface>, Error> {
+        interfaces::read_interfaces()
+    }
+}
+
+/// The standalone agent's state between ticks.
+pub struct Standalone<D: Datapath, H: HostView> {
+    options: StandaloneOptions,
+    pub datapath: D,
+    host: H,
+    syncer: Syncer,
+    gate: Gate,
+    coalescer: Coalescer,
+    fingerprint: Option<Fingerprint>,
+    /// The last good manifests.
+    manifests: Option<Manifests>,
+    node_addresses: Option<Vec<IpAddr>>,
+    /// Interfaces with programs, by name, with the index they had.
+    attached: BTreeMap<String, u32>,
+    attachment: Attachment,
+    gate_timeout_reported: bool,
+}
+
+impl<D: Datapath, H: HostView> Standalone<D, H> {
+    /// Restores the map state (writing nothing) and finds out whether a previous
+    /// process left programs attached.
+    pub fn start(
+        options: StandaloneOptions,
+        datapath: D,
+        host: H,
+        now: Instant,
+    ) -> Result<Self, Error> {
+        let mut datapath = datapath;
+        let syncer = Syncer::restore(datapath.maps())?;
+        let mut gate = Gate::new(now, options.gate_timeout);
+        gate.receive(GateInput::RestoredMaps, now);
+        // Standalone mode has no Node object: what the agent would take from it
+        // (name, addresses) comes from flags and the host.
+        gate.receive(GateInput::Node, now);
+        let attachment = if datapath.attached_interfaces()?.is_empty() {
+            Attachment::Detached
+        } else {
+            match datapath.maps().config()? {
+                Some(config) if config.mode == DATAPATH_MODE_DRAINING => {
+                    Attachment::Draining { since: now }
+                }
+                _ => Attachment::Attached,
+            }
+        };
+        tracing::info!(
+            frontends = syncer.current().frontends.len(),
+            backend_slots = syncer.current().backend_slots.len(),
+            ?attachment,
+            "restored the pinned maps"
+        );
+        Ok(Self {
+            coalescer: Coalescer::new(options.min_sync_period),
+            options,
+            datapath,
+            host,
+            syncer,
+            gate,
+            fingerprint: None,
+            manifests: None,
+            node_addresses: None,
+            attached: BTreeMap::new(),
+            attachment,
+            gate_timeout_reported: false,
+        })
+    }
+
+    pub fn attachment(&self) -> Attachment {
+        self.attachment
+    }
+
+    pub fn gate_status(&self, now: Instant) -> GateStatus {
+        self.gate.status(now)
+    }
+
+    fn mode(&self) -> DataplaneMode {
+        self.manifests
+            .as_ref()
+            .and_then(|manifests| manifests.dataplane_node.as_ref())
+            .map(|spec| spec.mode)
+            .unwrap_or(DataplaneMode::Ebpf)
+    }
+
+    fn drain_timeout(&self) -> Duration {
+        let seconds = self
+            .manifests
+            .as_ref()
+            .and_then(|manifests| manifests.dataplane_node.as_ref())
+            .map(|spec| spec.drain_timeout_seconds)
+            .unwrap_or(switchyard_crds::config::DEFAULT_DRAIN_TIMEOUT_SECONDS);
+        Duration::from_secs(u64::try_from(seconds).unwrap_or(0))
+    }
+
+    fn read_manifests(&mut self, now: Instant) {
+        let fingerprint = match manifests::fingerprint(&self.options.manifests) {
+            Ok(fingerprint) => fingerprint,
+            Err(error) => {
+                if self.fingerprint.take().is_some() || self.manifests.is_none() {
+                    tracing::error!(%error, "keeping the last good manifests");
+                }
+                return;
+            }
+        };
+        if self.fingerprint.as_ref() == Some(&fingerprint) {
+            return;
+        }
+        self.fingerprint = Some(fingerprint);
+        match manifests::load(&self.options.manifests, &self.options.node_name) {
+            Ok(manifests) => {
+                tracing::info!(
+                    services = manifests.services.len(),
+                    endpoint_slices = manifests.endpoint_slices.len(),
+                    dataplane_node = manifests.dataplane_node.is_some(),
+                    "read the manifests"
+                );
+                if self.manifests.as_ref() != Some(&manifests) {
+                    self.manifests = Some(manifests);
+                    self.coalescer.changed();
+                }
+                for input in [
+                    GateInput::Services,
+                    GateInput::EndpointSlices,
+                    GateInput::DataplaneNode,
+                ] {
+                    self.gate.receive(input, now);
+                }
+            }
+            Err(error) => tracing::error!(%error, "keeping the last good manifests"),
+        }
+    }
+
+    /// Reads interfaces and addresses; returns the interfaces that get programs.
+    fn read_host(&mut self, now: Instant) -> BTreeMap<String, (u32, InterfaceRole)> {
+        let interfaces = match self.host.interfaces() {
+            Ok(interfaces) => interfaces,
+            Err(error) => {
+                tracing::warn!(%error, "cannot read the host's interfaces");
+                return BTreeMap::new();
+            }
+        };
+        let pods = &self.options.pod_interfaces;
+        let hosts = self.options.host_interfaces.as_ref();
+        let addresses = if self.options.node_ips.is_empty() {
+            interfaces::host_addresses(&interfaces, pods, hosts)
+        } else {
+            self.options.node_ips.clone()
+        };
+        if self.node_addresses.as_ref() != Some(&addresses) {
+            tracing::info!(?addresses, "node addresses");
+            self.node_addresses = Some(addresses);
+            self.coalescer.changed();
+        }
+        self.gate.receive(GateInput::HostAddresses, now);
+        interfaces::interface_roles(&interfaces, pods, hosts)
+    }
+
+    fn sync(&mut self, now: Instant) {
+        let Some(gate_open) = self.gate.open() else {
+            let status = self.gate.status(now);
+            if matches!(status, GateStatus::TimedOut { .. }) && !self.gate_timeout_reported {
+                tracing::warn!(
+                    missing = status.missing_names(),
+                    "still waiting before the first write"
+                );
+                self.gate_timeout_reported = true;
+            }
+            return;
+        };
+        if self.coalescer.poll(now) != Next::Apply {
+            return;
+        }
+        let (Some(manifests), Some(addresses)) = (&self.manifests, &self.node_addresses) else {
+            return;
+        };
+        let node = NodeView {
+            name: self.options.node_name.clone(),
+            addresses: addresses.clone(),
+        };
+        let desired = desired_services(&manifests.services, &manifests.endpoint_slices, &node);
+        for conflict in &desired.conflicts {
+            tracing::warn!(kept = %conflict.kept, dropped = %conflict.dropped, "two Services claim one address and port");
+        }
+        let started = Instant::now();
+        match self.syncer.sync(gate_open, &desired, self.datapath.maps()) {
+            Ok(report) => tracing::info!(
+                frontends = self.syncer.current().frontends.len(),
+                operations = report.operation_count(),
+                elapsed_ms = started.elapsed().as_secs_f64() * 1000.0,
+                "synced the maps"
+            ),
+            Err(error) => {
+                tracing::error!(%error, "sync failed; retrying");
+                self.coalescer.failed();
+            }
+        }
+    }
+
+    fn write_mode(&mut self, mode: u32) -> Result<(), Error> {
+        let cookie = self.datapath.network_namespace_cookie()?;
+        let config = datapath_config(mode, cookie, self.options.masquerade_mark);
+        if self.datapath.maps().config()? != Some(config) {
+            self.datapath.maps().write_config(&config)?;
+        }
+        Ok(())
+    }
+
+    fn attach_new_interfaces(&mut self, roles: &BTreeMap<String, (u32, InterfaceRole)>) {
+        self.attached
+            .retain(|name, index| roles.get(name).map(|(current, _)| current) == Some(index));
+        for (name, (index, role)) in roles {
+            if self.attached.get(name) == Some(index) {
+                continue;
+            }
+            match self.datapath.attach_interface(name, *role) {
+                Ok(()) => {
+                    tracing::info!(interface = %name, ?role, "attached");
+                    self.attached.insert(name.clone(), *index);
+                }
+                Err(error) => tracing::warn!(interface = %name, %error, "cannot attach"),
+            }
+        }
+    }
+
+    fn follow(
+        &mut self,
+        roles: &BTreeMap<String, (u32, InterfaceRole)>,
+        now: Instant,
+    ) -> Result<(), Error> {
+        if !self.gate.is_open() {
+            return Ok(());
+        }
+        let live = match self.attachment {
+            Attachment::Draining { .. } => self.datapath.live_tcp_flows().ok(),
+            _ => None,
+        };
+        let (next, action) = follow_mode(
+            self.attachment,
+            self.mode(),
+            self.drain_timeout(),
+            live,
+            now,
+        );
+        match action {
+            Some(ModeAction::Activate) => {
+                if self.options.manage_masquerade_rule {
+                    masquerade::ensure(self.options.masquerade_mark)?;
+                }
+                self.write_mode(DATAPATH_MODE_ACTIVE)?;
+                self.datapath.attach_socket_hooks()?;
+                self.attached.clear();
+                tracing::info!("mode Ebpf: programs attached and active");
+            }
+            Some(ModeAction::StartDraining) => {
+                self.write_mode(DATAPATH_MODE_DRAINING)?;
+                tracing::info!("mode KubeProxy: draining");
+            }
+            Some(ModeAction::Detach) => {
+                for name in roles.keys() {
+                    if let Err(error) = self.datapath.detach_interface(name) {
+                        tracing::warn!(interface = %name, %error, "cannot detach");
+                    }
+                }
+                self.attached.clear();
+                tracing::info!(live_flows = ?live, "drained: programs detached, maps kept");
+            }
+            None => {}
+        }
+        self.attachment = next;
+        if self.attachment != Attachment::Detached {
+            self.attach_new_interfaces(roles);
+            if action == Some(ModeAction::Activate) {
+                self.datapath.finish_migration()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// One round: read inputs, sync if due, follow the mode.
+    pub fn tick(&mut self, now: Instant) {
+        self.read_manifests(now);
+        let roles = self.read_host(now);
+        // Maps first: programs attached for the first time then find them filled.
+        self.sync(now);
+        if let Err(error) = self.follow(&roles, now) {
+            tracing::error!(%error, "cannot follow the mode; retrying");
+        }
+    }
+
+    /// The end: leave everything in place, or remove it all.
+    pub fn shut_down(&mut self) -> Result<(), Error> {
+        if self.options.detach_on_exit {
+            self.datapath.detach_everything()?;
+            if self.options.manage_masquerade_rule {
+                masquerade::remove()?;
+            }
+            tracing::info!("detached everything and removed the pins");
+        } else {
+            tracing::info!("exiting; programs and maps stay in place");
+        }
+        Ok(())
+    }
+}
+
+/// Runs until `shutdown` completes.
+pub async fn run<D: Datapath, H: HostView>(
+    options: StandaloneOptions,
+    datapath: D,
+    host: H,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), Error> {
+    let poll_interval = options.poll_interval;
+    let mut agent = Standalone::start(options, datapath, host, Instant::now())?;
+    tokio::pin!(shutdown);
+    loop {
+        agent.tick(Instant::now());
+        tokio::select! {
+            _ = &mut shutdown => break,
+            _ = tokio::time::sleep(poll_interval) => {}
+        }
+    }
+    agent.shut_down()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,322 @@
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use switchyard_common::DATAPATH_MODE_ACTIVE;
+
+use super::interfaces::{IpAddressInfo, IpInterface, DEFAULT_POD_INTERFACE_GLOBS};
+use super::*;
+use crate::maps::FakeServiceMaps;
+
+#[derive(Default)]
+struct FakeDatapath {
+    maps: FakeServiceMaps,
+    attached: BTreeMap<String, InterfaceRole>,
+    attach_calls: usize,
+    socket_hooks: bool,
+    live_flows: usize,
+    detached_everything: bool,
+}
+
+impl Datapath for FakeDatapath {
+    type Maps = FakeServiceMaps;
+    fn maps(&mut self) -> &mut FakeServiceMaps {
+        &mut self.maps
+    }
+    fn attach_interface(&mut self, name: &str, role: InterfaceRole) -> Result<(), Error> {
+        self.attach_calls += 1;
+        self.attached.insert(name.to_string(), role);
+        Ok(())
+    }
+    fn attach_socket_hooks(&mut self) -> Result<(), Error> {
+        self.socket_hooks = true;
+        Ok(())
+    }
+    fn detach_interface(&mut self, name: &str) -> Result<(), Error> {
+        self.attached.remove(name);
+        Ok(())
+    }
+    fn attached_interfaces(&self) -> Result<Vec<u32>, Error> {
+        Ok((1..=self.attached.len() as u32).collect())
+    }
+    fn live_tcp_flows(&self) -> Result<usize, Error> {
+        Ok(self.live_flows)
+    }
+    fn network_namespace_cookie(&self) -> Result<u64, Error> {
+        Ok(4096)
+    }
+    fn detach_everything(&mut self) -> Result<(), Error> {
+        self.attached.clear();
+        self.socket_hooks = false;
+        self.detached_everything = true;
+        Ok(())
+    }
+}
+
+struct FakeHost(Vec<IpInterface>);
+
+impl HostView for FakeHost {
+    fn interfaces(&mut self) -> Result<Vec<IpInterface>, Error> {
+        Ok(self.0.clone())
+    }
+}
+
+fn host() -> FakeHost {
+    let interface = |index: u32, name: &str, address: Option<&str>| IpInterface {
+        ifindex: index,
+        ifname: name.to_string(),
+        addr_info: address
+            .into_iter()
+            .map(|local| IpAddressInfo {
+                family: "inet".to_string(),
+                local: Some(local.to_string()),
+                scope: Some("global".to_string()),
+            })
+            .collect(),
+    };
+    FakeHost(vec![
+        interface(1, "lo", Some("127.0.0.1")),
+        interface(2, "eth0", Some("192.168.1.10")),
+        interface(3, "veth0", None),
+        interface(4, "veth1", None),
+    ])
+}
+
+struct TempDirectory(PathBuf);
+
+impl TempDirectory {
+    fn new(name: &str) -> Self {
+        let path = std::env::temp_dir().join(format!(
+            "switchyard-standalone-{name}-{}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).expect("temp dir");
+        Self(path)
+    }
+}
+
+impl Drop for TempDirectory {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn options(manifests: &Path) -> StandaloneOptions {
+    StandaloneOptions {
+        manifests: manifests.to_path_buf(),
+        pod_interfaces: Globs::parse(DEFAULT_POD_INTERFACE_GLOBS),
+        host_interfaces: None,
+        node_ips: vec![],
+        node_name: "node-a".to_string(),
+        pin_directory: PathBuf::from("/nonexistent"),
+        detach_on_exit: false,
+        min_sync_period: Duration::ZERO,
+        poll_interval: Duration::from_millis(200),
+        gate_timeout: Duration::from_secs(30),
+        masquerade_mark: 0x4000,
+        manage_masquerade_rule: false,
+    }
+}
+
+const SERVICE: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  type: NodePort
+  clusterIP: 10.96.0.10
+  ports: [{name: http, port: 80, nodePort: 30080}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-1, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{name: http, port: 8080}]
+endpoints:
+- {addresses: [10.0.0.5], nodeName: node-a}
+- {addresses: [10.0.0.6], nodeName: node-a}
+"#;
+
+fn write(directory: &TempDirectory, name: &str, text: &str) {
+    // Modification times can be coarse: a distinct size also marks the change.
+    std::fs::write(directory.0.join(name), text).expect("write manifest");
+}
+
+fn node_port_key() -> switchyard_common::FrontendKey {
+    crate::desired::frontend_key(
+        &"192.168.1.10".parse().expect("valid"),
+        30080,
+        crate::model::Protocol::Tcp,
+        switchyard_common::SCOPE_EXTERNAL,
+    )
+}
+
+#[test]
+fn nothing_is_written_or_attached_before_the_manifests_are_read() {
+    let directory = TempDirectory::new("gate");
+    let manifests = directory.0.join("missing.yaml");
+    let now = Instant::now();
+    let mut agent = Standalone::start(options(&manifests), FakeDatapath::default(), host(), now)
+        .expect("starts");
+    agent.tick(now);
+    agent.tick(now + Duration::from_secs(1));
+    assert_eq!(agent.datapath.maps.mutations_attempted, 0);
+    assert_eq!(agent.datapath.attach_calls, 0);
+    assert_eq!(
+        agent.gate_status(now + Duration::from_secs(1)),
+        GateStatus::Waiting {
+            missing: vec![
+                GateInput::Services,
+                GateInput::EndpointSlices,
+                GateInput::DataplaneNode
+            ]
+        }
+    );
+}
+
+#[test]
+fn manifests_are_programmed_and_every_interface_attached_without_a_dataplane_node() {
+    let directory = TempDirectory::new("program");
+    write(&directory, "web.yaml", SERVICE);
+    let now = Instant::now();
+    let mut agent = Standalone::start(options(&directory.0), FakeDatapath::default(), host(), now)
+        .expect("starts");
+    agent.tick(now);
+    let datapath = &agent.datapath;
+    assert_eq!(
+        datapath.maps.state.frontends[&node_port_key()].backend_count,
+        2
+    );
+    assert_eq!(
+        datapath.maps.config.map(|config| config.mode),
+        Some(DATAPATH_MODE_ACTIVE)
+    );
+    assert!(datapath.socket_hooks);
+    assert_eq!(
+        datapath.attached.clone().into_iter().collect::<Vec<_>>(),
+        vec![
+            ("eth0".to_string(), InterfaceRole::Host),
+            ("veth0".to_string(), InterfaceRole::Pod),
+            ("veth1".to_string(), InterfaceRole::Pod),
+        ]
+    );
+    // Nothing changed: the next ticks neither write nor attach.
+    let (writes, attaches) = (datapath.maps.mutations_attempted, datapath.attach_calls);
+    agent.tick(now + Duration::from_millis(200));
+    agent.tick(now + Duration::from_millis(400));
+    assert_eq!(agent.datapath.maps.mutations_attempted, writes);
+    assert_eq!(agent.datapath.attach_calls, attaches);
+}
+
+#[test]
+fn a_bad_manifest_keeps_the_last_good_state_and_a_fixed_one_is_applied() {
+    let directory = TempDirectory::new("bad");
+    write(&directory, "web.yaml", SERVICE);
+    let now = Instant::now();
+    let mut agent = Standalone::start(options(&directory.0), FakeDatapath::default(), host(), now)
+        .expect("starts");
+    agent.tick(now);
+    let good = agent.datapath.maps.state.clone();
+    write(
+        &directory,
+        "web.yaml",
+        &SERVICE.replace("nodePort: 30080", "nodePort: banana"),
+    );
+    agent.tick(now + Duration::from_secs(1));
+    assert_eq!(agent.datapath.maps.state, good);
+    write(
+        &directory,
+        "web.yaml",
+        &SERVICE.replace("- {addresses: [10.0.0.6], nodeName: node-a}\n", ""),
+    );
+    agent.tick(now + Duration::from_secs(2));
+    assert_eq!(
+        agent.datapath.maps.state.frontends[&node_port_key()].backend_count,
+        1
+    );
+}
+
+#[test]
+fn a_kube_proxy_dataplane_node_keeps_maps_in_sync_with_nothing_attached() {
+    let directory = TempDirectory::new("kubeproxy");
+    write(&directory, "web.yaml", SERVICE);
+    write(
+        &directory,
+        "node.yaml",
+        "apiVersion: switchyard.dev/v1alpha1\nkind: DataplaneNode\nmetadata: {name: node-a}\nspec: {mode: KubeProxy}\n",
+    );
+    let now = Instant::now();
+    let mut agent = Standalone::start(options(&directory.0), FakeDatapath::default(), host(), now)
+        .expect("starts");
+    agent.tick(now);
+    assert!(agent
+        .datapath
+        .maps
+        .state
+        .frontends
+        .contains_key(&node_port_key()));
+    assert_eq!(agent.datapath.attach_calls, 0);
+    assert_eq!(agent.attachment(), Attachment::Detached);
+}
+
+#[test]
+fn switching_to_kube_proxy_drains_and_detaches_when_the_last_flow_closes() {
+    let directory = TempDirectory::new("drain");
+    write(&directory, "web.yaml", SERVICE);
+    let now = Instant::now();
+    let mut agent = Standalone::start(options(&directory.0), FakeDatapath::default(), host(), now)
+        .expect("starts");
+    agent.tick(now);
+    agent.datapath.live_flows = 2;
+    write(
+        &directory,
+        "node.yaml",
+        "apiVersion: switchyard.dev/v1alpha1\nkind: DataplaneNode\nmetadata: {name: node-a}\nspec: {mode: KubeProxy, drainTimeoutSeconds: 600}\n",
+    );
+    agent.tick(now + Duration::from_secs(1));
+    assert!(matches!(agent.attachment(), Attachment::Draining { .. }));
+    assert_eq!(
+        agent.datapath.maps.config.map(|config| config.mode),
+        Some(switchyard_common::DATAPATH_MODE_DRAINING)
+    );
+    assert_eq!(
+        agent.datapath.attached.len(),
+        3,
+        "still attached while draining"
+    );
+    agent.datapath.live_flows = 0;
+    agent.tick(now + Duration::from_secs(2));
+    assert_eq!(agent.attachment(), Attachment::Detached);
+    assert!(agent.datapath.attached.is_empty());
+    assert!(
+        !agent.datapath.maps.state.frontends.is_empty(),
+        "maps are kept"
+    );
+}
+
+#[test]
+fn a_restarted_agent_writes_nothing_and_detaches_only_when_asked() {
+    let directory = TempDirectory::new("restart");
+    write(&directory, "web.yaml", SERVICE);
+    let now = Instant::now();
+    let mut first = Standalone::start(options(&directory.0), FakeDatapath::default(), host(), now)
+        .expect("starts");
+    first.tick(now);
+    first.shut_down().expect("shuts down");
+    assert!(!first.datapath.detached_everything);
+    let mut survivor = std::mem::take(&mut first.datapath);
+    survivor.attach_calls = 0;
+    let writes = survivor.maps.mutations_attempted;
+
+    let mut second_options = options(&directory.0);
+    second_options.detach_on_exit = true;
+    let mut second = Standalone::start(second_options, survivor, host(), now).expect("starts");
+    assert_eq!(second.attachment(), Attachment::Attached);
+    second.tick(now);
+    assert_eq!(
+        second.datapath.maps.mutations_attempted, writes,
+        "no map write"
+    );
+    second.shut_down().expect("shuts down");
+    assert!(second.datapath.detached_everything);
+}
