@@ -46,8 +46,8 @@ pub struct Condition {
     )]
     pub reason: String,
     /// A human-readable explanation of the condition; may be empty.
-    #[serde(default)]
-    #[schemars(length(max = 32768))]
+    #[serde(default, deserialize_with = "null_as_empty")]
+    #[schemars(length(max = 32768), transform = message_schema)]
     pub message: String,
     /// When the condition last changed from one status to another (RFC 3339).
     #[serde(with = "crate::time::rfc3339_seconds")]
@@ -57,6 +57,20 @@ pub struct Condition {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0))]
     pub observed_generation: Option<i64>,
+}
+
+/// The schema of `message`, shaped for Kubernetes 1.20, whose validator (measured with a 1.20.2
+/// API server, see `crds/tests/apiserver-1.20.sh`) takes an empty string inside an array item
+/// for `null` and rejects it as "must be of type string: null", and which also rejects the CRD
+/// when the field has an empty-string default. So: nullable, and no default. Reading maps a
+/// `null` or missing message to the empty string.
+fn message_schema(schema: &mut schemars::Schema) {
+    schema.remove("default");
+    schema.insert("nullable".into(), true.into());
+}
+
+fn null_as_empty<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<String, D::Error> {
+    Ok(Option::<String>::deserialize(deserializer)?.unwrap_or_default())
 }
 
 impl Condition {

@@ -280,6 +280,12 @@ fn a_full_status_round_trips() {
     assert!(status.condition_is_true(condition_types::READY));
     assert!(!status.condition_is_true(condition_types::DRAINING));
     assert_eq!(status.conditions[1].message, "");
+    let null_message: Condition = serde_json::from_value(json!({
+        "type": "Ready", "status": "True", "reason": "AgentReady", "message": null,
+        "lastTransitionTime": "2027-01-15T08:00:00Z"
+    }))
+    .expect("a null message reads as empty");
+    assert_eq!(null_message.message, "");
     let again: DataplaneNode =
         serde_json::from_value(serde_json::to_value(&node).expect("serializes"))
             .expect("reads back");
