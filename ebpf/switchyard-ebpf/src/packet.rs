@@ -145,18 +145,29 @@ impl Packet {
     }
 }
 
+/// Where one end (source or destination) of the packet is, and what it holds.
+struct Endpoint {
+    address_offset: usize,
+    port_offset: usize,
+    old_ipv4: [u8; 4],
+    old_port: u16,
+}
+
 /// Rewrites one address and port of the packet, fixing the IP and L4 checksums.
 #[inline(always)]
 fn rewrite_endpoint(
     ctx: &TcContext,
     packet: &Packet,
-    address_offset: usize,
-    port_offset: usize,
-    old_ipv4: [u8; 4],
-    old_port: u16,
+    endpoint: Endpoint,
     new_address: Address,
     new_port: u16,
 ) -> Result<(), ()> {
+    let Endpoint {
+        address_offset,
+        port_offset,
+        old_ipv4,
+        old_port,
+    } = endpoint;
     let new_ipv4 = [
         new_address[12],
         new_address[13],
@@ -199,16 +210,13 @@ pub fn rewrite_destination(
     new_address: Address,
     new_port: u16,
 ) -> Result<(), ()> {
-    rewrite_endpoint(
-        ctx,
-        packet,
-        IP_DESTINATION_OFFSET,
-        packet.l4_offset + 2,
-        packet.destination_ipv4,
-        packet.destination_port,
-        new_address,
-        new_port,
-    )
+    let endpoint = Endpoint {
+        address_offset: IP_DESTINATION_OFFSET,
+        port_offset: packet.l4_offset + 2,
+        old_ipv4: packet.destination_ipv4,
+        old_port: packet.destination_port,
+    };
+    rewrite_endpoint(ctx, packet, endpoint, new_address, new_port)
 }
 
 #[inline(always)]
@@ -218,16 +226,13 @@ pub fn rewrite_source(
     new_address: Address,
     new_port: u16,
 ) -> Result<(), ()> {
-    rewrite_endpoint(
-        ctx,
-        packet,
-        IP_SOURCE_OFFSET,
-        packet.l4_offset,
-        packet.source_ipv4,
-        packet.source_port,
-        new_address,
-        new_port,
-    )
+    let endpoint = Endpoint {
+        address_offset: IP_SOURCE_OFFSET,
+        port_offset: packet.l4_offset,
+        old_ipv4: packet.source_ipv4,
+        old_port: packet.source_port,
+    };
+    rewrite_endpoint(ctx, packet, endpoint, new_address, new_port)
 }
 
 #[inline(always)]

@@ -68,6 +68,7 @@ pub fn open_pinned(path: &Path) -> io::Result<OwnedFd> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LinkInfo {
     pub link_type: u32,
+    pub link_id: u32,
     pub program_id: u32,
     /// For a TCX link, the interface it is attached to; zero once the interface is
     /// gone (the link is then defunct).
@@ -84,6 +85,7 @@ pub fn link_info(link: BorrowedFd<'_>) -> io::Result<LinkInfo> {
     // struct bpf_link_info { u32 type; u32 id; u32 prog_id; union (8-aligned) at 16 }
     Ok(LinkInfo {
         link_type: get_u32(&info, 0),
+        link_id: get_u32(&info, 4),
         program_id: get_u32(&info, 8),
         tcx_ifindex: get_u32(&info, 16),
     })
