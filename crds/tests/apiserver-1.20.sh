@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The committed CRDs against a real Kubernetes 1.20 API server (etcd + kube-apiserver only):
 # accepted as structural, served, defaults applied by the server, enums and int-or-string
-# enforced, the status subresource on, printer columns shown, `kubectl explain` readable.
+# enforced, the status subresource on, printer columns shown, `kubectl explain` readable, and
+# the statuses the planner publishes accepted as they are.
 #
 #   bash crds/tests/apiserver-1.20.sh      (`make crds-apiserver`; binaries from `make e2e-build`)
 #
@@ -20,9 +21,16 @@ if [ "${SWITCHYARD_CRDS_INSIDE:-}" != 1 ]; then
   for binary in etcd kube-apiserver kubectl; do
     [ -x "$K8S_BIN/$binary" ] || fail "find $K8S_BIN/$binary (run make e2e-build)"
   done
+  # The statuses the planner publishes in typical situations, to write through the server.
+  statuses=$(mktemp /tmp/switchyard-planner-statuses.XXXXXX)
+  (cd "$(dirname "$CRDS")/.." && "${CARGO:-cargo}" run --quiet --locked -p switchyard-operator --example planner_statuses) >"$statuses" \
+    || { rm -f "$statuses"; fail "print the planner's statuses (cargo run --example planner_statuses)"; }
   exec unshare --net --pid --mount --fork --kill-child --mount-proc \
-    env SWITCHYARD_CRDS_INSIDE=1 bash "${BASH_SOURCE[0]}" "$@"
+    env SWITCHYARD_CRDS_INSIDE=1 SWITCHYARD_PLANNER_STATUSES="$statuses" bash "${BASH_SOURCE[0]}" "$@"
 fi
+
+PLANNER_STATUSES=$(cat "$SWITCHYARD_PLANNER_STATUSES")
+rm -f "$SWITCHYARD_PLANNER_STATUSES"
 
 WORK=/tmp/switchyard-crds-apiserver
 mkdir -p "$WORK"
@@ -202,7 +210,21 @@ expect_equal "dpn row" "node-1 KubeProxy True false 0.1.0" "$(sed -n 2p <<<"$tab
 kubectl wait --for=condition=Ready --timeout=5s dpn/node-1 >/dev/null || fail "kubectl wait for the Ready condition"
 log "printer columns shown for dpc and dpn"
 
-# 6. `kubectl explain` reads the descriptions.
+# 6. Every status the planner publishes is accepted as it is.
+situations=0
+while read -r line; do
+  situation=$(jq -r .situation <<<"$line")
+  patch=$(jq -c '{status: .status}' <<<"$line")
+  output=$(kubectl patch dpc default --subresource=status --type=merge -p "$patch" 2>&1) \
+    || fail "write the planner's status for the situation '$situation': $output"
+  expect_equal "phase after writing the '$situation' status" "$(jq -r .status.phase <<<"$line")" \
+    "$(kubectl get dpc default -o jsonpath='{.status.phase}')"
+  situations=$((situations + 1))
+done <<<"$PLANNER_STATUSES"
+[ "$situations" -ge 6 ] || fail "find the planner's statuses (got $situations)"
+log "the planner's status accepted in $situations situations"
+
+# 7. `kubectl explain` reads the descriptions.
 explained=$(kubectl explain dataplaneconfig.spec.rollout.drainTimeoutSeconds 2>&1) || fail "explain a field: $explained"
 grep -q "detaches anyway" <<<"$explained" || fail "find the field's description in kubectl explain: $explained"
 log "kubectl explain shows the descriptions"

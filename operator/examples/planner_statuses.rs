@@ -1,0 +1,156 @@
+//! Prints, one JSON document per line, the DataplaneConfig status the planner publishes in a
+//! few typical situations (a transition under way, a halt, an ignored object, an invalid spec,
+//! a finished transition, an agent upgrade). `crds/tests/apiserver-1.20.sh` writes each one
+//! through the status subresource of a real 1.20 API server, proving the planner's output is
+//! valid for the CRD it publishes to.
+
+use chrono::{DateTime, TimeZone, Utc};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use switchyard_crds::{
+    condition_types, Condition, ConditionStatus, DataplaneConfig, DataplaneConfigSpec,
+    DataplaneMode, DataplaneNode, DataplaneNodeSpec, DataplaneNodeStatus,
+};
+use switchyard_operator::planner::{
+    plan, AgentDaemonSet, KubeProxyDaemonSet, ObservedCluster, ObservedNode, ObservedPod,
+};
+
+fn at(seconds: i64) -> DateTime<Utc> {
+    Utc.timestamp_opt(1_800_000_000 + seconds, 0)
+        .single()
+        .unwrap_or_default()
+}
+
+fn pod(name: &str, revision: &str) -> ObservedPod {
+    ObservedPod {
+        name: name.to_owned(),
+        ready: true,
+        revision: Some(revision.to_owned()),
+        created_at: Some(at(-10_000)),
+        terminating: false,
+    }
+}
+
+/// A node told `mode`, whose agent reports on it (attached in `Ebpf`, kube-proxy healthy).
+fn node(name: &str, mode: DataplaneMode, reported: bool, kube_proxy: bool) -> ObservedNode {
+    let mut dataplane_node = DataplaneNode::new(
+        name,
+        DataplaneNodeSpec {
+            requested_at: Some(at(-5_000)),
+            // Without kube-proxy on the node, it has been told to clean (and has cleaned).
+            iptables_cleanup: !kube_proxy,
+            ..DataplaneNodeSpec::new(mode)
+        },
+    );
+    dataplane_node.metadata.generation = Some(2);
+    let condition = |type_: &str, holds: bool| {
+        Condition::new(
+            type_,
+            ConditionStatus::from_bool(holds),
+            "Example",
+            "",
+            Some(2),
+            at(-4_000),
+        )
+    };
+    dataplane_node.status = Some(DataplaneNodeStatus {
+        observed_generation: Some(if reported { 2 } else { 1 }),
+        agent_revision: Some("old".into()),
+        conditions: vec![
+            condition(condition_types::READY, true),
+            condition(
+                condition_types::PROGRAMS_ATTACHED,
+                mode == DataplaneMode::Ebpf,
+            ),
+            condition(condition_types::SERVICES_SYNCED, true),
+            condition(condition_types::KUBE_PROXY_RULES_PRESENT, kube_proxy),
+            condition(condition_types::KUBE_PROXY_HEALTHY, kube_proxy),
+        ],
+        ..DataplaneNodeStatus::default()
+    });
+    ObservedNode {
+        name: name.to_owned(),
+        ready: true,
+        dataplane_node: Some(dataplane_node),
+        kube_proxy_pod: kube_proxy.then(|| pod(&format!("kube-proxy-{name}"), "kp")),
+        agent_pod: Some(pod(&format!("agent-{name}"), "old")),
+    }
+}
+
+fn cluster(nodes: Vec<ObservedNode>, update_revision: &str) -> ObservedCluster {
+    let kube_proxy_gone = nodes.iter().all(|node| node.kube_proxy_pod.is_none());
+    ObservedCluster {
+        now: at(0),
+        nodes,
+        kube_proxy_daemon_set: Some(KubeProxyDaemonSet {
+            disabled_by_switchyard: kube_proxy_gone,
+            desired_number_scheduled: Some(if kube_proxy_gone { 0 } else { 3 }),
+            external_owner: None,
+        }),
+        agent_daemon_set: Some(AgentDaemonSet {
+            update_revision: Some(update_revision.to_owned()),
+        }),
+        api_server_address_configured: true,
+    }
+}
+
+fn config(name: &str, mode: DataplaneMode) -> DataplaneConfig {
+    let mut config = DataplaneConfig::new(
+        name,
+        DataplaneConfigSpec {
+            mode,
+            ..DataplaneConfigSpec::default()
+        },
+    );
+    config.metadata.generation = Some(1);
+    config
+}
+
+fn main() {
+    use DataplaneMode::{Ebpf, KubeProxy};
+    let on_kube_proxy = || {
+        cluster(
+            vec![
+                node("node-1", KubeProxy, true, true),
+                node("node-2", KubeProxy, true, true),
+            ],
+            "old",
+        )
+    };
+    let mut invalid = config("default", Ebpf);
+    invalid.spec.rollout.max_unavailable = IntOrString::String("many".into());
+    let mut halted_cluster = on_kube_proxy();
+    halted_cluster.nodes[0] = node("node-1", Ebpf, false, true);
+    let situations = vec![
+        ("activating", config("default", Ebpf), on_kube_proxy()),
+        ("halted", config("default", Ebpf), halted_cluster),
+        ("ignored", config("other", Ebpf), on_kube_proxy()),
+        ("invalid", invalid, on_kube_proxy()),
+        ("ready", config("default", KubeProxy), on_kube_proxy()),
+        (
+            "upgrading",
+            config("default", Ebpf),
+            cluster(
+                vec![
+                    node("node-1", Ebpf, true, false),
+                    node("node-2", Ebpf, true, false),
+                ],
+                "new",
+            ),
+        ),
+    ];
+    for (situation, config, observed) in situations {
+        let Some(status) = plan(Some(&config), &observed).status else {
+            eprintln!("failed to get a status for {situation}");
+            std::process::exit(1);
+        };
+        match serde_json::to_string(
+            &serde_json::json!({ "situation": situation, "status": status }),
+        ) {
+            Ok(line) => println!("{line}"),
+            Err(error) => {
+                eprintln!("failed to serialize the status for {situation}: {error}");
+                std::process::exit(1);
+            }
+        }
+    }
+}
