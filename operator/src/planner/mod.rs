@@ -445,9 +445,9 @@ impl<'a> Context<'a> {
             let not_cleaned = self.names_where(|_, node| !node.rules_cleaned());
             if !not_cleaned.is_empty() {
                 if self.failed_count() > self.settings.max_failed_nodes
-                    || not_cleaned
-                        .iter()
-                        .all(|name| self.failed_names().contains(name))
+                    || self
+                        .names_where(|index, node| !node.rules_cleaned() && !self.failed[index])
+                        .is_empty()
                 {
                     return self.halted(desired, "finishing the cleanup of kube-proxy's rules");
                 }
@@ -560,6 +560,7 @@ impl<'a> Context<'a> {
                 && (self.kube_proxy_gone || (node.agent_ready() && node.node_ready && !node.unsupported_kube_proxy_mode()))
         };
         let mut activated = Vec::new();
+        let mut chosen = vec![false; self.facts.len()];
         for (index, node) in self.facts.iter().enumerate() {
             if activated.len() < capacity && eligible(index, node) {
                 desired[index] = DesiredNode {
@@ -567,12 +568,11 @@ impl<'a> Context<'a> {
                     cleanup: false,
                 };
                 activated.push(node.name);
+                chosen[index] = true;
             }
         }
         let waiting = self.names_where(|index, node| {
-            node.mode() != Some(DataplaneMode::Ebpf)
-                && !self.failed[index]
-                && !activated.contains(&node.name)
+            node.mode() != Some(DataplaneMode::Ebpf) && !self.failed[index] && !chosen[index]
         });
         let failed = self.failed_names();
         if in_flight.is_empty() && activated.is_empty() && waiting.is_empty() && !failed.is_empty()
@@ -599,7 +599,7 @@ impl<'a> Context<'a> {
         let blocked = self.names_where(|index, node| {
             node.mode() != Some(DataplaneMode::Ebpf)
                 && !self.failed[index]
-                && !activated.contains(&node.name)
+                && !chosen[index]
                 && !eligible(index, node)
         });
         if !blocked.is_empty() {
@@ -813,6 +813,7 @@ impl<'a> Context<'a> {
             .max_unavailable
             .saturating_sub(in_flight.len());
         let mut deactivated = Vec::new();
+        let mut chosen = vec![false; self.facts.len()];
         for (index, node) in self.facts.iter().enumerate() {
             if deactivated.len() < capacity
                 && node.mode() == Some(DataplaneMode::Ebpf)
@@ -821,12 +822,11 @@ impl<'a> Context<'a> {
             {
                 decision.desired[index].mode = DataplaneMode::KubeProxy;
                 deactivated.push(node.name);
+                chosen[index] = true;
             }
         }
         let queued = self.names_where(|index, node| {
-            node.mode() == Some(DataplaneMode::Ebpf)
-                && !self.failed[index]
-                && !deactivated.contains(&node.name)
+            node.mode() == Some(DataplaneMode::Ebpf) && !self.failed[index] && !chosen[index]
         });
         let failed = self.failed_names();
         if in_flight.is_empty()
@@ -1080,6 +1080,10 @@ impl<'a> Context<'a> {
         decision: &Decision,
         writes: &[DataplaneNodeWrite],
     ) -> Option<Duration> {
+        let written: std::collections::BTreeSet<&str> = writes
+            .iter()
+            .map(|write| write.node_name.as_str())
+            .collect();
         let timeout = chrono::Duration::seconds(self.settings.node_ready_timeout_seconds);
         let written_deadline = (!writes.is_empty())
             .then(|| self.now.checked_add_signed(timeout))
@@ -1087,9 +1091,7 @@ impl<'a> Context<'a> {
         let node_deadlines = self
             .facts
             .iter()
-            .filter(|node| {
-                !node.satisfied() && !writes.iter().any(|write| write.node_name == node.name)
-            })
+            .filter(|node| !node.satisfied() && !written.contains(node.name))
             .filter_map(|node| node.deadline(self.settings));
         node_deadlines
             .chain(written_deadline)
