@@ -25,7 +25,7 @@ fn at(seconds: i64) -> DateTime<Utc> {
 
 fn node(index: usize) -> ObservedNode {
     let name = format!("node-{index:05}");
-    let mode = if index % 2 == 0 {
+    let mode = if index.is_multiple_of(2) {
         DataplaneMode::Ebpf
     } else {
         DataplaneMode::KubeProxy
