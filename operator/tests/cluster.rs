@@ -1,0 +1,988 @@
+//! The operator against a real Kubernetes 1.20 API server (the `e2e/` cluster).
+//!
+//! Run by `make e2e-operator-smoke`: `e2e/cluster up --nodes 3`, then
+//! `e2e/cluster exec cargo test -p switchyard-operator --test cluster -- --ignored --test-threads=1`,
+//! then `e2e/cluster down`. Every test starts the operator binary as a child process with the
+//! admin kubeconfig (inside the cluster's private network namespace) and kills it at the end.
+//!
+//! Agents are simulated: a task writes each DataplaneNode's status the way an agent would
+//! (Ready on the current generation, programs attached in `Ebpf`, rules gone once told to clean
+//! with no kube-proxy pod on its node, kube-proxy healthy when its pod runs there), so the
+//! operator's whole loop (snapshot, plan, Server-Side Apply, the kube-proxy patch, status,
+//! Events) runs against the real server while the datapath is out of the picture.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Event, Namespace, Pod};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+    CustomResourceDefinition, JSONSchemaProps,
+};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+use serde_json::json;
+use switchyard_crds::{
+    condition_types, find_condition, reasons, set_condition, Condition, ConditionStatus,
+    DataplaneConfig, DataplaneMode, DataplaneNode, DataplaneNodeStatus, DataplanePhase,
+};
+use switchyard_e2e::cluster::{admin_client, ClusterPaths};
+use switchyard_e2e::objects::create_kube_proxy_daemonset;
+use switchyard_e2e::wait::{wait_for, Check, WaitOptions};
+use switchyard_operator::kube_proxy::{DISABLED_SELECTOR_KEY, PREVIOUS_SELECTOR_ANNOTATION};
+use tokio::task::JoinHandle;
+
+const NAMESPACE: &str = "switchyard-system";
+const ORIGINAL_SELECTOR: (&str, &str) = ("kubernetes.io/os", "linux");
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+/// The operator binary running as a child process; killed on drop.
+struct Operator {
+    child: Child,
+    metrics_port: u16,
+    log: PathBuf,
+}
+
+impl Operator {
+    fn start(identity: &str, metrics_port: u16, extra: &[&str]) -> Self {
+        let paths = ClusterPaths::from_environment();
+        let log = std::env::temp_dir().join(format!("switchyard-operator-test-{identity}.log"));
+        let output = std::fs::File::create(&log).expect("create the operator's log file");
+        let child = Command::new(env!("CARGO_BIN_EXE_switchyard-operator"))
+            .arg(format!("--metrics-address=127.0.0.1:{metrics_port}"))
+            .arg(format!("--agent-namespace={NAMESPACE}"))
+            .args(extra)
+            .env("KUBECONFIG", paths.admin_kubeconfig())
+            .env("POD_NAME", identity)
+            .env("POD_NAMESPACE", NAMESPACE)
+            .env("RUST_LOG", "info,kube=warn")
+            .env("NO_COLOR", "1")
+            .stdout(Stdio::from(output.try_clone().expect("clone the log file")))
+            .stderr(Stdio::from(output))
+            .spawn()
+            .expect("start the operator binary");
+        Self {
+            child,
+            metrics_port,
+            log,
+        }
+    }
+
+    fn metrics(&self) -> String {
+        http_get(self.metrics_port, "/metrics")
+    }
+
+    fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn http_get(port: u16, path: &str) -> String {
+    use std::io::{Read, Write};
+    let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return String::new();
+    };
+    let _ = write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n"
+    );
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer);
+    answer
+}
+
+fn metric_value(metrics: &str, series: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+}
+
+/// Agents, simulated: every 200 ms each DataplaneNode's status is brought to what an agent on
+/// that node would report about the current spec.
+fn simulate_agents(client: Client) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let nodes: Api<DataplaneNode> = Api::all(client.clone());
+        let pods: Api<Pod> = Api::namespaced(client.clone(), "kube-system");
+        loop {
+            if let (Ok(dataplane_nodes), Ok(pods)) = (
+                nodes.list(&ListParams::default()).await,
+                pods.list(&ListParams::default()).await,
+            ) {
+                for dataplane_node in dataplane_nodes {
+                    let name = dataplane_node.name_any();
+                    let kube_proxy_pod = pods.items.iter().find(|pod| {
+                        pod.spec.as_ref().and_then(|spec| spec.node_name.as_deref())
+                            == Some(name.as_str())
+                            && pod
+                                .owner_references()
+                                .iter()
+                                .any(|owner| owner.name == "kube-proxy")
+                    });
+                    let status = simulated_status(&dataplane_node, kube_proxy_pod);
+                    if dataplane_node.status.as_ref() != Some(&status) {
+                        let patch = json!({ "status": status });
+                        let _ = nodes
+                            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                            .await;
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+}
+
+fn simulated_status(
+    dataplane_node: &DataplaneNode,
+    kube_proxy_pod: Option<&Pod>,
+) -> DataplaneNodeStatus {
+    let now = chrono::Utc::now();
+    let generation = dataplane_node.metadata.generation;
+    let mut status = dataplane_node.status.clone().unwrap_or_default();
+    let ebpf = dataplane_node.spec.mode == DataplaneMode::Ebpf;
+    let kube_proxy_ready = kube_proxy_pod.is_some_and(|pod| {
+        pod.metadata.deletion_timestamp.is_none()
+            && pod
+                .status
+                .as_ref()
+                .and_then(|status| status.conditions.as_ref())
+                .is_some_and(|conditions| {
+                    conditions
+                        .iter()
+                        .any(|condition| condition.type_ == "Ready" && condition.status == "True")
+                })
+    });
+    let rules_present = kube_proxy_pod.is_some() || !dataplane_node.spec.iptables_cleanup;
+    let condition = |type_: &str, holds: bool, reason: &str| {
+        Condition::new(
+            type_,
+            ConditionStatus::from_bool(holds),
+            reason,
+            "simulated agent",
+            generation,
+            now,
+        )
+    };
+    for new in [
+        condition(
+            condition_types::HOST_METADATA_READY,
+            true,
+            reasons::HOST_METADATA_RECEIVED,
+        ),
+        condition(
+            condition_types::PROGRAMS_ATTACHED,
+            ebpf,
+            if ebpf {
+                reasons::ATTACHED
+            } else {
+                reasons::DETACHED
+            },
+        ),
+        condition(condition_types::SERVICES_SYNCED, true, reasons::SYNCED),
+        condition(
+            condition_types::KUBE_PROXY_RULES_PRESENT,
+            rules_present,
+            if rules_present {
+                reasons::RULES_PRESENT
+            } else {
+                reasons::RULES_ABSENT
+            },
+        ),
+        condition(
+            condition_types::KUBE_PROXY_HEALTHY,
+            kube_proxy_ready && rules_present,
+            if kube_proxy_ready {
+                reasons::KUBE_PROXY_HEALTHZ_OK
+            } else {
+                reasons::KUBE_PROXY_UNHEALTHY
+            },
+        ),
+        condition(
+            condition_types::CHAIN_ORDER_SAFE,
+            true,
+            reasons::CHAIN_ORDER_VERIFIED,
+        ),
+        condition(condition_types::READY, true, reasons::AGENT_READY),
+    ] {
+        set_condition(&mut status.conditions, new);
+    }
+    // Only the generation and the conditions' content change what an agent reports.
+    for condition in &mut status.conditions {
+        if let Some(previous) = dataplane_node
+            .status
+            .as_ref()
+            .and_then(|previous| find_condition(&previous.conditions, &condition.type_))
+        {
+            if previous.status == condition.status && previous.reason == condition.reason {
+                condition.last_transition_time = previous.last_transition_time;
+            }
+        }
+    }
+    status.observed_generation = generation;
+    status.agent_version = Some("simulated".into());
+    status
+}
+
+async fn prepare(client: &Client) -> Result<DaemonSet, Box<dyn std::error::Error>> {
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    if namespaces.get_opt(NAMESPACE).await?.is_none() {
+        let namespace: Namespace =
+            serde_json::from_value(json!({ "metadata": { "name": NAMESPACE } }))?;
+        namespaces
+            .create(&PostParams::default(), &namespace)
+            .await?;
+    }
+    // No DataplaneConfig from an earlier test.
+    let configs: Api<DataplaneConfig> = Api::all(client.clone());
+    if configs.get_opt("default").await?.is_some() {
+        configs.delete("default", &DeleteParams::default()).await?;
+    }
+    create_kube_proxy_daemonset(client).await?;
+    // A selector of its own, so that "restored exactly" means something.
+    let daemon_sets: Api<DaemonSet> = Api::namespaced(client.clone(), "kube-system");
+    let patch = json!({ "spec": { "template": { "spec": { "nodeSelector": { ORIGINAL_SELECTOR.0: ORIGINAL_SELECTOR.1 } } } } });
+    let daemon_set = daemon_sets
+        .patch("kube-proxy", &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    wait_for_kube_proxy_pods(client, 3).await?;
+    Ok(daemon_set)
+}
+
+async fn wait_for_kube_proxy_pods(
+    client: &Client,
+    expected: usize,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "kube-system");
+    wait_for(
+        &format!("see {expected} running kube-proxy pods"),
+        WaitOptions::new(Duration::from_secs(90)),
+        || async {
+            let list = pods.list(&ListParams::default()).await?;
+            let running = list
+                .items
+                .iter()
+                .filter(|pod| {
+                    pod.metadata.deletion_timestamp.is_none()
+                        && pod
+                            .status
+                            .as_ref()
+                            .and_then(|status| status.phase.as_deref())
+                            == Some("Running")
+                })
+                .count();
+            let all = list.items.len();
+            Ok::<_, kube::Error>(if running == expected && all == expected {
+                Check::Ready(())
+            } else {
+                Check::NotYet(format!("{running} running of {all} kube-proxy pods"))
+            })
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+fn node_selector(daemon_set: &DaemonSet) -> BTreeMap<String, String> {
+    daemon_set
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.template.spec.as_ref())
+        .and_then(|spec| spec.node_selector.clone())
+        .unwrap_or_default()
+}
+
+/// Waits until the `default` DataplaneConfig is Ready in `mode` on its current generation,
+/// returning the phases seen on the way.
+async fn wait_until_ready(
+    client: &Client,
+    operator: &Operator,
+    mode: DataplaneMode,
+) -> Result<Vec<DataplanePhase>, Box<dyn std::error::Error>> {
+    let configs: Api<DataplaneConfig> = Api::all(client.clone());
+    let phases = std::sync::Mutex::new(Vec::<DataplanePhase>::new());
+    let outcome = wait_for(
+        &format!("see DataplaneConfig default Ready in mode {mode}"),
+        WaitOptions::new(Duration::from_secs(120)).every(Duration::from_millis(100)),
+        || async {
+            let config = configs.get("default").await?;
+            let Some(status) = config.status.as_ref() else {
+                return Ok::<_, kube::Error>(Check::NotYet("no status yet".into()));
+            };
+            if let Ok(mut seen) = phases.lock() {
+                if seen.last() != Some(&status.phase) {
+                    seen.push(status.phase);
+                }
+            }
+            let ready = find_condition(&status.conditions, condition_types::READY)
+                .is_some_and(|condition| condition.status == ConditionStatus::True);
+            Ok(
+                if config.spec.mode == mode
+                    && ready
+                    && status.phase == DataplanePhase::Ready
+                    && status.observed_generation == config.metadata.generation
+                {
+                    Check::Ready(())
+                } else {
+                    Check::NotYet(format!(
+                        "phase {}, message {:?}",
+                        status.phase, status.message
+                    ))
+                },
+            )
+        },
+    )
+    .await;
+    if let Err(error) = outcome {
+        return Err(format!("{error}\noperator log:\n{}", operator.log_tail()).into());
+    }
+    Ok(phases.into_inner().unwrap_or_default())
+}
+
+async fn event_reasons(
+    client: &Client,
+    namespace: &str,
+    kind: &str,
+    name: &str,
+) -> Result<Vec<String>, kube::Error> {
+    let events: Api<Event> = Api::namespaced(client.clone(), namespace);
+    Ok(events
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|event| {
+            event.involved_object.kind.as_deref() == Some(kind)
+                && event.involved_object.name.as_deref() == Some(name)
+        })
+        .filter_map(|event| event.reason)
+        .collect())
+}
+
+async fn wait_for_event(
+    client: &Client,
+    namespace: &str,
+    kind: &str,
+    name: &str,
+    reason: &str,
+) -> TestResult {
+    wait_for(
+        &format!("see Event {reason} about {kind} {name} in {namespace}"),
+        WaitOptions::new(Duration::from_secs(30)),
+        || async {
+            let reasons = event_reasons(client, namespace, kind, name).await?;
+            Ok::<_, kube::Error>(if reasons.iter().any(|found| found == reason) {
+                Check::Ready(())
+            } else {
+                Check::NotYet(format!("reasons so far: {reasons:?}"))
+            })
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+#[tokio::test]
+#[ignore = "needs the e2e cluster: make e2e-operator-smoke"]
+async fn a_transition_to_ebpf_and_back_disables_kube_proxy_and_restores_it_exactly() -> TestResult {
+    let started = Instant::now();
+    let client = admin_client(&ClusterPaths::from_environment()).await?;
+    let original = prepare(&client).await?;
+    let original_selector = node_selector(&original);
+    assert_eq!(
+        original_selector
+            .get(ORIGINAL_SELECTOR.0)
+            .map(String::as_str),
+        Some(ORIGINAL_SELECTOR.1)
+    );
+    let operator = Operator::start(
+        "operator-a",
+        18181,
+        &["--api-server-address=10.99.0.1:6443"],
+    );
+    let agents = simulate_agents(client.clone());
+
+    // Without a DataplaneConfig: every Node gets its DataplaneNode (KubeProxy), owned by it.
+    let dataplane_nodes: Api<DataplaneNode> = Api::all(client.clone());
+    wait_for(
+        "see a DataplaneNode for each of the 3 nodes",
+        WaitOptions::new(Duration::from_secs(60)),
+        || async {
+            let list = dataplane_nodes.list(&ListParams::default()).await?;
+            Ok::<_, kube::Error>(if list.items.len() == 3 {
+                Check::Ready(list.items)
+            } else {
+                Check::NotYet(format!("{} DataplaneNodes", list.items.len()))
+            })
+        },
+    )
+    .await?;
+    for dataplane_node in dataplane_nodes.list(&ListParams::default()).await?.items {
+        assert_eq!(dataplane_node.spec.mode, DataplaneMode::KubeProxy);
+        let owners = dataplane_node.owner_references();
+        assert_eq!(owners.len(), 1);
+        assert_eq!(
+            (owners[0].kind.as_str(), owners[0].name.as_str()),
+            ("Node", dataplane_node.name_any().as_str())
+        );
+        let managers: Vec<_> = dataplane_node
+            .managed_fields()
+            .iter()
+            .filter_map(|entry| entry.manager.clone())
+            .collect();
+        assert!(
+            managers
+                .iter()
+                .any(|manager| manager == "switchyard-operator"),
+            "{managers:?}"
+        );
+    }
+    // Events about cluster-scoped objects landed on the 1.20 server.
+    wait_for_event(
+        &client,
+        "default",
+        "Node",
+        "node-1",
+        "DataplaneNodesCreated",
+    )
+    .await?;
+
+    // KubeProxy -> Ebpf.
+    let configs: Api<DataplaneConfig> = Api::all(client.clone());
+    let config: DataplaneConfig = serde_json::from_value(json!({
+        "apiVersion": "switchyard.dev/v1alpha1",
+        "kind": "DataplaneConfig",
+        "metadata": { "name": "default" },
+        "spec": { "mode": "Ebpf", "rollout": { "maxUnavailable": 1, "nodeReadyTimeoutSeconds": 60 } },
+    }))?;
+    let transition_started = Instant::now();
+    configs.create(&PostParams::default(), &config).await?;
+    let phases = wait_until_ready(&client, &operator, DataplaneMode::Ebpf).await?;
+    let to_ebpf = transition_started.elapsed();
+    println!(
+        "KubeProxy -> Ebpf: Ready after {:.1} s; phases seen: {phases:?}",
+        to_ebpf.as_secs_f64()
+    );
+    for phase in [
+        DataplanePhase::ActivatingNodes,
+        DataplanePhase::DisablingKubeProxy,
+    ] {
+        assert!(
+            phases.contains(&phase),
+            "phase {phase} never seen: {phases:?}"
+        );
+    }
+
+    let daemon_sets: Api<DaemonSet> = Api::namespaced(client.clone(), "kube-system");
+    let disabled = daemon_sets.get("kube-proxy").await?;
+    let selector = node_selector(&disabled);
+    assert_eq!(
+        selector.get(DISABLED_SELECTOR_KEY).map(String::as_str),
+        Some("disabled"),
+        "{selector:?}"
+    );
+    assert_eq!(
+        selector.get(ORIGINAL_SELECTOR.0).map(String::as_str),
+        Some(ORIGINAL_SELECTOR.1)
+    );
+    let recorded = disabled
+        .annotations()
+        .get(PREVIOUS_SELECTOR_ANNOTATION)
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(
+        serde_json::from_str::<BTreeMap<String, String>>(&recorded)?,
+        original_selector
+    );
+    wait_for_kube_proxy_pods(&client, 0).await?;
+    for dataplane_node in dataplane_nodes.list(&ListParams::default()).await?.items {
+        assert_eq!(
+            dataplane_node.spec.mode,
+            DataplaneMode::Ebpf,
+            "{}",
+            dataplane_node.name_any()
+        );
+        assert!(
+            dataplane_node.spec.iptables_cleanup,
+            "{} not told to clean",
+            dataplane_node.name_any()
+        );
+    }
+    let status = configs.get("default").await?.status.unwrap_or_default();
+    assert_eq!(status.nodes.serving, 3);
+    assert_eq!(status.nodes.kube_proxy_running, 0);
+    assert_eq!(status.serving_summary.as_deref(), Some("3/3"));
+    for reason in ["PhaseChanged", "NodesInstructed", "KubeProxyDisabled"] {
+        wait_for_event(&client, "default", "DataplaneConfig", "default", reason).await?;
+    }
+    wait_for_event(
+        &client,
+        "kube-system",
+        "DaemonSet",
+        "kube-proxy",
+        "KubeProxyDisabled",
+    )
+    .await?;
+    let metrics = operator.metrics();
+    assert_eq!(
+        metric_value(
+            &metrics,
+            "switchyard_operator_transition_phase{phase=\"Ready\"}"
+        ),
+        Some(1.0),
+        "{metrics}"
+    );
+    assert_eq!(
+        metric_value(&metrics, "switchyard_operator_nodes{state=\"serving\"}"),
+        Some(3.0),
+        "{metrics}"
+    );
+    assert!(metric_value(
+        &metrics,
+        "switchyard_operator_reconcile_duration_seconds_count"
+    )
+    .is_some_and(|count| count > 0.0));
+
+    // `kubeadm upgrade` resets the nodeSelector: Managed disables kube-proxy again, with an Event.
+    let reset = json!({ "spec": { "template": { "spec": { "nodeSelector": { DISABLED_SELECTOR_KEY: null } } } } });
+    daemon_sets
+        .patch("kube-proxy", &PatchParams::default(), &Patch::Merge(&reset))
+        .await?;
+    wait_for(
+        "see the reset kube-proxy DaemonSet disabled again",
+        WaitOptions::new(Duration::from_secs(60)),
+        || async {
+            let daemon_set = daemon_sets.get("kube-proxy").await?;
+            Ok::<_, kube::Error>(
+                if node_selector(&daemon_set).contains_key(DISABLED_SELECTOR_KEY) {
+                    Check::Ready(())
+                } else {
+                    Check::NotYet(format!("selector {:?}", node_selector(&daemon_set)))
+                },
+            )
+        },
+    )
+    .await?;
+    wait_for_event(
+        &client,
+        "default",
+        "DataplaneConfig",
+        "default",
+        "KubeProxyDisabledAgain",
+    )
+    .await?;
+    let phases = wait_until_ready(&client, &operator, DataplaneMode::Ebpf).await?;
+    println!("kube-proxy came back and was disabled again; phases seen: {phases:?}");
+    wait_for_kube_proxy_pods(&client, 0).await?;
+
+    // Ebpf -> KubeProxy: the DaemonSet gets back exactly the selector it had.
+    let rollback_started = Instant::now();
+    let rollback = json!({ "spec": { "mode": "KubeProxy" } });
+    configs
+        .patch("default", &PatchParams::default(), &Patch::Merge(&rollback))
+        .await?;
+    let phases = wait_until_ready(&client, &operator, DataplaneMode::KubeProxy).await?;
+    println!(
+        "Ebpf -> KubeProxy: Ready after {:.1} s; phases seen: {phases:?}",
+        rollback_started.elapsed().as_secs_f64()
+    );
+    assert!(
+        phases.contains(&DataplanePhase::RestoringKubeProxy),
+        "{phases:?}"
+    );
+    let restored = daemon_sets.get("kube-proxy").await?;
+    assert_eq!(
+        node_selector(&restored),
+        original_selector,
+        "the nodeSelector was not restored exactly"
+    );
+    assert!(!restored
+        .annotations()
+        .contains_key(PREVIOUS_SELECTOR_ANNOTATION));
+    wait_for_kube_proxy_pods(&client, 3).await?;
+    for dataplane_node in dataplane_nodes.list(&ListParams::default()).await?.items {
+        assert_eq!(dataplane_node.spec.mode, DataplaneMode::KubeProxy);
+        assert!(!dataplane_node.spec.iptables_cleanup);
+    }
+    wait_for_event(
+        &client,
+        "default",
+        "DataplaneConfig",
+        "default",
+        "KubeProxyRestored",
+    )
+    .await?;
+
+    // Deleting the DataplaneConfig leaves the dataplane as it is.
+    configs.delete("default", &DeleteParams::default()).await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let after = daemon_sets.get("kube-proxy").await?;
+    assert_eq!(node_selector(&after), original_selector);
+    assert_eq!(
+        dataplane_nodes
+            .list(&ListParams::default())
+            .await?
+            .items
+            .len(),
+        3
+    );
+
+    agents.abort();
+    println!("whole scenario: {:.1} s", started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+#[tokio::test]
+#[ignore = "needs the e2e cluster: make e2e-operator-smoke"]
+async fn managed_is_refused_on_a_kube_proxy_owned_by_another_tool_and_preflight_needs_the_api_server_address(
+) -> TestResult {
+    let client = admin_client(&ClusterPaths::from_environment()).await?;
+    prepare(&client).await?;
+    let daemon_sets: Api<DaemonSet> = Api::namespaced(client.clone(), "kube-system");
+    let mark = json!({ "metadata": { "annotations": { "argocd.argoproj.io/tracking-id": "addons:apps/DaemonSet:kube-system/kube-proxy" } } });
+    daemon_sets
+        .patch("kube-proxy", &PatchParams::default(), &Patch::Merge(&mark))
+        .await?;
+    let before = daemon_sets.get("kube-proxy").await?;
+
+    // First without --api-server-address: Preflight refuses to start.
+    let mut operator = Operator::start("operator-b", 18182, &[]);
+    let agents = simulate_agents(client.clone());
+    let configs: Api<DataplaneConfig> = Api::all(client.clone());
+    let config: DataplaneConfig = serde_json::from_value(json!({
+        "apiVersion": "switchyard.dev/v1alpha1",
+        "kind": "DataplaneConfig",
+        "metadata": { "name": "default" },
+        "spec": { "mode": "Ebpf", "rollout": { "nodeReadyTimeoutSeconds": 60 } },
+    }))?;
+    configs.create(&PostParams::default(), &config).await?;
+    let degraded_with = |reason: &'static str| {
+        let configs = configs.clone();
+        move || {
+            let configs = configs.clone();
+            async move {
+                let status = configs.get("default").await?.status.unwrap_or_default();
+                let degraded =
+                    find_condition(&status.conditions, condition_types::DEGRADED).cloned();
+                Ok::<_, kube::Error>(match degraded {
+                    Some(condition)
+                        if condition.status == ConditionStatus::True
+                            && condition.reason == reason =>
+                    {
+                        Check::Ready(condition)
+                    }
+                    other => Check::NotYet(format!("phase {}, Degraded {other:?}", status.phase)),
+                })
+            }
+        }
+    };
+    let missing = wait_for(
+        "see Degraded ApiServerAddressMissing",
+        WaitOptions::new(Duration::from_secs(60)),
+        degraded_with(reasons::API_SERVER_ADDRESS_MISSING),
+    )
+    .await?;
+    println!("without --api-server-address: {}", missing.message);
+    wait_for_event(
+        &client,
+        "default",
+        "DataplaneConfig",
+        "default",
+        reasons::API_SERVER_ADDRESS_MISSING,
+    )
+    .await?;
+    operator.kill();
+
+    // With it, the Argo CD mark refuses Managed.
+    let operator = Operator::start(
+        "operator-c",
+        18183,
+        &["--api-server-address=10.99.0.1:6443"],
+    );
+    let refused = wait_for(
+        "see Degraded KubeProxyManagedExternally",
+        WaitOptions::new(Duration::from_secs(60)),
+        degraded_with(reasons::KUBE_PROXY_MANAGED_EXTERNALLY),
+    )
+    .await
+    .map_err(|error| format!("{error}\noperator log:\n{}", operator.log_tail()))?;
+    println!(
+        "Managed on an Argo CD-owned kube-proxy: {}",
+        refused.message
+    );
+    assert!(
+        refused.message.contains("External"),
+        "the message must tell the user what to do: {}",
+        refused.message
+    );
+    wait_for_event(
+        &client,
+        "default",
+        "DataplaneConfig",
+        "default",
+        reasons::KUBE_PROXY_MANAGED_EXTERNALLY,
+    )
+    .await?;
+    let after = daemon_sets.get("kube-proxy").await?;
+    assert_eq!(
+        node_selector(&after),
+        node_selector(&before),
+        "a refused DaemonSet must not be touched"
+    );
+    assert_eq!(after.metadata.generation, before.metadata.generation);
+
+    // Non-default DataplaneConfigs are ignored, and say so.
+    let other: DataplaneConfig = serde_json::from_value(json!({
+        "apiVersion": "switchyard.dev/v1alpha1",
+        "kind": "DataplaneConfig",
+        "metadata": { "name": "other" },
+        "spec": { "mode": "Ebpf" },
+    }))?;
+    configs.create(&PostParams::default(), &other).await?;
+    wait_for(
+        "see DataplaneConfig other Degraded NotDefault",
+        WaitOptions::new(Duration::from_secs(30)),
+        || async {
+            let status = configs.get("other").await?.status.unwrap_or_default();
+            let degraded = find_condition(&status.conditions, condition_types::DEGRADED).cloned();
+            Ok::<_, kube::Error>(match degraded {
+                Some(condition) if condition.reason == reasons::NOT_DEFAULT => Check::Ready(()),
+                other => Check::NotYet(format!("{other:?}")),
+            })
+        },
+    )
+    .await?;
+
+    configs.delete("other", &DeleteParams::default()).await?;
+    configs.delete("default", &DeleteParams::default()).await?;
+    let unmark =
+        json!({ "metadata": { "annotations": { "argocd.argoproj.io/tracking-id": null } } });
+    daemon_sets
+        .patch(
+            "kube-proxy",
+            &PatchParams::default(),
+            &Patch::Merge(&unmark),
+        )
+        .await?;
+    agents.abort();
+    Ok(())
+}
+
+#[tokio::test]
+#[ignore = "needs the e2e cluster: make e2e-operator-smoke"]
+async fn a_second_replica_waits_and_takes_over_when_the_leader_dies() -> TestResult {
+    let client = admin_client(&ClusterPaths::from_environment()).await?;
+    let mut first = Operator::start("replica-1", 18184, &["--api-server-address=10.99.0.1:6443"]);
+    let leader_gauge = "switchyard_operator_leader";
+    wait_for(
+        "see replica-1 lead",
+        WaitOptions::new(Duration::from_secs(40)),
+        || async {
+            Ok::<_, String>(
+                if metric_value(&first.metrics(), leader_gauge) == Some(1.0) {
+                    Check::Ready(())
+                } else {
+                    Check::NotYet("not leading".into())
+                },
+            )
+        },
+    )
+    .await?;
+    let second = Operator::start("replica-2", 18185, &["--api-server-address=10.99.0.1:6443"]);
+    // The follower serves its endpoint and does not lead while the leader renews.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert_eq!(
+        metric_value(&second.metrics(), leader_gauge),
+        Some(0.0),
+        "two leaders at once"
+    );
+    assert_eq!(metric_value(&first.metrics(), leader_gauge), Some(1.0));
+
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(client.clone(), NAMESPACE);
+    let lease = leases.get("switchyard-operator").await?;
+    assert_eq!(
+        lease.spec.and_then(|spec| spec.holder_identity).as_deref(),
+        Some("replica-1")
+    );
+
+    // SIGKILL: no release. The second takes over once the Lease stops changing for its duration.
+    let killed_at = Instant::now();
+    first.kill();
+    wait_for(
+        "see replica-2 take over",
+        WaitOptions::new(Duration::from_secs(40)),
+        || async {
+            Ok::<_, String>(
+                if metric_value(&second.metrics(), leader_gauge) == Some(1.0) {
+                    Check::Ready(())
+                } else {
+                    Check::NotYet("not leading".into())
+                },
+            )
+        },
+    )
+    .await?;
+    println!(
+        "replica-2 took over {:.1} s after the leader was killed",
+        killed_at.elapsed().as_secs_f64()
+    );
+    let lease = leases.get("switchyard-operator").await?;
+    assert_eq!(
+        lease.spec.and_then(|spec| spec.holder_identity).as_deref(),
+        Some("replica-2")
+    );
+    Ok(())
+}
+
+#[tokio::test]
+#[ignore = "needs the e2e cluster: make e2e-operator-smoke"]
+async fn an_upgraded_crd_with_a_new_field_is_applied_and_served() -> TestResult {
+    let client = admin_client(&ClusterPaths::from_environment()).await?;
+    // What a newer operator would ship: DataplaneConfig's spec with one more field.
+    let mut crds = switchyard_crds::crds();
+    let schema = crds[0].spec.versions[0]
+        .schema
+        .as_mut()
+        .and_then(|validation| validation.open_api_v3_schema.as_mut())
+        .and_then(|schema| schema.properties.as_mut())
+        .and_then(|properties| properties.get_mut("spec"))
+        .and_then(|spec| spec.properties.as_mut())
+        .ok_or("the DataplaneConfig CRD has no spec properties")?;
+    schema.insert(
+        "upgradeProbe".into(),
+        JSONSchemaProps {
+            type_: Some("string".into()),
+            description: Some("Added by the upgrade test.".into()),
+            ..JSONSchemaProps::default()
+        },
+    );
+    switchyard_operator::crd_apply::apply_crds(client.clone(), &crds, Duration::from_secs(30))
+        .await?;
+
+    let configs: Api<DataplaneConfig> = Api::all(client.clone());
+    if configs.get_opt("upgrade-probe").await?.is_some() {
+        configs
+            .delete("upgrade-probe", &DeleteParams::default())
+            .await?;
+    }
+    let dynamic: Api<kube::api::DynamicObject> = Api::all_with(
+        client.clone(),
+        &kube::api::ApiResource::erase::<DataplaneConfig>(&()),
+    );
+    let object: kube::api::DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "switchyard.dev/v1alpha1",
+        "kind": "DataplaneConfig",
+        "metadata": { "name": "upgrade-probe" },
+        "spec": { "mode": "KubeProxy", "upgradeProbe": "kept" },
+    }))?;
+    // Served means kept: an unknown field would be pruned by the structural schema.
+    let created = wait_for(
+        "create an object using the new field",
+        WaitOptions::new(Duration::from_secs(20)),
+        || async {
+            let created = dynamic.create(&PostParams::default(), &object).await?;
+            Ok::<_, kube::Error>(Check::Ready(created))
+        },
+    )
+    .await?;
+    assert_eq!(created.data["spec"]["upgradeProbe"], "kept");
+    let crd = Api::<CustomResourceDefinition>::all(client.clone())
+        .get("dataplaneconfigs.switchyard.dev")
+        .await?;
+    assert!(crd
+        .managed_fields()
+        .iter()
+        .any(
+            |entry| entry.manager.as_deref() == Some("switchyard-operator")
+                && entry.operation.as_deref() == Some("Apply")
+        ));
+
+    // And the operator's own CRDs again (what a restart of the current operator does).
+    configs
+        .delete("upgrade-probe", &DeleteParams::default())
+        .await?;
+    switchyard_operator::crd_apply::apply_crds(
+        client.clone(),
+        &switchyard_crds::crds(),
+        Duration::from_secs(30),
+    )
+    .await?;
+    Ok(())
+}
+
+#[tokio::test]
+#[ignore = "needs the e2e cluster: make e2e-operator-smoke"]
+async fn a_1_20_server_rejects_event_time_events_about_cluster_scoped_objects_in_default_but_takes_ours(
+) -> TestResult {
+    let client = admin_client(&ClusterPaths::from_environment()).await?;
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+    let node = nodes.get("node-1").await?;
+    let reference = switchyard_operator::events::reference_to(&node);
+
+    // What kube-rs's recorder writes (events.k8s.io/v1, eventTime set) for a cluster-scoped object.
+    let events_v1: Api<kube::api::DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        "default",
+        &kube::api::ApiResource::erase::<k8s_openapi::api::events::v1::Event>(&()),
+    );
+    let theirs: kube::api::DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "events.k8s.io/v1",
+        "kind": "Event",
+        "metadata": { "generateName": "probe-" },
+        "eventTime": "2026-11-22T01:00:00.000000Z",
+        "reportingController": "switchyard.dev/operator",
+        "reportingInstance": "probe",
+        "action": "Probe",
+        "reason": "Probe",
+        "type": "Normal",
+        "regarding": { "apiVersion": "v1", "kind": "Node", "name": "node-1", "uid": reference.uid },
+    }))?;
+    match events_v1.create(&PostParams::default(), &theirs).await {
+        Err(kube::Error::Api(status)) => {
+            println!(
+                "events.k8s.io/v1 with eventTime: {} {}",
+                status.code, status.message
+            );
+            assert_eq!(status.code, 422);
+            assert!(
+                status.message.contains("does not match"),
+                "{}",
+                status.message
+            );
+        }
+        other => {
+            return Err(
+                format!("the 1.20 server was expected to refuse the Event, got {other:?}").into(),
+            )
+        }
+    }
+
+    // Ours (core/v1, no eventTime, in default) is accepted, and a repeat bumps its count.
+    let recorder = switchyard_operator::events::Recorder::new(client.clone(), "probe");
+    let occurrence =
+        switchyard_operator::events::Occurrence::normal("Probe", "Probe", "an Event about a Node");
+    recorder.publish(&reference, &occurrence).await?;
+    recorder.publish(&reference, &occurrence).await?;
+    let name = switchyard_operator::events::event_name(&reference, &occurrence);
+    let stored = Api::<Event>::namespaced(client.clone(), "default")
+        .get(&name)
+        .await?;
+    assert_eq!(stored.count, Some(2));
+    Ok(())
+}
