@@ -29,6 +29,9 @@
 //! not counted against `maxUnavailable` nor as failed before their drain timeout; `Ready`.
 //!
 //! # Reversals, pauses, failures
+//! Batches are chosen in node-name order, so a snapshot that does not yet show the last writes
+//! (a lagging informer cache) picks the same nodes again, never more of them.
+//!
 //! The flow is chosen from the requested mode and the observed state, so a change of
 //! `spec.mode` mid-way turns the transition around from where it stands, through every safety
 //! step of the new direction. `paused` plans no change at all. A node fails when it has not
@@ -726,7 +729,9 @@ impl<'a> Context<'a> {
         let not_detached = self.names_where(|_, node| node.spec.is_some() && !node.detached());
         let daemon_set = self.observed.kube_proxy_daemon_set.as_ref();
         let managed = self.settings.management == KubeProxyManagement::Managed;
-        let restore_pending = managed && daemon_set.is_some_and(|set| set.disabled_by_switchyard);
+        // What Switchyard disabled, Switchyard restores, even if management became External
+        // since: nobody else knows the nodeSelector it recorded.
+        let restore_pending = daemon_set.is_some_and(|set| set.disabled_by_switchyard);
         // Agents must have stopped cleaning kube-proxy's rules before kube-proxy comes back, so
         // the two never fight over them: nodes still told to clean, or whose agent has not yet
         // reported on its current spec.

@@ -1057,6 +1057,8 @@ fn external_rollback_waits_for_kube_proxy_to_be_restored_by_its_owner() {
     let mut config = rollback_config();
     config.spec.kube_proxy.management = KubeProxyManagement::External;
     let mut cluster = cluster_on_ebpf();
+    // The owner deleted the DaemonSet (Switchyard never touched it).
+    cluster.kube_proxy_daemon_set = None;
     for name in ["node-1", "node-2"] {
         let node = node_mut(&mut cluster, name);
         set_spec(node, Ebpf, false, at(-5));
@@ -1077,6 +1079,23 @@ fn external_rollback_waits_for_kube_proxy_to_be_restored_by_its_owner() {
         "{}",
         message(&plan)
     );
+}
+
+#[test]
+fn a_kube_proxy_disabled_by_switchyard_is_restored_by_it_even_after_management_became_external() {
+    let mut config = rollback_config();
+    config.spec.kube_proxy.management = KubeProxyManagement::External;
+    let mut cluster = cluster_on_ebpf();
+    for name in ["node-1", "node-2"] {
+        let node = node_mut(&mut cluster, name);
+        set_spec(node, Ebpf, false, at(-5));
+        let mut no_rules = Report::following(Ebpf);
+        no_rules.rules_present = false;
+        no_rules.kube_proxy_healthy = false;
+        report(node, no_rules, None, OLD_REVISION);
+    }
+    let plan = plan(Some(&config), &cluster);
+    assert_eq!(plan.kube_proxy, KubeProxyAction::Restore);
 }
 
 #[test]
