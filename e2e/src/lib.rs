@@ -3,6 +3,7 @@
 //! the helpers tests use inside the cluster: clients, waiting, network
 //! namespaces and traffic.
 
+pub mod audit;
 pub mod cluster;
 pub mod error;
 pub mod images;

@@ -15,6 +15,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client};
+use switchyard_e2e::audit::read_audit_events;
 use switchyard_e2e::cluster::{admin_client, ClusterPaths};
 use switchyard_e2e::netns::{run_in_namespace, TestNamespace};
 use switchyard_e2e::objects::{
@@ -330,6 +331,14 @@ async fn kube_proxy_serves_cluster_ip_and_node_port_and_is_replaced_after_its_po
         started.at_unix_ms,
         exited.at_unix_ms
     );
+    // The audit log shows the deletion the test made, before the new pod's
+    // process started.
+    let audit = read_audit_events(&paths.audit_log()).unwrap();
+    let deletion = audit
+        .iter()
+        .find(|event| event.is_successful("delete", "pods", &old.pod))
+        .unwrap_or_else(|| panic!("the audit log has no successful delete of pod {}", old.pod));
+    assert_eq!(deletion.user.username, "switchyard-e2e-admin");
     let new_pod = pods.get(&started.pod).await.unwrap();
     assert_eq!(
         new_pod.metadata.uid.as_deref(),

@@ -200,9 +200,14 @@ mod tests {
             "ds/node-1",
             ProcessState::Terminating { since: SECOND },
         );
-        assert!(plan(&[deleting.clone()], &[terminating.clone()], 5 * SECOND).is_empty());
+        assert!(plan(
+            std::slice::from_ref(&deleting),
+            std::slice::from_ref(&terminating),
+            5 * SECOND
+        )
+        .is_empty());
         assert_eq!(
-            plan(&[deleting], &[terminating.clone()], 6 * SECOND),
+            plan(&[deleting], std::slice::from_ref(&terminating), 6 * SECOND),
             vec![Action::Kill(key("a"))]
         );
         // Also when the pod object is already gone from the API.
@@ -221,7 +226,7 @@ mod tests {
             ProcessState::Killed,
         ] {
             let actions = plan(
-                &[replacement.clone()],
+                std::slice::from_ref(&replacement),
                 &[tracked("old", "ds/node-2", state)],
                 2 * SECOND,
             );
@@ -274,7 +279,12 @@ mod tests {
         let mut crashed = tracked("a", "ds/node-1", ProcessState::Exited { at: 10 * SECOND });
         crashed.restarts = 3;
         let item = wanted("a", "ds/node-1");
-        assert!(plan(&[item.clone()], &[crashed.clone()], 13 * SECOND).is_empty());
+        assert!(plan(
+            std::slice::from_ref(&item),
+            std::slice::from_ref(&crashed),
+            13 * SECOND
+        )
+        .is_empty());
         assert_eq!(
             plan(&[item], &[crashed], 14 * SECOND),
             vec![Action::Start(key("a"))]
@@ -289,7 +299,7 @@ mod tests {
         let mut deleting = wanted("a", "ds/node-1");
         deleting.deleting = true;
         let exited = tracked("a", "ds/node-1", ProcessState::Exited { at: SECOND });
-        assert!(plan(&[deleting], &[exited.clone()], 2 * SECOND).is_empty());
+        assert!(plan(&[deleting], std::slice::from_ref(&exited), 2 * SECOND).is_empty());
         assert_eq!(
             plan(&[], &[exited], 2 * SECOND),
             vec![Action::Forget(key("a"))]
