@@ -1223,6 +1223,38 @@ fn reversing_during_deactivation_reactivates_nodes_in_batches_without_preflight(
 }
 
 #[test]
+fn reversing_during_preflight_is_ready_at_once_without_touching_anything() {
+    let mut cluster = three_kube_proxy_nodes();
+    node_mut(&mut cluster, "node-2").ready = false;
+    let waiting = plan(Some(&ebpf_config()), &cluster);
+    assert_eq!(phase(&waiting), DataplanePhase::Preflight);
+    let mut config = rollback_config();
+    config.status = waiting.status.clone();
+    let reversed = plan(Some(&config), &cluster);
+    assert_eq!(phase(&reversed), DataplanePhase::Ready);
+    assert!(reversed.dataplane_nodes.is_empty());
+    assert_eq!(reversed.kube_proxy, KubeProxyAction::None);
+    let transition = reversed
+        .status
+        .and_then(|status| status.transition)
+        .expect("transition");
+    assert_eq!((transition.from, transition.to), (Ebpf, KubeProxy));
+    assert_eq!(transition.finished_at, Some(at(0)));
+}
+
+#[test]
+fn reversing_during_an_agent_upgrade_stops_the_upgrade_and_starts_the_rollback() {
+    let mut config = rollback_config();
+    config.spec.rollout.max_unavailable = IntOrString::Int(3);
+    let plan = plan(Some(&config), &upgrade_cluster());
+    assert!(
+        plan.agent_pods_to_delete.is_empty(),
+        "no agent is replaced during a transition"
+    );
+    assert_eq!(phase(&plan), DataplanePhase::RestoringKubeProxy);
+}
+
+#[test]
 fn reversing_a_draining_node_brings_it_back_to_ebpf() {
     let mut cluster = cluster(vec![ebpf_node("node-1"), ebpf_node("node-2")]);
     draining(node_mut(&mut cluster, "node-1"), at(-30));
