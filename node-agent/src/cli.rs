@@ -7,7 +7,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 
 use crate::standalone::interfaces::{Globs, DEFAULT_POD_INTERFACE_GLOBS};
-use crate::standalone::StandaloneOptions;
+use crate::standalone::{SocketHookCgroup, StandaloneOptions};
 
 pub const DEFAULT_PIN_DIRECTORY: &str = "/sys/fs/bpf/switchyard";
 
@@ -66,6 +66,13 @@ pub struct StandaloneArguments {
     /// Do not install the SWITCHYARD-POSTROUTING masquerade rule.
     #[arg(long)]
     pub no_masquerade_rule: bool,
+    /// cgroup v2 directory for the host socket hooks (default: the cgroup v2 root,
+    /// so every host process of this network namespace is covered).
+    #[arg(long, conflicts_with = "no_socket_hooks")]
+    pub cgroup: Option<PathBuf>,
+    /// Attach no socket hooks (host processes then get no Service translation).
+    #[arg(long)]
+    pub no_socket_hooks: bool,
 }
 
 #[derive(Debug, Args)]
@@ -96,6 +103,14 @@ impl StandaloneArguments {
             gate_timeout: Duration::from_secs(30),
             masquerade_mark: self.masquerade_mark,
             manage_masquerade_rule: !self.no_masquerade_rule,
+            socket_hook_cgroup: if self.no_socket_hooks {
+                SocketHookCgroup::None
+            } else {
+                match &self.cgroup {
+                    Some(path) => SocketHookCgroup::Path(path.clone()),
+                    None => SocketHookCgroup::Root,
+                }
+            },
         }
     }
 }

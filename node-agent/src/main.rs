@@ -43,7 +43,10 @@ fn main() -> std::process::ExitCode {
         match cli.command {
             Command::Standalone(arguments) => {
                 let options = arguments.options();
-                let datapath = KernelDatapath::load(options.pin_directory.clone())?;
+                let datapath = KernelDatapath::load(
+                    options.pin_directory.clone(),
+                    &options.socket_hook_cgroup,
+                )?;
                 standalone::run(options, datapath, IpCommand, shutdown_signal()).await
             }
             Command::Detach(arguments) => {

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use switchyard_common::{DatapathConfig, DATAPATH_MODE_ACTIVE};
 
 use super::interfaces::InterfaceRole;
+use super::SocketHookCgroup;
 use crate::loader::{self, InterfaceKind, LoaderSettings, PinnedServiceMaps};
 use crate::maps::ServiceMaps;
 use crate::Error;
@@ -65,10 +66,16 @@ pub struct KernelDatapath {
 }
 
 impl KernelDatapath {
-    pub fn load(pin_directory: PathBuf) -> Result<Self, Error> {
+    pub fn load(pin_directory: PathBuf, cgroup: &SocketHookCgroup) -> Result<Self, Error> {
+        let defaults = LoaderSettings::default();
         let settings = LoaderSettings {
             pin_directory: pin_directory.clone(),
-            ..LoaderSettings::default()
+            cgroup_path: match cgroup {
+                SocketHookCgroup::Root => defaults.cgroup_path.clone(),
+                SocketHookCgroup::Path(path) => Some(path.clone()),
+                SocketHookCgroup::None => None,
+            },
+            ..defaults
         };
         let datapath = loader::Datapath::load(settings)?;
         let maps = datapath.service_maps()?;

@@ -52,6 +52,16 @@ pub struct StandaloneOptions {
     pub masquerade_mark: u32,
     /// Install the agent's masquerade rule (off in environments without iptables).
     pub manage_masquerade_rule: bool,
+    pub socket_hook_cgroup: SocketHookCgroup,
+}
+
+/// Where the host socket hooks go.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SocketHookCgroup {
+    /// The cgroup v2 root: every process of the node.
+    Root,
+    Path(PathBuf),
+    None,
 }
 
 /// Where the interfaces and addresses come from (the host, or a test's list).
@@ -83,7 +93,15 @@ pub struct Standalone<D: Datapath, H: HostView> {
     /// Interfaces with programs, by name, with the index they had.
     attached: BTreeMap<String, u32>,
     attachment: Attachment,
+    socket_hooks: SocketHooks,
     gate_timeout_reported: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SocketHooks {
+    Wanted,
+    Failing,
+    Attached,
 }
 
 impl<D: Datapath, H: HostView> Standalone<D, H> {
@@ -130,6 +148,7 @@ impl<D: Datapath, H: HostView> Standalone<D, H> {
             node_addresses: None,
             attached: BTreeMap::new(),
             attachment,
+            socket_hooks: SocketHooks::Wanted,
             gate_timeout_reported: false,
         })
     }
@@ -290,6 +309,27 @@ impl<D: Datapath, H: HostView> Standalone<D, H> {
         }
     }
 
+    /// Socket hooks are retried every round until attached, but a failure is
+    /// logged once: interfaces work without them (only host processes lose
+    /// Service translation).
+    fn attach_socket_hooks(&mut self) {
+        if self.socket_hooks == SocketHooks::Attached {
+            return;
+        }
+        match self.datapath.attach_socket_hooks() {
+            Ok(()) => {
+                tracing::info!("socket hooks attached");
+                self.socket_hooks = SocketHooks::Attached;
+            }
+            Err(error) => {
+                if self.socket_hooks == SocketHooks::Wanted {
+                    tracing::error!(%error, "cannot attach the socket hooks; host processes get no Service translation; retrying");
+                }
+                self.socket_hooks = SocketHooks::Failing;
+            }
+        }
+    }
+
     fn follow(
         &mut self,
         roles: &BTreeMap<String, (u32, InterfaceRole)>,
@@ -315,7 +355,7 @@ impl<D: Datapath, H: HostView> Standalone<D, H> {
                     masquerade::ensure(self.options.masquerade_mark)?;
                 }
                 self.write_mode(DATAPATH_MODE_ACTIVE)?;
-                self.datapath.attach_socket_hooks()?;
+                self.socket_hooks = SocketHooks::Wanted;
                 self.attached.clear();
                 tracing::info!("mode Ebpf: programs attached and active");
             }
@@ -324,6 +364,8 @@ impl<D: Datapath, H: HostView> Standalone<D, H> {
                 tracing::info!("mode KubeProxy: draining");
             }
             Some(ModeAction::Detach) => {
+                // The socket hooks stay: with the config draining they pass
+                // every new connection untranslated.
                 for name in roles.keys() {
                     if let Err(error) = self.datapath.detach_interface(name) {
                         tracing::warn!(interface = %name, %error, "cannot detach");
@@ -337,6 +379,7 @@ impl<D: Datapath, H: HostView> Standalone<D, H> {
         self.attachment = next;
         if self.attachment != Attachment::Detached {
             self.attach_new_interfaces(roles);
+            self.attach_socket_hooks();
             if action == Some(ModeAction::Activate) {
                 self.datapath.finish_migration()?;
             }

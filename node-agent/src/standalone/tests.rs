@@ -115,6 +115,7 @@ fn options(manifests: &Path) -> StandaloneOptions {
         gate_timeout: Duration::from_secs(30),
         masquerade_mark: 0x4000,
         manage_masquerade_rule: false,
+        socket_hook_cgroup: SocketHookCgroup::None,
     }
 }
 
