@@ -50,4 +50,22 @@ pub enum Error {
     ReadInterfaces { reason: String },
     #[error("failed to program the masquerade rule: {reason}")]
     ProgramMasquerade { reason: String },
+    // kube-proxy coexistence (kube_proxy): cleanup, chain order, health endpoints.
+    #[error("failed to parse iptables-save output at line {line}: {reason}")]
+    ParseIptablesSave { line: usize, reason: String },
+    #[error("failed to parse nft output: {reason}")]
+    ParseNftables { reason: String },
+    #[error("failed to run {command}: {reason}")]
+    RunNetfilterTool { command: String, reason: String },
+    #[error("failed to clean up kube-proxy's rules: {reason}")]
+    CleanUpKubeProxyRules { reason: String },
+    #[error("failed to keep the agent's chains first: {reason}")]
+    GuardChainOrder { reason: String },
+    #[error("failed to parse the kube-proxy healthz URL {url}: {reason}")]
+    ParseHealthzUrl { url: String, reason: String },
+    #[error("failed to serve health checks on {address}: {source}")]
+    ServeHealth {
+        address: std::net::SocketAddr,
+        source: std::io::Error,
+    },
 }

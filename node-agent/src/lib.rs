@@ -10,12 +10,15 @@
 //!   entries (pure) -> ordered update/delete/prune plan (pure).
 //! - `loader`: aya loading, pinning, attaching, the real `ServiceMaps`.
 //! - `standalone`: `switchyard-agent standalone`.
+//! - `kube_proxy`: coexistence with kube-proxy: cleanup of its rules, chain order,
+//!   its health endpoints.
 
 pub mod cli;
 pub mod desired;
 pub mod diff;
 pub mod error;
 pub mod gate;
+pub mod kube_proxy;
 pub mod loader;
 pub mod maps;
 pub mod model;
