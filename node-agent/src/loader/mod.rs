@@ -116,9 +116,8 @@ const TC_PROGRAMS: [&str; 3] = [
 pub struct Datapath {
     ebpf: Ebpf,
     settings: LoaderSettings,
-    /// Older schema versions whose entries were copied into the new maps; their
-    /// pins are removed by [`Datapath::finish_migration`] once the new programs
-    /// are attached.
+    /// Older schema versions found at load; their pins are removed by
+    /// [`Datapath::finish_migration`] once the new programs are attached.
     migrated_versions: Vec<u32>,
 }
 
@@ -133,7 +132,8 @@ fn io_error<'a>(step: &'static str, path: &'a Path) -> impl FnOnce(std::io::Erro
 impl Datapath {
     /// Loads the programs (running the verifier), creating the pinned maps or
     /// reusing them, and pins the programs. Maps of an older schema version found
-    /// under the pin directory are copied into the new maps (see `migrate`).
+    /// under the pin directory are taken over when their layout is unchanged (see
+    /// `migrate`).
     pub fn load(settings: LoaderSettings) -> Result<Self, Error> {
         let version_directory = version_directory(&settings.pin_directory, SCHEMA_VERSION);
         let programs_directory = version_directory.join("programs");
@@ -143,20 +143,30 @@ impl Datapath {
         ] {
             std::fs::create_dir_all(directory).map_err(io_error("create", directory))?;
         }
-        let new_maps = !version_directory.join(map_names::FRONTENDS).exists();
-
+        // Maps of an older schema version with an unchanged layout are used as
+        // they are (see `migrate`); everything else is created or reused from the
+        // current version directory.
+        let reused = migrate::reusable_maps(&settings.pin_directory)?;
         let sizes = settings.map_sizes;
-        let mut ebpf = EbpfLoader::new()
+        let mut loader = EbpfLoader::new();
+        loader
             .default_map_pin_directory(&version_directory)
             .map_max_entries(map_names::FRONTENDS, sizes.frontends)
             .map_max_entries(map_names::BACKEND_SLOTS, sizes.backend_slots)
             .map_max_entries(map_names::CONNTRACK, sizes.conntrack)
             .map_max_entries(map_names::AFFINITY, sizes.affinity)
-            .map_max_entries(map_names::SOCKET_REVERSE, sizes.socket_reverse)
+            .map_max_entries(map_names::SOCKET_REVERSE, sizes.socket_reverse);
+        for map in &reused {
+            loader.map_pin_path(map.name, map.old_path.as_path());
+        }
+        let mut ebpf = loader
             .load(PROGRAM_OBJECT)
             .map_err(|error| Error::LoadPrograms {
-                reason: format!("{error}"),
+                reason: describe(&error),
             })?;
+        for map in &reused {
+            migrate::pin_reused(&settings.pin_directory, map)?;
+        }
 
         for name in TC_PROGRAMS {
             let program: &mut SchedClassifier = program_mut(&mut ebpf, name)?;
@@ -168,12 +178,7 @@ impl Datapath {
             program.load().map_err(|error| load_error(name, error))?;
             pin_program(program.fd(), &programs_directory, name)?;
         }
-
-        let migrated_versions = if new_maps {
-            migrate::copy_older_versions(&settings.pin_directory)?
-        } else {
-            Vec::new()
-        };
+        let migrated_versions = migrate::older_versions(&settings.pin_directory);
         Ok(Self {
             ebpf,
             settings,
@@ -214,8 +219,7 @@ impl Datapath {
     }
 
     /// After a schema migration, once the new programs are attached everywhere:
-    /// copies conntrack entries the old programs created in the meantime, then
-    /// removes the old version's pins.
+    /// removes the old version's pins (its maps live on where they were reused).
     pub fn finish_migration(&mut self) -> Result<(), Error> {
         for version in std::mem::take(&mut self.migrated_versions) {
             migrate::finish(&self.settings.pin_directory, version)?;

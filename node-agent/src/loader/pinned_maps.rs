@@ -5,10 +5,10 @@ use std::{collections::BTreeMap, path::Path};
 
 use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray};
 use switchyard_common::{
-    counter, map_names, AffinityKey, AffinityValue, BackendSlotKey, BackendValue, ConntrackKey,
-    ConntrackValue, DatapathConfig, FrontendKey, FrontendValue, CONNTRACK_FLAG_REPLY,
-    DEFAULT_TCP_IDLE_TIMEOUT_SECONDS, PROTOCOL_TCP, SCHEMA_VERSION, TCP_STATE_FIN_FROM_BACKEND,
-    TCP_STATE_FIN_FROM_CLIENT, TCP_STATE_RESET,
+    counter, map_names, BackendSlotKey, BackendValue, ConntrackKey, ConntrackValue, DatapathConfig,
+    FrontendKey, FrontendValue, CONNTRACK_FLAG_REPLY, DEFAULT_TCP_IDLE_TIMEOUT_SECONDS,
+    PROTOCOL_TCP, SCHEMA_VERSION, TCP_STATE_FIN_FROM_BACKEND, TCP_STATE_FIN_FROM_CLIENT,
+    TCP_STATE_RESET,
 };
 
 use super::{system, version_directory};
@@ -48,7 +48,6 @@ pub struct PinnedServiceMaps {
     frontends: HashMap<MapData, FrontendKey, FrontendValue>,
     backend_slots: HashMap<MapData, BackendSlotKey, BackendValue>,
     conntrack: HashMap<MapData, ConntrackKey, ConntrackValue>,
-    affinity: HashMap<MapData, AffinityKey, AffinityValue>,
     config: Array<MapData, DatapathConfig>,
     counters: PerCpuArray<MapData, u64>,
 }
@@ -72,10 +71,6 @@ impl PinnedServiceMaps {
             conntrack: typed(
                 open_map(directory, map_names::CONNTRACK)?,
                 map_names::CONNTRACK,
-            )?,
-            affinity: typed(
-                open_map(directory, map_names::AFFINITY)?,
-                map_names::AFFINITY,
             )?,
             config: typed(open_map(directory, map_names::CONFIG)?, map_names::CONFIG)?,
             counters: typed(
@@ -125,58 +120,6 @@ impl PinnedServiceMaps {
             }
         }
         Ok(entries)
-    }
-
-    /// Inserts a conntrack entry only if the key is absent (used when carrying
-    /// entries over from an older schema version: the new programs' own entries win).
-    pub fn insert_conntrack_if_absent(
-        &mut self,
-        key: &ConntrackKey,
-        value: &ConntrackValue,
-    ) -> Result<(), Error> {
-        const BPF_NOEXIST: u64 = 1;
-        match self.conntrack.insert(key, value, BPF_NOEXIST) {
-            Ok(()) => Ok(()),
-            Err(aya::maps::MapError::SyscallError(error))
-                if error.io_error.raw_os_error() == Some(libc::EEXIST) =>
-            {
-                Ok(())
-            }
-            Err(error) => Err(Error::UpdateMap {
-                map: map_names::CONNTRACK,
-                reason: error.to_string(),
-            }),
-        }
-    }
-
-    pub fn affinity_entries(&self) -> Result<Vec<(AffinityKey, AffinityValue)>, Error> {
-        let mut entries = Vec::new();
-        for entry in self.affinity.iter() {
-            match entry {
-                Ok(entry) => entries.push(entry),
-                Err(aya::maps::MapError::KeyNotFound) => {}
-                Err(error) => {
-                    return Err(Error::ReadMap {
-                        map: map_names::AFFINITY,
-                        reason: error.to_string(),
-                    })
-                }
-            }
-        }
-        Ok(entries)
-    }
-
-    pub fn write_affinity(
-        &mut self,
-        key: &AffinityKey,
-        value: &AffinityValue,
-    ) -> Result<(), Error> {
-        self.affinity
-            .insert(key, value, 0)
-            .map_err(|error| Error::UpdateMap {
-                map: map_names::AFFINITY,
-                reason: error.to_string(),
-            })
     }
 
     /// Live TCP flows in Switchyard's conntrack: what a draining agent waits for.

@@ -99,6 +99,32 @@ pub fn link_update(link: BorrowedFd<'_>, program: BorrowedFd<'_>) -> io::Result<
     bpf(BPF_LINK_UPDATE, &mut attribute).map(|_| ())
 }
 
+/// The shape of a map: what must match for a map to be reused by another
+/// version of the programs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MapShape {
+    pub map_type: u32,
+    pub key_size: u32,
+    pub value_size: u32,
+    pub max_entries: u32,
+}
+
+pub fn map_shape(map: BorrowedFd<'_>) -> io::Result<MapShape> {
+    let mut info = [0u8; 128];
+    let mut attribute = [0u8; 16];
+    put_u32(&mut attribute, 0, map.as_raw_fd() as u32);
+    put_u32(&mut attribute, 4, info.len() as u32);
+    put_u64(&mut attribute, 8, info.as_mut_ptr() as u64);
+    bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attribute)?;
+    // struct bpf_map_info { u32 type; u32 id; u32 key_size; u32 value_size; u32 max_entries; ... }
+    Ok(MapShape {
+        map_type: get_u32(&info, 0),
+        key_size: get_u32(&info, 8),
+        value_size: get_u32(&info, 12),
+        max_entries: get_u32(&info, 16),
+    })
+}
+
 /// The tag (hash of the instructions, independent of map descriptors) of a program.
 pub fn program_tag_of_fd(program: BorrowedFd<'_>) -> io::Result<[u8; 8]> {
     let mut info = [0u8; 256];
