@@ -11,8 +11,9 @@
 //!   every other integer is in host byte order.
 //!
 //! The layout is versioned by [`SCHEMA_VERSION`]: the agent pins maps under a
-//! directory named after it, so a process with an incompatible layout creates new
-//! maps and moves entries over instead of misreading old ones.
+//! directory named after it, so a process of a newer version never misreads old
+//! maps: it takes over those whose shape is unchanged and refuses (until a
+//! converter exists) those whose layout changed (see `docs/datapath.md`).
 
 /// Version of the map layout. Bump it whenever any type below changes size or meaning.
 pub const SCHEMA_VERSION: u32 = 1;
