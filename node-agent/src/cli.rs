@@ -26,8 +26,128 @@ pub struct Cli {
 pub enum Command {
     /// Program the datapath from manifest files, without a cluster.
     Standalone(StandaloneArguments),
+    /// Run in a cluster (the DaemonSet's command): follow this node's DataplaneNode.
+    Run(RunArguments),
     /// Remove every program, link and map this agent pinned.
     Detach(DetachArguments),
+}
+
+#[derive(Debug, Args)]
+pub struct RunArguments {
+    /// This node's name (the chart sets it from the downward API).
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: String,
+    #[arg(long, default_value = DEFAULT_PIN_DIRECTORY)]
+    pub bpf_pin_dir: PathBuf,
+    /// Globs (comma-separated) of pod interfaces (host side of pod veths).
+    #[arg(long, default_value = DEFAULT_POD_INTERFACE_GLOBS)]
+    pub pod_interfaces: String,
+    /// Globs of external interfaces; default: every non-loopback interface that is
+    /// not a pod interface.
+    #[arg(long)]
+    pub host_interfaces: Option<String>,
+    /// Where /metrics, /healthz and /readyz are served.
+    #[arg(long, default_value = "0.0.0.0:9964")]
+    pub metrics_address: std::net::SocketAddr,
+    /// Minimum time between two applies (`1s`, `500ms`).
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    pub min_sync_period: Duration,
+    /// How long the start-of-day gate waits before reporting `HostMetadataTimeout`
+    /// (it keeps waiting after that).
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub gate_timeout: Duration,
+    #[arg(long, default_value_t = crate::loader::MapSizes::default().frontends)]
+    pub frontends_map_size: u32,
+    #[arg(long, default_value_t = crate::loader::MapSizes::default().backend_slots)]
+    pub backends_map_size: u32,
+    #[arg(long, default_value_t = crate::loader::MapSizes::default().conntrack)]
+    pub conntrack_map_size: u32,
+    /// The agent pod's `controller-revision-hash`, reported in status.
+    #[arg(long, env = "AGENT_REVISION")]
+    pub agent_revision: Option<String>,
+    /// `skb->mark` bit of packets to masquerade.
+    #[arg(long, default_value_t = crate::standalone::datapath::DEFAULT_MASQUERADE_MARK)]
+    pub masquerade_mark: u32,
+    /// Do not install the SWITCHYARD-POSTROUTING masquerade rule.
+    #[arg(long)]
+    pub no_masquerade_rule: bool,
+    /// cgroup v2 directory for the host socket hooks (default: the cgroup v2 root).
+    #[arg(long, conflicts_with = "no_socket_hooks")]
+    pub cgroup: Option<PathBuf>,
+    /// Attach no socket hooks (host processes then get no Service translation).
+    #[arg(long)]
+    pub no_socket_hooks: bool,
+    /// kube-proxy's healthz, probed while its rules are on the node.
+    #[arg(long, default_value = "http://127.0.0.1:10256/healthz")]
+    pub kube_proxy_healthz: String,
+    /// How often kube-proxy's rules, health and the chain order are checked.
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    pub coexistence_interval: Duration,
+    /// Do not serve kube-proxy's healthz port after kube-proxy has left.
+    #[arg(long)]
+    pub no_replacement_healthz: bool,
+    #[arg(long, default_value_t = crate::kube_proxy::health::KUBE_PROXY_HEALTHZ_PORT)]
+    pub replacement_healthz_port: u16,
+}
+
+/// `1s`, `500ms`, `2m`, or a plain number of seconds.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let (number, unit) = match text.find(|character: char| !character.is_ascii_digit()) {
+        Some(index) => text.split_at(index),
+        None => (text, "s"),
+    };
+    let value: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration (like 1s or 500ms)"))?;
+    match unit {
+        "ms" => Ok(Duration::from_millis(value)),
+        "s" => Ok(Duration::from_secs(value)),
+        "m" => Ok(Duration::from_secs(value * 60)),
+        _ => Err(format!("{text:?}: unknown unit {unit:?} (ms, s or m)")),
+    }
+}
+
+impl RunArguments {
+    pub fn options(&self) -> crate::cluster::ClusterOptions {
+        crate::cluster::ClusterOptions {
+            node_name: self.node_name.clone(),
+            pin_directory: self.bpf_pin_dir.clone(),
+            map_sizes: crate::loader::MapSizes {
+                frontends: self.frontends_map_size,
+                backend_slots: self.backends_map_size,
+                conntrack: self.conntrack_map_size,
+                ..crate::loader::MapSizes::default()
+            },
+            pod_interfaces: Globs::parse(&self.pod_interfaces),
+            host_interfaces: self
+                .host_interfaces
+                .as_deref()
+                .filter(|globs| !globs.is_empty())
+                .map(Globs::parse),
+            metrics_address: self.metrics_address,
+            min_sync_period: self.min_sync_period,
+            gate_timeout: self.gate_timeout,
+            masquerade_mark: self.masquerade_mark,
+            manage_masquerade_rule: !self.no_masquerade_rule,
+            socket_hook_cgroup: if self.no_socket_hooks {
+                SocketHookCgroup::None
+            } else {
+                match &self.cgroup {
+                    Some(path) => SocketHookCgroup::Path(path.clone()),
+                    None => SocketHookCgroup::Root,
+                }
+            },
+            agent_revision: self
+                .agent_revision
+                .clone()
+                .filter(|revision| !revision.is_empty()),
+            kube_proxy_healthz: self.kube_proxy_healthz.clone(),
+            coexistence_interval: self.coexistence_interval,
+            serve_replacement_healthz: !self.no_replacement_healthz,
+            replacement_healthz_port: self.replacement_healthz_port,
+        }
+    }
 }
 
 #[derive(Debug, Args)]
@@ -151,6 +271,44 @@ mod tests {
         assert!(options.pod_interfaces.matches("pod7"));
         assert!(options.host_interfaces.expect("given").matches("eth0"));
         assert_eq!(options.pin_directory, PathBuf::from("/sys/fs/bpf/test"));
+    }
+
+    #[test]
+    fn the_run_command_line_of_the_chart_parses() {
+        let cli = Cli::try_parse_from([
+            "switchyard-agent",
+            "run",
+            "--node-name",
+            "node-1",
+            "--bpf-pin-dir=/sys/fs/bpf/switchyard",
+            "--pod-interfaces=veth*,cali*,lxc*",
+            "--metrics-address=0.0.0.0:9964",
+            "--min-sync-period=1s",
+            "--frontends-map-size=65536",
+            "--backends-map-size=262144",
+            "--conntrack-map-size=524288",
+        ])
+        .expect("parses");
+        let Command::Run(arguments) = cli.command else {
+            panic!("expected run");
+        };
+        let options = arguments.options();
+        assert_eq!(options.node_name, "node-1");
+        assert_eq!(options.min_sync_period, Duration::from_secs(1));
+        assert_eq!(options.map_sizes.backend_slots, 262_144);
+        assert_eq!(options.host_interfaces, None);
+        assert_eq!(options.gate_timeout, Duration::from_secs(30));
+        assert!(options.pod_interfaces.matches("veth9"));
+    }
+
+    #[test]
+    fn durations_take_the_units_of_the_chart() {
+        assert_eq!(parse_duration("1s"), Ok(Duration::from_secs(1)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
+        assert!(parse_duration("1h").is_err());
+        assert!(parse_duration("s").is_err());
     }
 
     #[test]

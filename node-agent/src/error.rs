@@ -68,4 +68,11 @@ pub enum Error {
         address: std::net::SocketAddr,
         source: std::io::Error,
     },
+    // Cluster mode (cluster): the API server client, metrics, status.
+    #[error("failed to configure the Kubernetes client: {reason}")]
+    ConfigureClient { reason: String },
+    #[error("failed to register the metrics: {reason}")]
+    RegisterMetrics { reason: String },
+    #[error("failed to serve metrics and health checks: {reason}")]
+    ServeTelemetry { reason: String },
 }

@@ -10,10 +10,12 @@
 //!   entries (pure) -> ordered update/delete/prune plan (pure).
 //! - `loader`: aya loading, pinning, attaching, the real `ServiceMaps`.
 //! - `standalone`: `switchyard-agent standalone`.
+//! - `cluster`: `switchyard-agent run`, the agent in a cluster.
 //! - `kube_proxy`: coexistence with kube-proxy: cleanup of its rules, chain order,
 //!   its health endpoints.
 
 pub mod cli;
+pub mod cluster;
 pub mod desired;
 pub mod diff;
 pub mod error;

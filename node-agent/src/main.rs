@@ -50,6 +50,9 @@ fn main() -> std::process::ExitCode {
                 )?;
                 standalone::run(options, datapath, IpCommand, shutdown_signal()).await
             }
+            Command::Run(arguments) => {
+                switchyard_agent::cluster::run(arguments.options(), shutdown_signal()).await
+            }
             Command::Detach(arguments) => {
                 switchyard_agent::loader::detach_everything(&arguments.bpf_pin_dir)?;
                 switchyard_agent::standalone::masquerade::remove()

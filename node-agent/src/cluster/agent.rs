@@ -1,0 +1,519 @@
+//! The cluster agent's state and logic between I/O: inputs from the watchers and
+//! netlink go in ([`Input`]), [`ClusterAgent::tick`] syncs the maps and follows
+//! the DataplaneNode's mode, and [`ClusterAgent::status_inputs`] says what to
+//! report. The desired state, gate, syncer, coalescer and mode following are the
+//! very ones standalone mode uses; only where the inputs come from differs.
+//!
+//! Time is passed in, and the datapath is a trait, so tests drive it with an
+//! in-memory fake and no sleeping.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use switchyard_common::{DATAPATH_MODE_ACTIVE, DATAPATH_MODE_DRAINING};
+use switchyard_crds::{DataplaneMode, DataplaneNodeSpec, DataplaneNodeStatus};
+
+use super::datapath::NodeDatapath;
+use super::node::{node_update_is_relevant, NodeFacts};
+use super::status::{AttachmentReport, CoexistenceReport, DrainEnd, StatusInputs, SyncReport};
+use super::store::{ObjectStore, StoreChange};
+use crate::desired::{desired_services, NodeView};
+use crate::gate::{Gate, GateInput, GateStatus};
+use crate::maps::ServiceMaps;
+use crate::model::{EndpointSliceModel, ServiceModel};
+use crate::standalone::datapath::datapath_config;
+use crate::standalone::follow::{follow_mode, Attachment, ModeAction};
+use crate::standalone::interfaces::{self, Globs, InterfaceRole, IpInterface};
+use crate::standalone::masquerade;
+use crate::sync::coalesce::{Coalescer, Next};
+use crate::sync::{ApplyReport, Syncer};
+use crate::Error;
+
+/// This node's DataplaneNode as the agent uses it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DataplaneNodeView {
+    pub generation: Option<i64>,
+    pub spec: DataplaneNodeSpec,
+    /// The status as read back (its conditions' transition times are kept).
+    pub status: Option<DataplaneNodeStatus>,
+}
+
+/// One input from the cluster or the host.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Input {
+    Services(StoreChange<ServiceModel>),
+    EndpointSlices(StoreChange<EndpointSliceModel>),
+    /// The Node (every update, relevant or not: the agent decides).
+    Node(NodeFacts),
+    /// The answer whether this node's DataplaneNode exists, and its content.
+    DataplaneNode(Option<DataplaneNodeView>),
+    /// The host's interfaces and addresses (after a netlink notification).
+    Host(Vec<IpInterface>),
+}
+
+#[derive(Clone, Debug)]
+pub struct AgentSettings {
+    pub node_name: String,
+    pub pod_interfaces: Globs,
+    /// `None`: every non-loopback interface that is not a pod interface.
+    pub host_interfaces: Option<Globs>,
+    pub min_sync_period: Duration,
+    pub gate_timeout: Duration,
+    pub masquerade_mark: u32,
+    /// Install the agent's masquerade rule (off in tests without iptables).
+    pub manage_masquerade_rule: bool,
+    pub socket_hooks: bool,
+    pub agent_version: String,
+    pub agent_revision: Option<String>,
+}
+
+/// Counts for the metrics, since start.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AgentCounts {
+    pub node_updates_ignored: u64,
+    /// Map writes and deletes (entries and the config).
+    pub map_operations: u64,
+    /// Attaches that changed the kernel (a link created or its program replaced).
+    pub program_attaches: u64,
+    pub syncs: u64,
+}
+
+/// What one tick did, for metrics and logs.
+#[derive(Clone, Debug, Default)]
+pub struct TickReport {
+    /// An apply ran: its report and how long it took.
+    pub sync: Option<(ApplyReport, Duration)>,
+    /// The gate opened in this tick, after waiting this long.
+    pub gate_opened_after: Option<Duration>,
+}
+
+pub struct ClusterAgent<D: NodeDatapath> {
+    settings: AgentSettings,
+    pub datapath: D,
+    syncer: Syncer,
+    gate: Gate,
+    coalescer: Coalescer,
+    services: ObjectStore<ServiceModel>,
+    slices: ObjectStore<EndpointSliceModel>,
+    node: Option<NodeFacts>,
+    host_addresses: Option<Vec<IpAddr>>,
+    roles: BTreeMap<String, (u32, InterfaceRole)>,
+    /// `None` until the first answer; `Some(None)`: no DataplaneNode.
+    dataplane_node: Option<Option<DataplaneNodeView>>,
+    attachment: Attachment,
+    /// Interfaces with programs, by name, with the index they had.
+    attached: BTreeMap<String, u32>,
+    socket_hooks_attached: bool,
+    attach_error: Option<String>,
+    sync_report: SyncReport,
+    last_sync_time: Option<DateTime<Utc>>,
+    acted_generation: Option<i64>,
+    last_drain: Option<DrainEnd>,
+    live_flows: Option<usize>,
+    live_flows_read_at: Option<Instant>,
+    gate_was_open: bool,
+    pub counts: AgentCounts,
+}
+
+impl<D: NodeDatapath> ClusterAgent<D> {
+    /// Restores the map state (writing nothing) and finds out whether a previous
+    /// process left programs attached.
+    pub fn start(settings: AgentSettings, mut datapath: D, now: Instant) -> Result<Self, Error> {
+        let syncer = Syncer::restore(datapath.maps())?;
+        let mut gate = Gate::new(now, settings.gate_timeout);
+        gate.receive(GateInput::RestoredMaps, now);
+        let attachment = if datapath.attached_interfaces()?.is_empty() {
+            Attachment::Detached
+        } else {
+            match datapath.maps().config()? {
+                Some(config) if config.mode == DATAPATH_MODE_DRAINING => {
+                    Attachment::Draining { since: now }
+                }
+                _ => Attachment::Attached,
+            }
+        };
+        tracing::info!(
+            frontends = syncer.current().frontends.len(),
+            backend_slots = syncer.current().backend_slots.len(),
+            ?attachment,
+            "restored the pinned maps"
+        );
+        Ok(Self {
+            coalescer: Coalescer::new(settings.min_sync_period),
+            settings,
+            datapath,
+            syncer,
+            gate,
+            services: ObjectStore::default(),
+            slices: ObjectStore::default(),
+            node: None,
+            host_addresses: None,
+            roles: BTreeMap::new(),
+            dataplane_node: None,
+            attachment,
+            attached: BTreeMap::new(),
+            socket_hooks_attached: false,
+            attach_error: None,
+            sync_report: SyncReport::NotYet,
+            last_sync_time: None,
+            acted_generation: None,
+            last_drain: None,
+            live_flows: None,
+            live_flows_read_at: None,
+            gate_was_open: false,
+            counts: AgentCounts::default(),
+        })
+    }
+
+    pub fn gate_status(&self, now: Instant) -> GateStatus {
+        self.gate.status(now)
+    }
+
+    pub fn gate_is_open(&self) -> bool {
+        self.gate.is_open()
+    }
+
+    pub fn services_programmed(&self) -> usize {
+        self.syncer.current().frontends.len()
+    }
+
+    pub fn backend_slots_programmed(&self) -> usize {
+        self.syncer.current().backend_slots.len()
+    }
+
+    pub fn attachment(&self) -> Attachment {
+        self.attachment
+    }
+
+    /// The DataplaneNode as last seen (`None`: not known yet or absent).
+    pub fn dataplane_node(&self) -> Option<&DataplaneNodeView> {
+        self.dataplane_node.as_ref().and_then(Option::as_ref)
+    }
+
+    /// The mode followed: the DataplaneNode's, `KubeProxy` without one.
+    pub fn mode(&self) -> DataplaneMode {
+        self.dataplane_node()
+            .map(|view| view.spec.mode)
+            .unwrap_or(DataplaneMode::KubeProxy)
+    }
+
+    fn drain_timeout(&self) -> Duration {
+        let seconds = self
+            .dataplane_node()
+            .map(|view| view.spec.drain_timeout_seconds)
+            .unwrap_or(switchyard_crds::DEFAULT_DRAIN_TIMEOUT_SECONDS);
+        Duration::from_secs(u64::try_from(seconds).unwrap_or(0))
+    }
+
+    /// When the agent wants its next tick without new input.
+    pub fn next_deadline(&mut self, now: Instant) -> Option<Instant> {
+        let mut deadline = None;
+        if !self.gate.is_open() {
+            // To notice the gate timeout.
+            deadline = Some(now + Duration::from_secs(1));
+        }
+        if let Attachment::Draining { .. } = self.attachment {
+            deadline = Some(now + Duration::from_secs(1));
+        }
+        if self.gate.is_open() && self.coalescer.is_pending() {
+            // `poll` only tells when without starting an apply if one is not due.
+            let due = match self.peek_coalescer(now) {
+                Next::WaitUntil(at) => at,
+                _ => now,
+            };
+            deadline = Some(deadline.map_or(due, |current: Instant| current.min(due)));
+        }
+        deadline
+    }
+
+    fn peek_coalescer(&self, now: Instant) -> Next {
+        let mut copy = self.coalescer.clone();
+        copy.poll(now)
+    }
+
+    pub fn receive(&mut self, input: Input, now: Instant) {
+        match input {
+            Input::Services(change) => {
+                if self.services.apply(change) {
+                    self.coalescer.changed();
+                }
+                if self.services.is_listed() {
+                    self.gate.receive(GateInput::Services, now);
+                }
+            }
+            Input::EndpointSlices(change) => {
+                if self.slices.apply(change) {
+                    self.coalescer.changed();
+                }
+                if self.slices.is_listed() {
+                    self.gate.receive(GateInput::EndpointSlices, now);
+                }
+            }
+            Input::Node(facts) => {
+                self.gate.receive(GateInput::Node, now);
+                if node_update_is_relevant(self.node.as_ref(), &facts) {
+                    tracing::info!(addresses = ?facts.addresses, "Node addresses");
+                    self.node = Some(facts);
+                    self.coalescer.changed();
+                } else {
+                    self.counts.node_updates_ignored += 1;
+                }
+            }
+            Input::DataplaneNode(view) => {
+                self.gate.receive(GateInput::DataplaneNode, now);
+                let spec_changed = self.dataplane_node().map(|old| (&old.spec, old.generation))
+                    != view.as_ref().map(|new| (&new.spec, new.generation));
+                if spec_changed {
+                    tracing::info!(spec = ?view.as_ref().map(|view| &view.spec), "DataplaneNode");
+                }
+                self.dataplane_node = Some(view);
+            }
+            Input::Host(interfaces) => {
+                let pods = &self.settings.pod_interfaces;
+                let hosts = self.settings.host_interfaces.as_ref();
+                let addresses = interfaces::host_addresses(&interfaces, pods, hosts);
+                if self.host_addresses.as_ref() != Some(&addresses) {
+                    tracing::info!(?addresses, "host addresses");
+                    self.host_addresses = Some(addresses);
+                    self.coalescer.changed();
+                }
+                self.roles = interfaces::interface_roles(&interfaces, pods, hosts);
+                self.gate.receive(GateInput::HostAddresses, now);
+            }
+        }
+    }
+
+    /// NodePorts are served on the host's addresses and the Node's.
+    fn node_view(&self) -> Option<NodeView> {
+        let host = self.host_addresses.as_ref()?;
+        let node = self.node.as_ref()?;
+        let mut addresses: Vec<IpAddr> = host.iter().chain(&node.addresses).copied().collect();
+        addresses.sort();
+        addresses.dedup();
+        Some(NodeView {
+            name: self.settings.node_name.clone(),
+            addresses,
+        })
+    }
+
+    fn sync(&mut self, now: Instant, wall: DateTime<Utc>) -> Option<(ApplyReport, Duration)> {
+        let gate_open = self.gate.open()?;
+        if self.coalescer.poll(now) != Next::Apply {
+            return None;
+        }
+        let node = self.node_view()?;
+        let desired = desired_services(&self.services.values(), &self.slices.values(), &node);
+        for conflict in &desired.conflicts {
+            tracing::warn!(kept = %conflict.kept, dropped = %conflict.dropped, "two Services claim one address and port");
+        }
+        let started = Instant::now();
+        let result = self.syncer.sync(gate_open, &desired, self.datapath.maps());
+        let elapsed = started.elapsed();
+        self.counts.syncs += 1;
+        match result {
+            Ok(report) => {
+                self.counts.map_operations += report.operation_count() as u64;
+                tracing::info!(
+                    frontends = self.syncer.current().frontends.len(),
+                    operations = report.operation_count(),
+                    elapsed_ms = elapsed.as_secs_f64() * 1000.0,
+                    "synced the maps"
+                );
+                self.sync_report = SyncReport::Synced;
+                self.last_sync_time = Some(wall);
+                Some((report, elapsed))
+            }
+            Err(error) => {
+                tracing::error!(%error, "sync failed; retrying");
+                self.sync_report = SyncReport::Failed {
+                    message: error.to_string(),
+                };
+                self.coalescer.failed();
+                None
+            }
+        }
+    }
+
+    fn write_mode(&mut self, mode: u32) -> Result<(), Error> {
+        let cookie = self.datapath.network_namespace_cookie()?;
+        let config = datapath_config(mode, cookie, self.settings.masquerade_mark);
+        if self.datapath.maps().config()? != Some(config) {
+            self.datapath.maps().write_config(&config)?;
+            self.counts.map_operations += 1;
+        }
+        Ok(())
+    }
+
+    /// Attaches programs to interfaces that have none from this process: new
+    /// interfaces, and at start every interface (idempotent: a restart with the
+    /// same programs changes nothing in the kernel). Nothing else re-attaches.
+    fn attach_new_interfaces(&mut self) {
+        let roles = self.roles.clone();
+        self.attached
+            .retain(|name, index| roles.get(name).map(|(current, _)| current) == Some(index));
+        let mut errors = Vec::new();
+        for (name, (index, role)) in &roles {
+            if self.attached.get(name) == Some(index) {
+                continue;
+            }
+            match self.datapath.attach_interface(name, *role) {
+                Ok(changed) => {
+                    if changed {
+                        self.counts.program_attaches += 1;
+                        tracing::info!(interface = %name, ?role, "attached");
+                    }
+                    self.attached.insert(name.clone(), *index);
+                }
+                Err(error) => {
+                    tracing::warn!(interface = %name, %error, "cannot attach");
+                    errors.push(error.to_string());
+                }
+            }
+        }
+        if self.settings.socket_hooks && !self.socket_hooks_attached {
+            match self.datapath.attach_socket_hooks() {
+                Ok(changed) => {
+                    if changed {
+                        self.counts.program_attaches += 1;
+                    }
+                    self.socket_hooks_attached = true;
+                }
+                Err(error) => {
+                    // Interfaces work without them; retried every round.
+                    tracing::warn!(%error, "cannot attach the socket hooks; retrying");
+                }
+            }
+        }
+        self.attach_error = if errors.is_empty() {
+            None
+        } else {
+            Some(errors.join("; "))
+        };
+    }
+
+    fn follow(&mut self, now: Instant) -> Result<(), Error> {
+        if !self.gate.is_open() {
+            return Ok(());
+        }
+        let live = match self.attachment {
+            Attachment::Draining { .. } => {
+                let due = self
+                    .live_flows_read_at
+                    .is_none_or(|at| now.saturating_duration_since(at) >= Duration::from_secs(1));
+                if due {
+                    self.live_flows = self.datapath.live_tcp_flows().ok();
+                    self.live_flows_read_at = Some(now);
+                }
+                self.live_flows
+            }
+            _ => None,
+        };
+        let (next, action) = follow_mode(
+            self.attachment,
+            self.mode(),
+            self.drain_timeout(),
+            live,
+            now,
+        );
+        match action {
+            Some(ModeAction::Activate) => {
+                if self.settings.manage_masquerade_rule {
+                    masquerade::ensure(self.settings.masquerade_mark)?;
+                }
+                self.write_mode(DATAPATH_MODE_ACTIVE)?;
+                self.socket_hooks_attached = false;
+                self.attached.clear();
+                self.last_drain = None;
+                tracing::info!("mode Ebpf: programs attached and active");
+            }
+            Some(ModeAction::StartDraining) => {
+                self.write_mode(DATAPATH_MODE_DRAINING)?;
+                self.live_flows_read_at = None;
+                tracing::info!("mode KubeProxy: draining");
+            }
+            Some(ModeAction::Detach) => {
+                // The socket hooks stay: with the config draining they pass
+                // every new connection untranslated.
+                for name in self.roles.keys() {
+                    if let Err(error) = self.datapath.detach_interface(name) {
+                        tracing::warn!(interface = %name, %error, "cannot detach");
+                    }
+                }
+                self.attached.clear();
+                self.last_drain = Some(if live == Some(0) {
+                    DrainEnd::Complete
+                } else {
+                    DrainEnd::TimeoutExpired
+                });
+                self.live_flows = None;
+                tracing::info!(live_flows = ?live, "drained: programs detached, maps kept");
+            }
+            None => {}
+        }
+        self.attachment = next;
+        if self.attachment != Attachment::Detached {
+            self.attach_new_interfaces();
+            if action == Some(ModeAction::Activate) {
+                self.datapath.finish_migration()?;
+            }
+        } else {
+            self.attach_error = None;
+        }
+        self.acted_generation = self.dataplane_node().and_then(|view| view.generation);
+        Ok(())
+    }
+
+    /// One round: sync if due, then follow the mode.
+    pub fn tick(&mut self, now: Instant, wall: DateTime<Utc>) -> TickReport {
+        let mut report = TickReport::default();
+        if self.gate.is_open() && !self.gate_was_open {
+            self.gate_was_open = true;
+            if let GateStatus::Open { waited } = self.gate.status(now) {
+                tracing::info!(
+                    waited_ms = waited.as_millis() as u64,
+                    "start-of-day gate open"
+                );
+                report.gate_opened_after = Some(waited);
+            }
+        }
+        // Maps first: programs attached for the first time then find them filled.
+        report.sync = self.sync(now, wall);
+        if let Err(error) = self.follow(now) {
+            tracing::error!(%error, "cannot follow the mode; retrying");
+            self.attach_error = Some(error.to_string());
+        }
+        report
+    }
+
+    /// What the status is computed from.
+    pub fn status_inputs(&self, now: Instant, coexistence: &CoexistenceReport) -> StatusInputs {
+        StatusInputs {
+            agent_version: self.settings.agent_version.clone(),
+            agent_revision: self.settings.agent_revision.clone(),
+            gate: self.gate.status(now),
+            gate_timeout_seconds: self.settings.gate_timeout.as_secs(),
+            acted_generation: self.acted_generation,
+            mode: self.mode(),
+            attachment: match self.attachment {
+                Attachment::Detached => AttachmentReport::Detached,
+                Attachment::Attached => AttachmentReport::Attached,
+                Attachment::Draining { .. } => AttachmentReport::Draining,
+            },
+            attach_error: self.attach_error.clone(),
+            sync: self.sync_report.clone(),
+            services_programmed: self
+                .gate
+                .is_open()
+                .then(|| self.syncer.current().frontends.len()),
+            live_flows: self.live_flows,
+            last_drain: self.last_drain,
+            coexistence: coexistence.clone(),
+            last_sync_time: self.last_sync_time,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,391 @@
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use switchyard_common::{FrontendKey, DATAPATH_MODE_ACTIVE, SCOPE_EXTERNAL};
+
+use super::*;
+use crate::desired::frontend_key;
+use crate::loader::Counters;
+use crate::maps::FakeServiceMaps;
+use crate::model::{endpoint_slice_from_v1, service_from_v1, Protocol, ServiceName};
+use crate::standalone::interfaces::IpAddressInfo;
+
+#[derive(Default)]
+struct FakeDatapath {
+    maps: FakeServiceMaps,
+    /// Interfaces with programs, by name.
+    attached: BTreeMap<String, InterfaceRole>,
+    attach_calls: usize,
+    live_flows: usize,
+}
+
+impl NodeDatapath for FakeDatapath {
+    type Maps = FakeServiceMaps;
+    fn maps(&mut self) -> &mut FakeServiceMaps {
+        &mut self.maps
+    }
+    fn attach_interface(&mut self, name: &str, role: InterfaceRole) -> Result<bool, Error> {
+        self.attach_calls += 1;
+        Ok(self.attached.insert(name.to_string(), role).is_none())
+    }
+    fn attach_socket_hooks(&mut self) -> Result<bool, Error> {
+        Ok(false)
+    }
+    fn detach_interface(&mut self, name: &str) -> Result<(), Error> {
+        self.attached.remove(name);
+        Ok(())
+    }
+    fn attached_interfaces(&self) -> Result<Vec<u32>, Error> {
+        Ok((1..=self.attached.len() as u32).collect())
+    }
+    fn live_tcp_flows(&self) -> Result<usize, Error> {
+        Ok(self.live_flows)
+    }
+    fn network_namespace_cookie(&self) -> Result<u64, Error> {
+        Ok(4096)
+    }
+    fn finish_migration(&mut self) -> Result<(), Error> {
+        Ok(())
+    }
+    fn counters(&self) -> Result<Counters, Error> {
+        Ok(Counters::default())
+    }
+}
+
+fn settings() -> AgentSettings {
+    AgentSettings {
+        node_name: "node-1".into(),
+        pod_interfaces: Globs::parse("p-*"),
+        host_interfaces: Some(Globs::parse("eth0")),
+        min_sync_period: Duration::from_secs(1),
+        gate_timeout: Duration::from_secs(30),
+        masquerade_mark: 0x4000,
+        manage_masquerade_rule: false,
+        socket_hooks: false,
+        agent_version: "0.1.0".into(),
+        agent_revision: None,
+    }
+}
+
+fn interface(index: u32, name: &str, addresses: &[&str]) -> IpInterface {
+    IpInterface {
+        ifindex: index,
+        ifname: name.into(),
+        addr_info: addresses
+            .iter()
+            .map(|address| IpAddressInfo {
+                family: "inet".into(),
+                local: Some((*address).into()),
+                scope: Some("global".into()),
+            })
+            .collect(),
+    }
+}
+
+fn host(extra_eth0_address: Option<&str>, pods: &[&str]) -> Input {
+    let mut eth0 = vec!["10.99.0.11"];
+    eth0.extend(extra_eth0_address);
+    let mut interfaces = vec![
+        interface(1, "lo", &["127.0.0.1"]),
+        interface(2, "eth0", &eth0),
+    ];
+    for (offset, name) in pods.iter().enumerate() {
+        interfaces.push(interface(10 + offset as u32, name, &["10.244.1.1"]));
+    }
+    Input::Host(interfaces)
+}
+
+fn node_facts(addresses: &[&str]) -> NodeFacts {
+    NodeFacts {
+        name: "node-1".into(),
+        addresses: addresses
+            .iter()
+            .map(|address| address.parse().expect("valid"))
+            .collect(),
+    }
+}
+
+fn service() -> ServiceModel {
+    let service: Service = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "web", "namespace": "default"},
+        "spec": {"type": "NodePort", "clusterIP": "10.96.0.10", "ports": [
+            {"name": "http", "port": 80, "targetPort": 8080, "nodePort": 30080, "protocol": "TCP"}
+        ]}
+    }))
+    .expect("a valid Service");
+    service_from_v1(&service)
+        .expect("converts")
+        .expect("is used")
+}
+
+fn slice() -> EndpointSliceModel {
+    let slice: EndpointSlice = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "web-1", "namespace": "default",
+                     "labels": {"kubernetes.io/service-name": "web"}},
+        "addressType": "IPv4",
+        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+        "endpoints": [
+            {"addresses": ["10.244.2.10"], "nodeName": "node-2", "conditions": {"ready": true}},
+            {"addresses": ["10.244.3.10"], "nodeName": "node-3", "conditions": {"ready": true}}
+        ]
+    }))
+    .expect("a valid EndpointSlice");
+    endpoint_slice_from_v1(&slice)
+        .expect("converts")
+        .expect("is used")
+}
+
+fn key_of(name: &str) -> ServiceName {
+    ServiceName::new("default", name)
+}
+
+fn dataplane_node(mode: DataplaneMode, generation: i64) -> Input {
+    Input::DataplaneNode(Some(DataplaneNodeView {
+        generation: Some(generation),
+        spec: DataplaneNodeSpec::new(mode),
+        status: None,
+    }))
+}
+
+fn every_input_but_the_dataplane_node() -> Vec<Input> {
+    vec![
+        Input::Services(StoreChange::Replace(BTreeMap::from([(
+            key_of("web"),
+            service(),
+        )]))),
+        Input::EndpointSlices(StoreChange::Replace(BTreeMap::from([(
+            key_of("web-1"),
+            slice(),
+        )]))),
+        Input::Node(node_facts(&["10.99.0.11"])),
+        host(None, &["p-client"]),
+    ]
+}
+
+fn node_port_key(address: &str) -> FrontendKey {
+    frontend_key(
+        &address.parse().expect("valid"),
+        30080,
+        Protocol::Tcp,
+        SCOPE_EXTERNAL,
+    )
+}
+
+fn wall() -> DateTime<Utc> {
+    Utc::now()
+}
+
+/// An agent whose gate opened in `mode`, after its first tick.
+fn running_agent(mode: DataplaneMode, start: Instant) -> ClusterAgent<FakeDatapath> {
+    let mut agent =
+        ClusterAgent::start(settings(), FakeDatapath::default(), start).expect("starts");
+    for input in every_input_but_the_dataplane_node() {
+        agent.receive(input, start);
+    }
+    agent.receive(dataplane_node(mode, 1), start);
+    agent.tick(start, wall());
+    agent
+}
+
+#[test]
+fn nothing_is_written_or_attached_before_every_input_arrived() {
+    let start = Instant::now();
+    let previous = FakeServiceMaps::default();
+    let mut agent = ClusterAgent::start(
+        settings(),
+        FakeDatapath {
+            maps: previous,
+            ..FakeDatapath::default()
+        },
+        start,
+    )
+    .expect("starts");
+    for input in every_input_but_the_dataplane_node() {
+        agent.receive(input, start);
+    }
+    for second in 0..40 {
+        agent.tick(start + Duration::from_secs(second), wall());
+    }
+    assert_eq!(agent.datapath.maps.mutations_attempted, 0);
+    assert_eq!(agent.datapath.attach_calls, 0);
+    let status = agent.status_inputs(
+        start + Duration::from_secs(40),
+        &CoexistenceReport::default(),
+    );
+    assert!(
+        matches!(&status.gate, GateStatus::TimedOut { missing, .. } if missing == &vec![GateInput::DataplaneNode]),
+        "{:?}",
+        status.gate
+    );
+    assert_eq!(status.sync, SyncReport::NotYet);
+
+    // The answer "no DataplaneNode" opens the gate: maps synced, nothing attached.
+    agent.receive(Input::DataplaneNode(None), start + Duration::from_secs(41));
+    agent.tick(start + Duration::from_secs(41), wall());
+    assert!(agent.datapath.maps.mutations_applied > 0);
+    assert!(agent
+        .datapath
+        .maps
+        .state
+        .frontends
+        .contains_key(&node_port_key("10.99.0.11")));
+    assert!(
+        agent.datapath.attached.is_empty(),
+        "KubeProxy without a DataplaneNode"
+    );
+    assert_eq!(agent.mode(), DataplaneMode::KubeProxy);
+}
+
+#[test]
+fn node_heartbeats_after_the_initial_sync_cause_no_map_write_and_no_attach() {
+    let start = Instant::now();
+    let mut agent = running_agent(DataplaneMode::Ebpf, start);
+    assert_eq!(
+        agent.datapath.attached.keys().cloned().collect::<Vec<_>>(),
+        vec!["eth0".to_string(), "p-client".to_string()]
+    );
+    let mutations = agent.datapath.maps.mutations_attempted;
+    let attach_calls = agent.datapath.attach_calls;
+    let counts = agent.counts;
+    assert!(counts.map_operations > 0 && counts.program_attaches == 2);
+    for second in 1..=200 {
+        let now = start + Duration::from_secs(second);
+        agent.receive(Input::Node(node_facts(&["10.99.0.11"])), now);
+        // The host's interfaces are re-read too (an unrelated link changed).
+        agent.receive(host(None, &["p-client"]), now);
+        agent.tick(now, wall());
+    }
+    assert_eq!(agent.counts.node_updates_ignored, 200);
+    assert_eq!(agent.datapath.maps.mutations_attempted, mutations);
+    assert_eq!(agent.datapath.attach_calls, attach_calls);
+    assert_eq!(agent.counts.map_operations, counts.map_operations);
+    assert_eq!(agent.counts.program_attaches, counts.program_attaches);
+}
+
+#[test]
+fn an_address_added_to_the_interface_and_the_node_is_programmed_at_once() {
+    let start = Instant::now();
+    let mut agent = running_agent(DataplaneMode::Ebpf, start);
+    let later = start + Duration::from_secs(10);
+    agent.receive(host(Some("10.99.0.111"), &["p-client"]), later);
+    agent.receive(
+        Input::Node(node_facts(&["10.99.0.11", "10.99.0.111"])),
+        later,
+    );
+    let report = agent.tick(later, wall());
+    assert!(report.sync.is_some(), "applied in the same tick");
+    assert!(agent
+        .datapath
+        .maps
+        .state
+        .frontends
+        .contains_key(&node_port_key("10.99.0.111")));
+    assert_eq!(agent.counts.node_updates_ignored, 0);
+    assert_eq!(
+        agent.counts.program_attaches, 2,
+        "no re-attach for an address"
+    );
+}
+
+#[test]
+fn a_new_pod_interface_gets_programs_and_nothing_else_is_reattached() {
+    let start = Instant::now();
+    let mut agent = running_agent(DataplaneMode::Ebpf, start);
+    let calls = agent.datapath.attach_calls;
+    let later = start + Duration::from_secs(5);
+    agent.receive(host(None, &["p-client", "p-new"]), later);
+    agent.tick(later, wall());
+    assert_eq!(agent.datapath.attach_calls, calls + 1);
+    assert!(agent.datapath.attached.contains_key("p-new"));
+}
+
+#[test]
+fn a_relist_with_the_same_objects_writes_nothing_and_a_deletion_prunes_after_the_period() {
+    let start = Instant::now();
+    let mut agent = running_agent(DataplaneMode::Ebpf, start);
+    let mutations = agent.datapath.maps.mutations_attempted;
+    let later = start + Duration::from_millis(200);
+    agent.receive(
+        Input::Services(StoreChange::Replace(BTreeMap::from([(
+            key_of("web"),
+            service(),
+        )]))),
+        later,
+    );
+    agent.tick(later, wall());
+    assert_eq!(agent.datapath.maps.mutations_attempted, mutations);
+    agent.receive(Input::Services(StoreChange::Remove(key_of("web"))), later);
+    assert!(
+        agent.tick(later, wall()).sync.is_none(),
+        "coalesced: 1 s after the last apply"
+    );
+    assert!(agent.next_deadline(later).is_some());
+    agent.tick(start + Duration::from_secs(1), wall());
+    assert!(agent.datapath.maps.state.frontends.is_empty());
+}
+
+#[test]
+fn kube_proxy_mode_after_ebpf_drains_then_detaches_when_no_flow_is_left() {
+    let start = Instant::now();
+    let mut agent = running_agent(DataplaneMode::Ebpf, start);
+    assert_eq!(
+        agent.datapath.maps.config.map(|config| config.mode),
+        Some(DATAPATH_MODE_ACTIVE)
+    );
+    agent.datapath.live_flows = 4;
+    let t1 = start + Duration::from_secs(1);
+    agent.receive(dataplane_node(DataplaneMode::KubeProxy, 2), t1);
+    agent.tick(t1, wall());
+    assert!(matches!(agent.attachment(), Attachment::Draining { .. }));
+    let t2 = start + Duration::from_secs(3);
+    agent.tick(t2, wall());
+    let status = agent.status_inputs(t2, &CoexistenceReport::default());
+    assert_eq!(status.attachment, AttachmentReport::Draining);
+    assert_eq!(status.live_flows, Some(4));
+    assert_eq!(status.acted_generation, Some(2));
+    assert!(
+        !agent.datapath.attached.is_empty(),
+        "still translating live flows"
+    );
+    agent.datapath.live_flows = 0;
+    agent.tick(start + Duration::from_secs(5), wall());
+    assert_eq!(agent.attachment(), Attachment::Detached);
+    assert!(agent.datapath.attached.is_empty());
+    let status = agent.status_inputs(
+        start + Duration::from_secs(5),
+        &CoexistenceReport::default(),
+    );
+    assert_eq!(status.last_drain, Some(DrainEnd::Complete));
+    assert!(
+        !agent.datapath.maps.state.frontends.is_empty(),
+        "maps stay in sync in KubeProxy mode"
+    );
+}
+
+#[test]
+fn a_restarted_agent_finds_its_programs_and_entries_and_rewrites_nothing() {
+    let start = Instant::now();
+    let first = running_agent(DataplaneMode::Ebpf, start);
+    let previous = FakeDatapath {
+        maps: first.datapath.maps.clone(),
+        attached: first.datapath.attached.clone(),
+        ..FakeDatapath::default()
+    };
+    let mut second = ClusterAgent::start(settings(), previous, start).expect("starts");
+    assert_eq!(second.attachment(), Attachment::Attached);
+    let mutations = second.datapath.maps.mutations_attempted;
+    for input in every_input_but_the_dataplane_node() {
+        second.receive(input, start);
+    }
+    second.receive(dataplane_node(DataplaneMode::Ebpf, 1), start);
+    second.tick(start, wall());
+    assert_eq!(
+        second.datapath.maps.mutations_attempted, mutations,
+        "the first apply after a restart is a no-op"
+    );
+    assert_eq!(
+        second.counts.program_attaches, 0,
+        "attaching again changed nothing"
+    );
+}

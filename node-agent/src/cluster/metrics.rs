@@ -1,0 +1,238 @@
+//! The agent's Prometheus metrics, served by `switchyard-telemetry` with
+//! `/healthz` and `/readyz` on one port.
+
+use prometheus::{
+    Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+};
+
+use super::agent::AgentCounts;
+use crate::loader::Counters;
+
+pub struct AgentMetrics {
+    pub registry: Registry,
+    pub sync_duration: Histogram,
+    pub map_entries: IntGaugeVec,
+    pub program_attaches: IntCounter,
+    pub gate_wait_seconds: prometheus::Gauge,
+    pub node_updates_ignored: IntCounter,
+    pub datapath_packets: IntCounterVec,
+    pub kube_proxy_rules_present: IntGauge,
+    pub map_operations: IntCounter,
+    pub status_writes: IntCounter,
+    /// Counts already added to the counters (they only grow by differences).
+    counted: AgentCounts,
+    counted_packets: Counters,
+}
+
+fn metric_error(error: prometheus::Error) -> crate::Error {
+    crate::Error::RegisterMetrics {
+        reason: error.to_string(),
+    }
+}
+
+impl AgentMetrics {
+    pub fn new() -> Result<Self, crate::Error> {
+        let registry = Registry::new();
+        let sync_duration = Histogram::with_opts(
+            HistogramOpts::new(
+                "switchyard_agent_sync_duration_seconds",
+                "Time one apply of the desired map state took.",
+            )
+            .buckets(vec![
+                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+            ]),
+        )
+        .map_err(metric_error)?;
+        let map_entries = IntGaugeVec::new(
+            Opts::new(
+                "switchyard_agent_map_entries",
+                "Entries the agent has programmed, by map.",
+            ),
+            &["map"],
+        )
+        .map_err(metric_error)?;
+        let program_attaches = IntCounter::new(
+            "switchyard_agent_program_attach_total",
+            "Program attaches that changed the kernel (a link created or its program replaced).",
+        )
+        .map_err(metric_error)?;
+        let gate_wait_seconds = prometheus::Gauge::new(
+            "switchyard_agent_gate_wait_seconds",
+            "How long the start-of-day gate stayed closed (so far, while it is closed).",
+        )
+        .map_err(metric_error)?;
+        let node_updates_ignored = IntCounter::new(
+            "switchyard_agent_node_updates_ignored_total",
+            "Updates of this node's Node object that changed nothing the agent uses.",
+        )
+        .map_err(metric_error)?;
+        let datapath_packets = IntCounterVec::new(
+            Opts::new(
+                "switchyard_agent_datapath_packets_total",
+                "Packets seen by the TC programs, by result (from their per-CPU counters).",
+            ),
+            &["result"],
+        )
+        .map_err(metric_error)?;
+        let kube_proxy_rules_present = IntGauge::new(
+            "switchyard_agent_kube_proxy_rules_present",
+            "kube-proxy Service rules found on the node at the last check.",
+        )
+        .map_err(metric_error)?;
+        let map_operations = IntCounter::new(
+            "switchyard_agent_map_operations_total",
+            "Writes and deletes of map entries (Service entries and the datapath config).",
+        )
+        .map_err(metric_error)?;
+        let status_writes = IntCounter::new(
+            "switchyard_agent_status_writes_total",
+            "DataplaneNode status writes (made only when the status changed).",
+        )
+        .map_err(metric_error)?;
+        let collectors: Vec<Box<dyn prometheus::core::Collector>> = vec![
+            Box::new(sync_duration.clone()),
+            Box::new(map_entries.clone()),
+            Box::new(program_attaches.clone()),
+            Box::new(gate_wait_seconds.clone()),
+            Box::new(node_updates_ignored.clone()),
+            Box::new(datapath_packets.clone()),
+            Box::new(kube_proxy_rules_present.clone()),
+            Box::new(map_operations.clone()),
+            Box::new(status_writes.clone()),
+        ];
+        for collector in collectors {
+            registry.register(collector).map_err(metric_error)?;
+        }
+        Ok(Self {
+            registry,
+            sync_duration,
+            map_entries,
+            program_attaches,
+            gate_wait_seconds,
+            node_updates_ignored,
+            datapath_packets,
+            kube_proxy_rules_present,
+            map_operations,
+            status_writes,
+            counted: AgentCounts::default(),
+            counted_packets: Counters::default(),
+        })
+    }
+
+    /// Brings the counters up to the agent's counts.
+    pub fn record_counts(&mut self, counts: &AgentCounts) {
+        let delta = |now: u64, before: u64| now.saturating_sub(before);
+        self.node_updates_ignored.inc_by(delta(
+            counts.node_updates_ignored,
+            self.counted.node_updates_ignored,
+        ));
+        self.map_operations
+            .inc_by(delta(counts.map_operations, self.counted.map_operations));
+        self.program_attaches.inc_by(delta(
+            counts.program_attaches,
+            self.counted.program_attaches,
+        ));
+        self.counted = *counts;
+    }
+
+    /// Brings the packet counters up to the programs' counters. They live in the
+    /// pinned maps and so count since the programs were first loaded; this
+    /// process's metric starts from what it first reads.
+    pub fn record_packets(&mut self, counters: &Counters) {
+        let pairs = [
+            (
+                "translated",
+                counters.translated,
+                self.counted_packets.translated,
+            ),
+            (
+                "no_backend",
+                counters.no_backend,
+                self.counted_packets.no_backend,
+            ),
+            (
+                "conntrack_hit",
+                counters.conntrack_hit,
+                self.counted_packets.conntrack_hit,
+            ),
+            (
+                "conntrack_miss",
+                counters.conntrack_miss,
+                self.counted_packets.conntrack_miss,
+            ),
+            ("error", counters.error, self.counted_packets.error),
+            (
+                "passed_untracked",
+                counters.passed_untracked,
+                self.counted_packets.passed_untracked,
+            ),
+            (
+                "reverse_translated",
+                counters.reverse_translated,
+                self.counted_packets.reverse_translated,
+            ),
+        ];
+        for (result, now, before) in pairs {
+            self.datapath_packets
+                .with_label_values(&[result])
+                .inc_by(now.saturating_sub(before));
+        }
+        self.counted_packets = *counters;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn value(metrics: &AgentMetrics, name: &str) -> String {
+        let families = metrics.registry.gather();
+        let mut text = Vec::new();
+        prometheus::Encoder::encode(&prometheus::TextEncoder::new(), &families, &mut text)
+            .expect("encodes");
+        String::from_utf8(text)
+            .expect("utf-8")
+            .lines()
+            .find(|line| line.starts_with(name))
+            .unwrap_or_default()
+            .to_string()
+    }
+
+    #[test]
+    fn counters_follow_the_agent_counts_by_differences() {
+        let mut metrics = AgentMetrics::new().expect("registers");
+        let mut counts = AgentCounts {
+            node_updates_ignored: 3,
+            ..AgentCounts::default()
+        };
+        metrics.record_counts(&counts);
+        counts.node_updates_ignored = 5;
+        metrics.record_counts(&counts);
+        metrics.record_counts(&counts);
+        assert_eq!(
+            value(&metrics, "switchyard_agent_node_updates_ignored_total"),
+            "switchyard_agent_node_updates_ignored_total 5"
+        );
+    }
+
+    #[test]
+    fn packet_counters_are_labelled_by_result() {
+        let mut metrics = AgentMetrics::new().expect("registers");
+        metrics.record_packets(&Counters {
+            translated: 10,
+            ..Counters::default()
+        });
+        metrics.record_packets(&Counters {
+            translated: 25,
+            no_backend: 1,
+            ..Counters::default()
+        });
+        assert_eq!(
+            value(
+                &metrics,
+                "switchyard_agent_datapath_packets_total{result=\"translated\"}"
+            ),
+            "switchyard_agent_datapath_packets_total{result=\"translated\"} 25"
+        );
+    }
+}

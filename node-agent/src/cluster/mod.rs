@@ -1,0 +1,271 @@
+//! `switchyard-agent run`: the agent in a cluster (the DaemonSet's command).
+//!
+//! Inputs: Services and EndpointSlices (v1, or v1beta1 where the server serves
+//! only that), this node's Node and DataplaneNode (watched by field selector), and
+//! the host's interfaces and addresses (netlink notifications). They feed the same
+//! gate, desired state, syncer, coalescer and mode following as standalone mode
+//! ([`agent::ClusterAgent`]). Output: the maps and programs, the DataplaneNode
+//! status (Server-Side Apply, on change only), metrics and `/readyz`.
+//!
+//! Layout:
+//! - `node` (pure): what the agent takes from its Node, and whether an update matters.
+//! - `store` (pure): the watched collections in the model, replaced whole on relists.
+//! - `status` (pure): the DataplaneNode status from the agent's state.
+//! - `agent`: the state machine between inputs and the datapath (tested with fakes).
+//! - `datapath`: the datapath trait and its loader-backed implementation.
+//! - `watch`, `host`, `coexist`, `metrics`: thin I/O.
+//!
+//! SIGTERM leaves programs and maps in place for the next process.
+
+pub mod agent;
+pub mod coexist;
+pub mod datapath;
+pub mod host;
+pub mod metrics;
+pub mod node;
+pub mod status;
+pub mod store;
+pub mod watch;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::{Duration, Instant, SystemTime};
+
+use chrono::Utc;
+use switchyard_crds::{Condition, DataplaneNodeStatus};
+use switchyard_telemetry::{Health, TelemetryServer};
+use tokio::sync::{mpsc, watch as channel};
+
+use self::agent::{AgentSettings, ClusterAgent};
+use self::coexist::{CoexistenceRequest, CoexistenceSettings};
+use self::datapath::{KernelDatapath, NodeDatapath, SocketHookCgroup};
+use self::metrics::AgentMetrics;
+use self::status::{compute_status, CoexistenceReport, SyncReport};
+use crate::gate::GateStatus;
+use crate::kube_proxy::health::HealthzTarget;
+use crate::loader::MapSizes;
+use crate::standalone::follow::Attachment;
+use crate::standalone::interfaces::Globs;
+use crate::Error;
+
+#[derive(Clone, Debug)]
+pub struct ClusterOptions {
+    pub node_name: String,
+    pub pin_directory: PathBuf,
+    pub map_sizes: MapSizes,
+    pub pod_interfaces: Globs,
+    /// `None`: every non-loopback interface that is not a pod interface.
+    pub host_interfaces: Option<Globs>,
+    pub metrics_address: SocketAddr,
+    pub min_sync_period: Duration,
+    pub gate_timeout: Duration,
+    pub masquerade_mark: u32,
+    pub manage_masquerade_rule: bool,
+    pub socket_hook_cgroup: SocketHookCgroup,
+    /// The pod's `controller-revision-hash` (`AGENT_REVISION`).
+    pub agent_revision: Option<String>,
+    /// kube-proxy's healthz, probed while its rules are present.
+    pub kube_proxy_healthz: String,
+    pub coexistence_interval: Duration,
+    /// Serve kube-proxy's `:10256/healthz` once kube-proxy has left the node.
+    pub serve_replacement_healthz: bool,
+    pub replacement_healthz_port: u16,
+}
+
+/// Housekeeping period: gate timeout, counters, drain progress.
+const HOUSEKEEPING: Duration = Duration::from_secs(1);
+const COUNTERS_PERIOD: Duration = Duration::from_secs(5);
+
+async fn kube_client() -> Result<kube::Client, Error> {
+    let config = kube::Config::infer()
+        .await
+        .map_err(|error| Error::ConfigureClient {
+            reason: error.to_string(),
+        })?;
+    kube::Client::try_from(config).map_err(|error| Error::ConfigureClient {
+        reason: error.to_string(),
+    })
+}
+
+/// Runs the agent until `shutdown` completes; programs and maps stay in place.
+pub async fn run(options: ClusterOptions, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
+    let mut metrics = AgentMetrics::new()?;
+    let health = Health::new();
+    let telemetry = TelemetryServer::bind(
+        options.metrics_address,
+        metrics.registry.clone(),
+        health.clone(),
+    )
+    .await
+    .map_err(|error| Error::ServeTelemetry {
+        reason: error.to_string(),
+    })?;
+    let datapath = KernelDatapath::load(
+        options.pin_directory.clone(),
+        options.map_sizes,
+        &options.socket_hook_cgroup,
+    )?;
+    let settings = AgentSettings {
+        node_name: options.node_name.clone(),
+        pod_interfaces: options.pod_interfaces.clone(),
+        host_interfaces: options.host_interfaces.clone(),
+        min_sync_period: options.min_sync_period,
+        gate_timeout: options.gate_timeout,
+        masquerade_mark: options.masquerade_mark,
+        manage_masquerade_rule: options.manage_masquerade_rule,
+        socket_hooks: options.socket_hook_cgroup != SocketHookCgroup::None,
+        agent_version: env!("CARGO_PKG_VERSION").to_string(),
+        agent_revision: options.agent_revision.clone(),
+    };
+    let mut agent = ClusterAgent::start(settings, datapath, Instant::now())?;
+
+    let (inputs, mut received) = mpsc::unbounded_channel();
+    let _host_thread = host::watch_host(inputs.clone())?;
+    let client = kube_client().await?;
+    let watchers = watch::spawn_watchers(client.clone(), options.node_name.clone(), inputs);
+
+    let (status_sender, status_receiver) = channel::channel::<Option<DataplaneNodeStatus>>(None);
+    let (written_sender, written) = channel::channel(0_u64);
+    let status_writer = tokio::spawn(watch::run_status_writer(
+        client,
+        options.node_name.clone(),
+        status_receiver,
+        written_sender,
+    ));
+
+    let (request_sender, request_receiver) = channel::channel(CoexistenceRequest::default());
+    let (report_sender, mut reports) = channel::channel(CoexistenceReport::default());
+    let coexistence = tokio::spawn(coexist::run_coexistence(
+        CoexistenceSettings {
+            round_interval: options.coexistence_interval,
+            kube_proxy_healthz: HealthzTarget::parse(&options.kube_proxy_healthz)?,
+            masquerade_mark: options.masquerade_mark,
+            serve_replacement_healthz: options.serve_replacement_healthz,
+            healthz_port: options.replacement_healthz_port,
+        },
+        request_receiver,
+        report_sender,
+    ));
+
+    let started = Instant::now();
+    let mut coexistence_report = CoexistenceReport::default();
+    let mut last_conditions: Option<Vec<Condition>> = None;
+    let mut last_status: Option<DataplaneNodeStatus> = None;
+    let mut counters_read_at: Option<Instant> = None;
+    let mut status_writes_counted = 0_u64;
+    tokio::pin!(shutdown);
+    loop {
+        let now = Instant::now();
+        let deadline = agent
+            .next_deadline(now)
+            .map_or(now + HOUSEKEEPING, |at| at.min(now + HOUSEKEEPING));
+        tokio::select! {
+            _ = &mut shutdown => break,
+            input = received.recv() => match input {
+                Some(input) => {
+                    let now = Instant::now();
+                    agent.receive(input, now);
+                    // Take everything queued, so a burst costs one tick.
+                    while let Ok(more) = received.try_recv() {
+                        agent.receive(more, now);
+                    }
+                }
+                None => {
+                    tracing::error!("every input source stopped");
+                    break;
+                }
+            },
+            changed = reports.changed() => {
+                if changed.is_ok() {
+                    coexistence_report = reports.borrow_and_update().clone();
+                }
+            }
+            _ = tokio::time::sleep_until(deadline.into()) => {}
+        }
+        let now = Instant::now();
+        let report = agent.tick(now, Utc::now());
+
+        // Metrics.
+        if let Some((_, elapsed)) = report.sync {
+            metrics.sync_duration.observe(elapsed.as_secs_f64());
+        }
+        metrics.record_counts(&agent.counts);
+        metrics
+            .map_entries
+            .with_label_values(&["frontends"])
+            .set(agent.services_programmed() as i64);
+        metrics
+            .map_entries
+            .with_label_values(&["backends"])
+            .set(agent.backend_slots_programmed() as i64);
+        match agent.gate_status(now) {
+            GateStatus::Open { waited } => metrics.gate_wait_seconds.set(waited.as_secs_f64()),
+            _ => metrics
+                .gate_wait_seconds
+                .set(now.saturating_duration_since(started).as_secs_f64()),
+        }
+        if let Some(rules) = coexistence_report.kube_proxy_rules {
+            metrics.kube_proxy_rules_present.set(rules as i64);
+        }
+        if counters_read_at.is_none_or(|at| now.saturating_duration_since(at) >= COUNTERS_PERIOD) {
+            counters_read_at = Some(now);
+            if let Ok(counters) = agent.datapath.counters() {
+                metrics.record_packets(&counters);
+            }
+        }
+        let writes = *written.borrow();
+        metrics
+            .status_writes
+            .inc_by(writes.saturating_sub(status_writes_counted));
+        status_writes_counted = writes;
+        health.set_ready(agent.gate_is_open());
+
+        // kube-proxy coexistence follows the spec and the attachment.
+        let inputs = agent.status_inputs(now, &coexistence_report);
+        let request = CoexistenceRequest {
+            cleanup_generation: agent
+                .dataplane_node()
+                .filter(|view| view.spec.iptables_cleanup)
+                .map(|view| view.generation.unwrap_or(0)),
+            serving_from_ebpf: agent.attachment() != Attachment::Detached,
+            healthy: inputs.sync == SyncReport::Synced,
+            last_sync: inputs
+                .last_sync_time
+                .map(SystemTime::from)
+                .unwrap_or(SystemTime::UNIX_EPOCH),
+        };
+        request_sender.send_if_modified(|current| {
+            let changed = *current != request;
+            *current = request;
+            changed
+        });
+
+        // Status: only with a DataplaneNode to write it to, only on change.
+        if let Some(view) = agent.dataplane_node() {
+            let previous = last_conditions.clone().unwrap_or_else(|| {
+                view.status
+                    .as_ref()
+                    .map(|status| status.conditions.clone())
+                    .unwrap_or_default()
+            });
+            let status = compute_status(&inputs, &previous, Utc::now());
+            if last_status.as_ref() != Some(&status) {
+                last_conditions = Some(status.conditions.clone());
+                last_status = Some(status.clone());
+                status_sender.send_replace(Some(status));
+            }
+        }
+    }
+    tracing::info!("exiting; programs and maps stay in place");
+    for task in watchers {
+        task.abort();
+    }
+    drop(request_sender);
+    let _ = tokio::time::timeout(Duration::from_secs(2), coexistence).await;
+    // The last status reaches the API server if it can within the grace period.
+    drop(status_sender);
+    let _ = tokio::time::timeout(Duration::from_secs(2), status_writer).await;
+    telemetry.shutdown().await;
+    Ok(())
+}

@@ -1,0 +1,161 @@
+//! What the agent takes from its own Node object, and whether an update of it
+//! matters.
+//!
+//! Calico 3.29.1 re-attached every TC program on every Node heartbeat (tc storms,
+//! stuck rollouts: projectcalico/calico#10143). Here a Node update is projected to
+//! the few facts the desired state uses ([`NodeFacts`]), and only a change of those
+//! reaches the syncer; heartbeats, conditions, `resourceVersion`, labels and
+//! annotations are counted as ignored and cause no map write and no attach.
+
+use std::net::IpAddr;
+
+use k8s_openapi::api::core::v1::Node;
+
+/// Node address types whose addresses NodePorts are served on (kube-proxy's
+/// default `nodePortAddresses` are the node's own addresses; these are what the
+/// Node says they are).
+const SERVED_ADDRESS_TYPES: [&str; 2] = ["InternalIP", "ExternalIP"];
+
+/// The facts of the Node the desired state depends on.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeFacts {
+    pub name: String,
+    /// `status.addresses` of type InternalIP and ExternalIP that parse as IP
+    /// addresses, sorted, without duplicates.
+    pub addresses: Vec<IpAddr>,
+}
+
+impl NodeFacts {
+    pub fn from_node(node: &Node) -> Self {
+        let mut addresses: Vec<IpAddr> = node
+            .status
+            .iter()
+            .flat_map(|status| status.addresses.iter().flatten())
+            .filter(|address| SERVED_ADDRESS_TYPES.contains(&address.type_.as_str()))
+            .filter_map(|address| address.address.trim().parse().ok())
+            .collect();
+        addresses.sort();
+        addresses.dedup();
+        Self {
+            name: node.metadata.name.clone().unwrap_or_default(),
+            addresses,
+        }
+    }
+}
+
+/// Whether a Node update changes anything the agent uses. Pure, so the rule
+/// ("heartbeats never reach the datapath") is tested on its own.
+pub fn node_update_is_relevant(previous: Option<&NodeFacts>, next: &NodeFacts) -> bool {
+    previous != Some(next)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(value: serde_json::Value) -> Node {
+        serde_json::from_value(value).expect("a valid Node")
+    }
+
+    fn base() -> serde_json::Value {
+        serde_json::json!({
+            "metadata": {
+                "name": "node-1",
+                "resourceVersion": "100",
+                "labels": {"kubernetes.io/hostname": "node-1"},
+                "annotations": {"node.alpha.kubernetes.io/ttl": "0"}
+            },
+            "spec": {"podCIDR": "10.244.1.0/24"},
+            "status": {
+                "addresses": [
+                    {"type": "InternalIP", "address": "10.99.0.11"},
+                    {"type": "Hostname", "address": "node-1"}
+                ],
+                "conditions": [{
+                    "type": "Ready", "status": "True", "reason": "KubeletReady",
+                    "lastHeartbeatTime": "2026-11-22T01:00:00Z",
+                    "lastTransitionTime": "2026-11-22T00:00:00Z"
+                }]
+            }
+        })
+    }
+
+    fn facts(value: serde_json::Value) -> NodeFacts {
+        NodeFacts::from_node(&node(value))
+    }
+
+    #[test]
+    fn the_facts_are_the_name_and_the_internal_and_external_addresses() {
+        let mut value = base();
+        value["status"]["addresses"] = serde_json::json!([
+            {"type": "ExternalIP", "address": "192.0.2.7"},
+            {"type": "InternalIP", "address": "10.99.0.11"},
+            {"type": "InternalIP", "address": "10.99.0.11"},
+            {"type": "Hostname", "address": "node-1"},
+            {"type": "InternalDNS", "address": "node-1.internal"},
+            {"type": "InternalIP", "address": "not-an-address"}
+        ]);
+        assert_eq!(
+            facts(value),
+            NodeFacts {
+                name: "node-1".into(),
+                addresses: vec![
+                    "10.99.0.11".parse().expect("valid"),
+                    "192.0.2.7".parse().expect("valid")
+                ],
+            }
+        );
+    }
+
+    #[test]
+    fn heartbeats_conditions_resource_versions_labels_and_annotations_are_not_relevant() {
+        let before = facts(base());
+        let mut after = base();
+        after["metadata"]["resourceVersion"] = "101".into();
+        after["metadata"]["annotations"]["switchyard.dev/e2e-churn"] = "42".into();
+        after["metadata"]["labels"]["churn"] = "yes".into();
+        after["status"]["conditions"][0]["lastHeartbeatTime"] = "2026-11-22T01:00:10Z".into();
+        after["status"]["conditions"][0]["status"] = "False".into();
+        after["status"]["conditions"][0]["reason"] = "KubeletNotReady".into();
+        after["status"]["conditions"]
+            .as_array_mut()
+            .expect("an array")
+            .push(serde_json::json!({"type": "MemoryPressure", "status": "False"}));
+        after["spec"]["podCIDR"] = "10.244.9.0/24".into();
+        assert!(!node_update_is_relevant(Some(&before), &facts(after)));
+    }
+
+    #[test]
+    fn reordered_or_repeated_addresses_are_not_relevant() {
+        let mut before = base();
+        before["status"]["addresses"] = serde_json::json!([
+            {"type": "InternalIP", "address": "10.99.0.11"},
+            {"type": "ExternalIP", "address": "192.0.2.7"}
+        ]);
+        let mut after = base();
+        after["status"]["addresses"] = serde_json::json!([
+            {"type": "ExternalIP", "address": "192.0.2.7"},
+            {"type": "InternalIP", "address": "10.99.0.11"},
+            {"type": "ExternalIP", "address": "192.0.2.7"}
+        ]);
+        assert!(!node_update_is_relevant(
+            Some(&facts(before)),
+            &facts(after)
+        ));
+    }
+
+    #[test]
+    fn an_added_or_removed_address_and_the_first_sight_of_the_node_are_relevant() {
+        let before = facts(base());
+        let mut added = base();
+        added["status"]["addresses"]
+            .as_array_mut()
+            .expect("an array")
+            .push(serde_json::json!({"type": "InternalIP", "address": "10.99.0.111"}));
+        assert!(node_update_is_relevant(Some(&before), &facts(added)));
+        let mut removed = base();
+        removed["status"]["addresses"] = serde_json::json!([]);
+        assert!(node_update_is_relevant(Some(&before), &facts(removed)));
+        assert!(node_update_is_relevant(None, &before));
+    }
+}

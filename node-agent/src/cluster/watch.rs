@@ -1,0 +1,353 @@
+//! The API server side: which EndpointSlice version to read (discovery), the
+//! watchers that feed the agent, and the status writer.
+//!
+//! Facts about the oldest supported server (1.20) with kube 5.0: it does not serve
+//! `discovery.k8s.io/v1` (so `Api<v1::EndpointSlice>` gets 404 and v1beta1 is read
+//! through `DynamicObject` into the model's own v1beta1 types);
+//! `Discovery::run_aggregated()` returns no groups there, so `Discovery::run()`
+//! is used; streaming lists fail with 422, so watchers use the default list+watch.
+//!
+//! Every watcher retries forever with a short capped backoff: an API server that
+//! is unreachable at start only keeps the gate closed (the previous process's
+//! entries keep serving), and the agent catches up seconds after it returns.
+
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
+use kube::discovery::Discovery;
+use kube::runtime::watcher;
+use kube::{Client, Resource};
+use serde::de::DeserializeOwned;
+use switchyard_crds::{DataplaneNode, DataplaneNodeStatus};
+use tokio::sync::{mpsc, watch};
+
+use super::agent::{DataplaneNodeView, Input};
+use super::node::NodeFacts;
+use super::store::StoreChange;
+use crate::model::{self, v1beta1, EndpointSliceModel, FieldError, ServiceModel, ServiceName};
+
+/// The agent's field manager for Server-Side Apply.
+pub const FIELD_MANAGER: &str = "switchyard-agent";
+const DISCOVERY_GROUP: &str = "discovery.k8s.io";
+const BACKOFF_START: Duration = Duration::from_millis(200);
+const BACKOFF_MAX: Duration = Duration::from_secs(2);
+
+/// Which EndpointSlice API the server serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EndpointSliceVersion {
+    V1,
+    V1beta1,
+}
+
+/// Asks the server (retrying until it answers) which EndpointSlice version it
+/// serves: v1 when listed, else v1beta1.
+pub async fn discover_endpoint_slice_version(client: &Client) -> EndpointSliceVersion {
+    let mut backoff = BACKOFF_START;
+    let mut logged = false;
+    loop {
+        match Discovery::new(client.clone())
+            .filter(&[DISCOVERY_GROUP])
+            .run()
+            .await
+        {
+            Ok(discovery) => {
+                let serves_v1 = discovery.get(DISCOVERY_GROUP).is_some_and(|group| {
+                    group
+                        .versioned_resources("v1")
+                        .iter()
+                        .any(|(resource, _)| resource.kind == "EndpointSlice")
+                });
+                let version = if serves_v1 {
+                    EndpointSliceVersion::V1
+                } else {
+                    EndpointSliceVersion::V1beta1
+                };
+                tracing::info!(?version, "EndpointSlice API version");
+                return version;
+            }
+            Err(error) => {
+                if !logged {
+                    tracing::warn!(%error, "cannot reach the API server for discovery; retrying");
+                    logged = true;
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(BACKOFF_MAX);
+            }
+        }
+    }
+}
+
+fn key_of<K: Resource>(object: &K) -> ServiceName {
+    ServiceName::new(
+        object
+            .meta()
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".into()),
+        object.meta().name.clone().unwrap_or_default(),
+    )
+}
+
+/// Consumes a watcher stream, retrying errors with a capped backoff, and calls
+/// `handle` with every event.
+async fn consume<K, F>(api: Api<K>, config: watcher::Config, what: &'static str, mut handle: F)
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+    F: FnMut(watcher::Event<K>) -> bool,
+{
+    let mut stream = watcher(api, config).boxed();
+    let mut backoff = BACKOFF_START;
+    let mut failing = false;
+    while let Some(event) = stream.next().await {
+        match event {
+            Ok(event) => {
+                if failing {
+                    tracing::info!(what, "watching again");
+                }
+                backoff = BACKOFF_START;
+                failing = false;
+                if !handle(event) {
+                    return;
+                }
+            }
+            Err(error) => {
+                if !failing {
+                    tracing::warn!(what, %error, "watch failed; retrying");
+                    failing = true;
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(BACKOFF_MAX);
+            }
+        }
+    }
+}
+
+/// Watches a collection converted to the model, sending complete lists as one
+/// `Replace` and single changes as they come. Returns when the agent is gone.
+async fn watch_collection<K, V>(
+    api: Api<K>,
+    what: &'static str,
+    convert: fn(&K) -> Result<Option<V>, FieldError>,
+    wrap: fn(StoreChange<V>) -> Input,
+    inputs: mpsc::UnboundedSender<Input>,
+) where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+{
+    let mut buffer: Option<BTreeMap<ServiceName, V>> = None;
+    let converted = |object: &K| match convert(object) {
+        Ok(value) => Some(value),
+        Err(error) => {
+            tracing::warn!(what, object = %key_of(object), %error, "ignoring an object the datapath cannot use");
+            None
+        }
+    };
+    consume(api, watcher::Config::default(), what, |event| {
+        let change = match event {
+            watcher::Event::Init => {
+                buffer = Some(BTreeMap::new());
+                None
+            }
+            watcher::Event::InitApply(object) => {
+                if let (Some(buffer), Some(Some(value))) = (buffer.as_mut(), converted(&object)) {
+                    buffer.insert(key_of(&object), value);
+                }
+                None
+            }
+            watcher::Event::InitDone => buffer.take().map(StoreChange::Replace),
+            watcher::Event::Apply(object) => match converted(&object) {
+                Some(Some(value)) => Some(StoreChange::Upsert(key_of(&object), value)),
+                Some(None) => Some(StoreChange::Remove(key_of(&object))),
+                None => None,
+            },
+            watcher::Event::Delete(object) => Some(StoreChange::Remove(key_of(&object))),
+        };
+        match change {
+            Some(change) => inputs.send(wrap(change)).is_ok(),
+            None => true,
+        }
+    })
+    .await;
+}
+
+fn service_model(service: &Service) -> Result<Option<ServiceModel>, FieldError> {
+    model::service_from_v1(service)
+}
+
+fn slice_model_v1(slice: &EndpointSlice) -> Result<Option<EndpointSliceModel>, FieldError> {
+    model::endpoint_slice_from_v1(slice)
+}
+
+fn slice_model_v1beta1(object: &DynamicObject) -> Result<Option<EndpointSliceModel>, FieldError> {
+    let value = serde_json::to_value(object).map_err(|error| FieldError {
+        field: "(object)".into(),
+        reason: error.to_string(),
+    })?;
+    let slice: v1beta1::EndpointSlice =
+        serde_path_to_error::deserialize(value).map_err(|error| FieldError {
+            field: error.path().to_string(),
+            reason: error.inner().to_string(),
+        })?;
+    v1beta1::endpoint_slice_from_v1beta1(&slice)
+}
+
+pub fn endpoint_slice_v1beta1_resource() -> ApiResource {
+    ApiResource {
+        group: DISCOVERY_GROUP.into(),
+        version: "v1beta1".into(),
+        api_version: v1beta1::API_VERSION.into(),
+        kind: "EndpointSlice".into(),
+        plural: "endpointslices".into(),
+    }
+}
+
+/// Starts the watchers; they send to `inputs` until it closes.
+pub fn spawn_watchers(
+    client: Client,
+    node_name: String,
+    inputs: mpsc::UnboundedSender<Input>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let mut tasks = Vec::new();
+    tasks.push(tokio::spawn(watch_collection(
+        Api::<Service>::all(client.clone()),
+        "Services",
+        service_model,
+        Input::Services,
+        inputs.clone(),
+    )));
+    let slices_client = client.clone();
+    let slices_inputs = inputs.clone();
+    tasks.push(tokio::spawn(async move {
+        match discover_endpoint_slice_version(&slices_client).await {
+            EndpointSliceVersion::V1 => {
+                watch_collection(
+                    Api::<EndpointSlice>::all(slices_client),
+                    "EndpointSlices",
+                    slice_model_v1,
+                    Input::EndpointSlices,
+                    slices_inputs,
+                )
+                .await
+            }
+            EndpointSliceVersion::V1beta1 => {
+                watch_collection(
+                    Api::<DynamicObject>::all_with(
+                        slices_client,
+                        &endpoint_slice_v1beta1_resource(),
+                    ),
+                    "EndpointSlices",
+                    slice_model_v1beta1,
+                    Input::EndpointSlices,
+                    slices_inputs,
+                )
+                .await
+            }
+        }
+    }));
+    let by_name = format!("metadata.name={node_name}");
+    let node_inputs = inputs.clone();
+    let node_api = Api::<Node>::all(client.clone());
+    let node_config = watcher::Config::default().fields(&by_name);
+    tasks.push(tokio::spawn(async move {
+        consume(node_api, node_config, "Node", |event| match event {
+            watcher::Event::Apply(node) | watcher::Event::InitApply(node) => node_inputs
+                .send(Input::Node(NodeFacts::from_node(&node)))
+                .is_ok(),
+            _ => true,
+        })
+        .await
+    }));
+    let dataplane_api = Api::<DataplaneNode>::all(client);
+    let dataplane_config = watcher::Config::default().fields(&by_name);
+    tasks.push(tokio::spawn(async move {
+        let mut found: Option<DataplaneNodeView> = None;
+        consume(dataplane_api, dataplane_config, "DataplaneNode", |event| {
+            let answer = match event {
+                watcher::Event::Init => {
+                    found = None;
+                    return true;
+                }
+                watcher::Event::InitApply(object) => {
+                    found = Some(view_of(&object));
+                    return true;
+                }
+                watcher::Event::InitDone => found.take(),
+                watcher::Event::Apply(object) => Some(view_of(&object)),
+                watcher::Event::Delete(_) => None,
+            };
+            inputs.send(Input::DataplaneNode(answer)).is_ok()
+        })
+        .await
+    }));
+    tasks
+}
+
+fn view_of(object: &DataplaneNode) -> DataplaneNodeView {
+    DataplaneNodeView {
+        generation: object.metadata.generation,
+        spec: object.spec.clone(),
+        status: object.status.clone(),
+    }
+}
+
+/// Writes the latest status handed over by the agent, whenever it changes,
+/// retrying failures. Writes are Server-Side Apply on the status subresource with
+/// field manager `switchyard-agent`.
+pub async fn run_status_writer(
+    client: Client,
+    node_name: String,
+    mut statuses: watch::Receiver<Option<DataplaneNodeStatus>>,
+    written: watch::Sender<u64>,
+) {
+    let api = Api::<DataplaneNode>::all(client);
+    let mut last_written: Option<DataplaneNodeStatus> = None;
+    let mut backoff = BACKOFF_START;
+    loop {
+        let wanted = statuses.borrow_and_update().clone();
+        if let Some(status) = wanted {
+            if last_written.as_ref() != Some(&status) {
+                match write_status(&api, &node_name, &status).await {
+                    Ok(()) => {
+                        tracing::debug!("status written");
+                        last_written = Some(status);
+                        backoff = BACKOFF_START;
+                        written.send_modify(|count| *count += 1);
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, "cannot write the DataplaneNode status; retrying");
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(BACKOFF_MAX);
+                        continue;
+                    }
+                }
+            }
+        }
+        if statuses.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+async fn write_status(
+    api: &Api<DataplaneNode>,
+    node_name: &str,
+    status: &DataplaneNodeStatus,
+) -> Result<(), kube::Error> {
+    let patch = serde_json::json!({
+        "apiVersion": format!("{}/{}", switchyard_crds::API_GROUP, switchyard_crds::API_VERSION),
+        "kind": "DataplaneNode",
+        "metadata": {"name": node_name},
+        "status": status,
+    });
+    api.patch_status(
+        node_name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await
+    .map(|_| ())
+}
