@@ -105,12 +105,26 @@ pub fn agent_chains(masquerade_mark: u32) -> Vec<AgentChain> {
 /// Why one agent chain is not safe.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum OrderProblem {
-    MissingChain { table: String, chain: String },
+    MissingChain {
+        table: String,
+        chain: String,
+    },
     /// The chain's rules differ from the desired ones.
-    WrongRules { table: String, chain: String },
-    MissingJump { table: String, base_chain: String, chain: String },
+    WrongRules {
+        table: String,
+        chain: String,
+    },
+    MissingJump {
+        table: String,
+        base_chain: String,
+        chain: String,
+    },
     /// More than one jump: harmless, but the repair leaves exactly one.
-    DuplicateJumps { table: String, base_chain: String, count: usize },
+    DuplicateJumps {
+        table: String,
+        base_chain: String,
+        count: usize,
+    },
     /// A rule ahead of the agent's jump that can lose its packets.
     Displaced {
         table: String,
@@ -136,9 +150,11 @@ impl ChainOrderCheck {
         self.problems
             .iter()
             .filter_map(|problem| match problem {
-                OrderProblem::Displaced { table, base_chain, by } => {
-                    Some(format!("{table} {base_chain}: {by}"))
-                }
+                OrderProblem::Displaced {
+                    table,
+                    base_chain,
+                    by,
+                } => Some(format!("{table} {base_chain}: {by}")),
                 _ => None,
             })
             .collect()
@@ -254,7 +270,10 @@ pub fn plan_chain_order_repair(ruleset: &SavedRuleset, chains: &[AgentChain]) ->
                 text.push('\n');
             }
         }
-        text.push_str(&format!("-I {} 1 -j {}\nCOMMIT\n", agent.base_chain, agent.chain));
+        text.push_str(&format!(
+            "-I {} 1 -j {}\nCOMMIT\n",
+            agent.base_chain, agent.chain
+        ));
     }
     text
 }

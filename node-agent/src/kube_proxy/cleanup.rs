@@ -51,7 +51,14 @@ const CONNTRACK_MATCHES: [&str; 7] = [
     "helper",
 ];
 /// Targets whose rules take a conntrack reference (every NAT target does).
-const CONNTRACK_TARGETS: [&str; 6] = ["MASQUERADE", "SNAT", "DNAT", "REDIRECT", "NETMAP", "CONNMARK"];
+const CONNTRACK_TARGETS: [&str; 6] = [
+    "MASQUERADE",
+    "SNAT",
+    "DNAT",
+    "REDIRECT",
+    "NETMAP",
+    "CONNMARK",
+];
 
 /// What the cleanup does to one table.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

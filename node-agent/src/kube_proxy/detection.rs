@@ -68,7 +68,9 @@ fn iptables_footprint(dump: &IptablesDump) -> (usize, usize) {
             .filter(|rule| {
                 proves_kube_proxy(&rule.chain)
                     || (!is_kube_proxy_chain(&rule.chain)
-                        && rule.target().is_some_and(|target| proves_kube_proxy(&target)))
+                        && rule
+                            .target()
+                            .is_some_and(|target| proves_kube_proxy(&target)))
             })
             .count();
     }
@@ -237,7 +239,10 @@ impl CleanupStateMachine {
                     ),
                 )
             } else {
-                present_report(reasons::RULES_ABSENT, "no kube-proxy rule is present".into())
+                present_report(
+                    reasons::RULES_ABSENT,
+                    "no kube-proxy rule is present".into(),
+                )
             }
         };
         let (decision, report) = if observation.ipvs_mode {
@@ -325,7 +330,9 @@ impl CleanupStateMachine {
                         Some(failure) => ConditionReport {
                             status: true,
                             reason: reasons::CLEANUP_FAILED,
-                            message: format!("retrying the cleanup of {rules} kube-proxy rules after: {failure}"),
+                            message: format!(
+                                "retrying the cleanup of {rules} kube-proxy rules after: {failure}"
+                            ),
                         },
                         None => ConditionReport {
                             status: true,

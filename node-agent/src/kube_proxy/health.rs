@@ -43,9 +43,10 @@ impl HealthzTarget {
         if authority.is_empty() {
             return Err(invalid("no host"));
         }
-        let authority = if authority.rsplit_once(':').is_some_and(|(_, port)| {
-            !port.is_empty() && port.chars().all(|c| c.is_ascii_digit())
-        }) {
+        let authority = if authority
+            .rsplit_once(':')
+            .is_some_and(|(_, port)| !port.is_empty() && port.chars().all(|c| c.is_ascii_digit()))
+        {
             authority.to_string()
         } else {
             format!("{authority}:80")
@@ -225,7 +226,11 @@ pub fn rfc3339(time: SystemTime) -> String {
     let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
     let month_index = (5 * day_of_year + 2) / 153;
     let day = day_of_year - (153 * month_index + 2) / 5 + 1;
-    let month = if month_index < 10 { month_index + 3 } else { month_index - 9 };
+    let month = if month_index < 10 {
+        month_index + 3
+    } else {
+        month_index - 9
+    };
     let year = year_of_era + era * 400 + i64::from(month <= 2);
     format!(
         "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:06}Z",

@@ -17,8 +17,8 @@ use tokio::{
 use super::{
     detection::KubeProxyHealth,
     health::{
-        classify_probe_answer, healthz_answer, request_path, service_health_answer,
-        HealthzTarget, LocalServiceHealth, NodeHealth, MAX_REQUEST_BYTES,
+        classify_probe_answer, healthz_answer, request_path, service_health_answer, HealthzTarget,
+        LocalServiceHealth, NodeHealth, MAX_REQUEST_BYTES,
     },
 };
 use crate::Error;
@@ -219,7 +219,11 @@ async fn serve(listener: TcpListener, role: Role, shared: Arc<RwLock<Shared>>) {
     }
 }
 
-async fn answer(mut stream: TcpStream, role: Role, shared: Arc<RwLock<Shared>>) -> std::io::Result<()> {
+async fn answer(
+    mut stream: TcpStream,
+    role: Role,
+    shared: Arc<RwLock<Shared>>,
+) -> std::io::Result<()> {
     let mut request = Vec::new();
     let mut buffer = [0_u8; 1024];
     let read_head = async {
@@ -237,7 +241,10 @@ async fn answer(mut stream: TcpStream, role: Role, shared: Arc<RwLock<Shared>>) 
         }
         Ok::<_, std::io::Error>(())
     };
-    if tokio::time::timeout(REQUEST_TIMEOUT, read_head).await.is_err() {
+    if tokio::time::timeout(REQUEST_TIMEOUT, read_head)
+        .await
+        .is_err()
+    {
         return Ok(());
     }
     let path = request_path(&request).unwrap_or_else(|| "/".into());

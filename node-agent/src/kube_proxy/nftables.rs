@@ -62,8 +62,8 @@ impl NftRuleset {
     /// Parses `nft -j list ruleset` or `nft -j list tables`.
     pub fn parse_json(text: &str) -> Result<Self, Error> {
         let invalid = |reason: String| Error::ParseNftables { reason };
-        let document: Value = serde_json::from_str(text)
-            .map_err(|error| invalid(format!("not JSON: {error}")))?;
+        let document: Value =
+            serde_json::from_str(text).map_err(|error| invalid(format!("not JSON: {error}")))?;
         let Some(objects) = document.get("nftables").and_then(Value::as_array) else {
             return Err(invalid("no `nftables` array".into()));
         };
@@ -86,8 +86,14 @@ impl NftRuleset {
                     family: text_field(chain, "family")?,
                     table: text_field(chain, "table")?,
                     name: text_field(chain, "name")?,
-                    chain_type: chain.get("type").and_then(Value::as_str).map(str::to_string),
-                    hook: chain.get("hook").and_then(Value::as_str).map(str::to_string),
+                    chain_type: chain
+                        .get("type")
+                        .and_then(Value::as_str)
+                        .map(str::to_string),
+                    hook: chain
+                        .get("hook")
+                        .and_then(Value::as_str)
+                        .map(str::to_string),
                 });
             } else if let Some(rule) = object.get("rule") {
                 ruleset.rules.push(NftRule {
@@ -134,7 +140,9 @@ impl NftRuleset {
     pub fn kube_proxy_rule_count(&self) -> usize {
         self.rules
             .iter()
-            .filter(|rule| rule.table == KUBE_PROXY_TABLE && Family::from_nft(&rule.family).is_some())
+            .filter(|rule| {
+                rule.table == KUBE_PROXY_TABLE && Family::from_nft(&rule.family).is_some()
+            })
             .count()
     }
 
@@ -172,8 +180,10 @@ impl NftRuleset {
 fn uses_conntrack(value: &Value) -> bool {
     match value {
         Value::Object(object) => object.iter().any(|(key, inner)| {
-            matches!(key.as_str(), "ct" | "masquerade" | "snat" | "dnat" | "redirect")
-                || uses_conntrack(inner)
+            matches!(
+                key.as_str(),
+                "ct" | "masquerade" | "snat" | "dnat" | "redirect"
+            ) || uses_conntrack(inner)
         }),
         Value::Array(items) => items.iter().any(uses_conntrack),
         _ => false,

@@ -29,7 +29,8 @@ pub const KUBE_PROXY_CHAIN_PREFIXES: [&str; 6] = [
 /// Chains kubelet owns (or co-owns with kube-proxy, such as `KUBE-MARK-MASQ` on
 /// 1.20, which both create): never touched. `KUBE-IPTABLES-HINT` tells tools
 /// which backend kubelet uses.
-pub const KUBELET_CHAINS: [&str; 3] = ["KUBE-FIREWALL", "KUBE-KUBELET-CANARY", "KUBE-IPTABLES-HINT"];
+pub const KUBELET_CHAINS: [&str; 3] =
+    ["KUBE-FIREWALL", "KUBE-KUBELET-CANARY", "KUBE-IPTABLES-HINT"];
 pub const KUBELET_CHAIN_PREFIXES: [&str; 1] = ["KUBE-MARK-"];
 
 /// `KUBE-POSTROUTING` is kube-proxy's today, but kubelet up to 1.22 creates it too

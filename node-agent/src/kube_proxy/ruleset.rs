@@ -238,7 +238,11 @@ pub fn split_words(spec: &str) -> Vec<String> {
 
 /// Quotes `text` for an `iptables-restore` line if it needs it.
 pub fn quote_word(text: &str) -> String {
-    if !text.is_empty() && !text.chars().any(|c| c.is_whitespace() || c == '"' || c == '\\') {
+    if !text.is_empty()
+        && !text
+            .chars()
+            .any(|c| c.is_whitespace() || c == '"' || c == '\\')
+    {
         return text.to_string();
     }
     let escaped = text.replace('\\', "\\\\").replace('"', "\\\"");

@@ -214,14 +214,18 @@ impl Tools {
     /// what is actually there.
     pub fn apply_cleanup(&self, plan: &NodeCleanupPlan) -> Result<(), Error> {
         for cleanup in &plan.iptables {
-            self.restore(cleanup.backend, cleanup.family, &cleanup.plan.restore_input())
-                .map_err(|error| Error::CleanUpKubeProxyRules {
-                    reason: format!(
-                        "{} {}: {error}",
-                        cleanup.backend.name(),
-                        cleanup.family.iptables_command()
-                    ),
-                })?;
+            self.restore(
+                cleanup.backend,
+                cleanup.family,
+                &cleanup.plan.restore_input(),
+            )
+            .map_err(|error| Error::CleanUpKubeProxyRules {
+                reason: format!(
+                    "{} {}: {error}",
+                    cleanup.backend.name(),
+                    cleanup.family.iptables_command()
+                ),
+            })?;
         }
         self.nft_apply(&plan.nftables.script())
             .map_err(|error| Error::CleanUpKubeProxyRules {
@@ -274,7 +278,8 @@ impl Tools {
                 .map_err(|error| Error::GuardChainOrder {
                     reason: format!("{}: {error}", backend.name()),
                 })?;
-            let after = check_chain_order(&self.save(backend, family)?.unwrap_or_default(), &chains);
+            let after =
+                check_chain_order(&self.save(backend, family)?.unwrap_or_default(), &chains);
             if !after.safe() {
                 return Ok(ConditionReport {
                     status: false,
@@ -290,7 +295,11 @@ impl Tools {
             restored.push(if displaced.is_empty() {
                 format!("{}: created", backend.name())
             } else {
-                format!("{}: moved ahead of {}", backend.name(), displaced.join("; "))
+                format!(
+                    "{}: moved ahead of {}",
+                    backend.name(),
+                    displaced.join("; ")
+                )
             });
         }
         Ok(if restored.is_empty() {
@@ -303,7 +312,10 @@ impl Tools {
             ConditionReport {
                 status: true,
                 reason: switchyard_crds::reasons::CHAIN_ORDER_RESTORED,
-                message: format!("the agent's chains were put back first ({})", restored.join(", ")),
+                message: format!(
+                    "the agent's chains were put back first ({})",
+                    restored.join(", ")
+                ),
             }
         })
     }
@@ -315,10 +327,14 @@ impl Tools {
             let Some(ruleset) = self.save(backend, family)? else {
                 continue;
             };
-            self.restore(backend, family, &plan_agent_chain_removal(&ruleset, &chains))
-                .map_err(|error| Error::GuardChainOrder {
-                    reason: format!("{}: {error}", backend.name()),
-                })?;
+            self.restore(
+                backend,
+                family,
+                &plan_agent_chain_removal(&ruleset, &chains),
+            )
+            .map_err(|error| Error::GuardChainOrder {
+                reason: format!("{}: {error}", backend.name()),
+            })?;
         }
         Ok(())
     }

@@ -1,0 +1,434 @@
+use proptest::prelude::*;
+use switchyard_crds::reasons;
+
+use super::*;
+use crate::kube_proxy::{
+    cleanup::plan_iptables_cleanup,
+    detection::{
+        footprint, ipvs_mode, kube_proxy_healthy_condition, CleanupDecision, CleanupStateMachine,
+        CoexistenceObservation, KubeProxyFootprint, KubeProxyHealth,
+    },
+    nftables::NftRuleset,
+    Backend, Family, IptablesDump, NodeRules,
+};
+
+fn rules_of(dumps: &[(Backend, Family, &str)]) -> NodeRules {
+    NodeRules {
+        iptables: dumps
+            .iter()
+            .map(|(backend, family, text)| IptablesDump {
+                backend: *backend,
+                family: *family,
+                ruleset: parse(text),
+            })
+            .collect(),
+        nftables: NftRuleset::default(),
+    }
+}
+
+const PRESENT: KubeProxyFootprint = KubeProxyFootprint {
+    chains: 20,
+    rules: 50,
+    nft_tables: 0,
+    nft_rules: 0,
+};
+const ABSENT: KubeProxyFootprint = KubeProxyFootprint {
+    chains: 0,
+    rules: 0,
+    nft_tables: 0,
+    nft_rules: 0,
+};
+
+fn gone() -> KubeProxyHealth {
+    KubeProxyHealth::Unreachable {
+        reason: "connection refused".into(),
+    }
+}
+
+fn observation(
+    request: Option<i64>,
+    footprint: KubeProxyFootprint,
+    health: KubeProxyHealth,
+) -> CoexistenceObservation {
+    CoexistenceObservation {
+        cleanup_requested: request,
+        ipvs_mode: false,
+        footprint,
+        health,
+    }
+}
+
+#[test]
+fn the_footprint_counts_kube_proxys_chains_and_rules_in_every_dump() {
+    for (text, chains, rules) in [
+        (LEGACY_1_20_IPV4, 19, 49),
+        (NFT_1_33_IPV4, 22, 53),
+        (NFT_1_33_IPV6, 14, 27),
+        (ONLY_NAT, 9, 13),
+    ] {
+        let found = footprint(&rules_of(&[(Backend::Nft, Family::Ipv4, text)]));
+        assert_eq!((found.chains, found.rules), (chains, rules));
+        assert!(found.present());
+    }
+    let both = footprint(&rules_of(&[
+        (Backend::Legacy, Family::Ipv4, LEGACY_1_20_IPV4),
+        (Backend::Nft, Family::Ipv6, NFT_1_33_IPV6),
+    ]));
+    assert_eq!((both.chains, both.rules), (19 + 14, 49 + 27));
+}
+
+#[test]
+fn the_footprint_counts_nftables_mode_tables_and_rules() {
+    let found = footprint(&NodeRules {
+        iptables: Vec::new(),
+        nftables: NftRuleset::parse_json(NFTABLES_MODE_JSON).unwrap(),
+    });
+    assert_eq!((found.nft_tables, found.nft_rules), (2, 34));
+    assert_eq!(found.total_rules(), 34);
+}
+
+#[test]
+fn nothing_is_left_after_the_cleanup_even_when_kubelet_puts_kube_postrouting_back() {
+    let before = parse(LEGACY_1_20_IPV4);
+    let mut after =
+        apply_restore(&before, &plan_iptables_cleanup(&before).restore_input()).unwrap();
+    let cleaned = NodeRules {
+        iptables: vec![IptablesDump {
+            backend: Backend::Legacy,
+            family: Family::Ipv4,
+            ruleset: after.clone(),
+        }],
+        nftables: NftRuleset::default(),
+    };
+    assert!(!footprint(&cleaned).present());
+    // kubelet 1.20's periodic sync recreates KUBE-POSTROUTING and its jump.
+    after = apply_restore(
+        &after,
+        "*nat\n:KUBE-POSTROUTING - [0:0]\n\
+         -A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN\n\
+         -A KUBE-POSTROUTING -j MARK --set-xmark 0x4000/0x0\n\
+         -A KUBE-POSTROUTING -m comment --comment \"kubernetes service traffic requiring SNAT\" -j MASQUERADE --random-fully\n\
+         -I POSTROUTING 1 -m comment --comment \"kubernetes postrouting rules\" -j KUBE-POSTROUTING\nCOMMIT\n",
+    )
+    .unwrap();
+    let with_kubelet = NodeRules {
+        iptables: vec![IptablesDump {
+            backend: Backend::Legacy,
+            family: Family::Ipv4,
+            ruleset: after,
+        }],
+        nftables: NftRuleset::default(),
+    };
+    assert!(
+        !footprint(&with_kubelet).present(),
+        "not a sign of kube-proxy"
+    );
+}
+
+#[test]
+fn ipvs_mode_is_found_by_its_interface_or_its_chains() {
+    let iptables_mode = rules_of(&[(Backend::Legacy, Family::Ipv4, LEGACY_1_20_IPV4)]);
+    assert!(!ipvs_mode(&["lo".into(), "eth0".into()], &iptables_mode));
+    assert!(ipvs_mode(
+        &["lo".into(), "kube-ipvs0".into()],
+        &iptables_mode
+    ));
+    let ipvs = rules_of(&[(Backend::Legacy, Family::Ipv4, IPVS_1_20_IPV4)]);
+    assert!(ipvs_mode(&["lo".into()], &ipvs));
+    for text in [NFT_1_33_IPV4, NFT_1_33_IPV6, ONLY_NAT] {
+        assert!(!ipvs_mode(
+            &[],
+            &rules_of(&[(Backend::Nft, Family::Ipv4, text)])
+        ));
+    }
+}
+
+#[test]
+fn cleanup_is_never_requested_while_kube_proxy_runs() {
+    for health in [
+        KubeProxyHealth::Healthy,
+        KubeProxyHealth::Unhealthy { status: 503 },
+    ] {
+        let mut machine = CleanupStateMachine::default();
+        for _ in 0..5 {
+            let verdict = machine.observe(&observation(Some(1), PRESENT, health.clone()));
+            assert_eq!(verdict.decision, CleanupDecision::Wait);
+            assert!(verdict.rules_present.status);
+            assert_eq!(verdict.rules_present.reason, reasons::KUBE_PROXY_CONFLICT);
+            assert!(!verdict.replacement_health_allowed);
+        }
+    }
+}
+
+#[test]
+fn once_kube_proxy_is_gone_the_rules_are_cleaned_once_and_reported_absent() {
+    let mut machine = CleanupStateMachine::default();
+    let verdict = machine.observe(&observation(Some(3), PRESENT, gone()));
+    assert_eq!(verdict.decision, CleanupDecision::Clean);
+    assert_eq!(verdict.rules_present.reason, reasons::RULES_PRESENT);
+    machine.cleanup_succeeded();
+    for _ in 0..3 {
+        let verdict = machine.observe(&observation(Some(3), ABSENT, gone()));
+        assert_eq!(verdict.decision, CleanupDecision::Wait);
+        assert!(!verdict.rules_present.status);
+        assert_eq!(verdict.rules_present.reason, reasons::RULES_ABSENT);
+        assert!(verdict.replacement_health_allowed);
+    }
+}
+
+#[test]
+fn rules_that_come_back_after_the_cleanup_stop_the_agent_for_good() {
+    let mut machine = CleanupStateMachine::default();
+    assert_eq!(
+        machine
+            .observe(&observation(Some(3), PRESENT, gone()))
+            .decision,
+        CleanupDecision::Clean
+    );
+    machine.cleanup_succeeded();
+    machine.observe(&observation(Some(3), ABSENT, gone()));
+    // kube-proxy is back (its healthz may not even answer yet).
+    for health in [gone(), KubeProxyHealth::Healthy, gone()] {
+        let verdict = machine.observe(&observation(Some(3), PRESENT, health));
+        assert_eq!(verdict.decision, CleanupDecision::Wait);
+        assert!(verdict.rules_present.status);
+        assert_eq!(verdict.rules_present.reason, reasons::KUBE_PROXY_CONFLICT);
+        assert!(
+            verdict.rules_present.message.contains("came back"),
+            "{}",
+            verdict.rules_present.message
+        );
+        assert!(
+            !verdict.replacement_health_allowed,
+            "the ports are kube-proxy's again"
+        );
+    }
+    assert!(machine.in_conflict());
+}
+
+#[test]
+fn rules_that_come_back_right_after_the_cleanup_are_a_conflict_too() {
+    let mut machine = CleanupStateMachine::default();
+    machine.observe(&observation(Some(1), PRESENT, gone()));
+    machine.cleanup_succeeded();
+    let verdict = machine.observe(&observation(Some(1), PRESENT, gone()));
+    assert_eq!(verdict.decision, CleanupDecision::Wait);
+    assert_eq!(verdict.rules_present.reason, reasons::KUBE_PROXY_CONFLICT);
+}
+
+#[test]
+fn a_node_found_clean_reports_a_conflict_when_kube_proxy_appears() {
+    let mut machine = CleanupStateMachine::default();
+    assert_eq!(
+        machine
+            .observe(&observation(Some(1), ABSENT, gone()))
+            .decision,
+        CleanupDecision::Wait
+    );
+    let verdict = machine.observe(&observation(Some(1), PRESENT, gone()));
+    assert_eq!(verdict.decision, CleanupDecision::Wait);
+    assert_eq!(verdict.rules_present.reason, reasons::KUBE_PROXY_CONFLICT);
+}
+
+#[test]
+fn a_conflict_whose_rules_vanish_reports_absent_but_still_never_cleans() {
+    let mut machine = CleanupStateMachine::default();
+    machine.observe(&observation(Some(1), PRESENT, gone()));
+    machine.cleanup_succeeded();
+    machine.observe(&observation(Some(1), PRESENT, gone()));
+    let verdict = machine.observe(&observation(Some(1), ABSENT, gone()));
+    assert!(!verdict.rules_present.status);
+    assert_eq!(verdict.rules_present.reason, reasons::RULES_ABSENT);
+    let verdict = machine.observe(&observation(Some(1), PRESENT, gone()));
+    assert_eq!(verdict.decision, CleanupDecision::Wait);
+    assert_eq!(verdict.rules_present.reason, reasons::KUBE_PROXY_CONFLICT);
+}
+
+#[test]
+fn a_new_request_generation_re_arms_the_cleanup() {
+    let mut machine = CleanupStateMachine::default();
+    machine.observe(&observation(Some(1), PRESENT, gone()));
+    machine.cleanup_succeeded();
+    machine.observe(&observation(Some(1), PRESENT, gone()));
+    assert!(machine.in_conflict());
+    let verdict = machine.observe(&observation(Some(2), PRESENT, gone()));
+    assert_eq!(verdict.decision, CleanupDecision::Clean);
+}
+
+#[test]
+fn withdrawing_the_request_stops_cleaning_and_reports_plain_presence() {
+    let mut machine = CleanupStateMachine::default();
+    for footprint in [PRESENT, ABSENT] {
+        let verdict = machine.observe(&observation(None, footprint, gone()));
+        assert_eq!(verdict.decision, CleanupDecision::Wait);
+        assert_eq!(verdict.rules_present.status, footprint.present());
+        assert_eq!(
+            verdict.rules_present.reason,
+            if footprint.present() {
+                reasons::RULES_PRESENT
+            } else {
+                reasons::RULES_ABSENT
+            }
+        );
+    }
+    machine.observe(&observation(Some(1), PRESENT, gone()));
+    machine.cleanup_succeeded();
+    machine.observe(&observation(Some(1), PRESENT, gone()));
+    assert!(machine.in_conflict());
+    machine.observe(&observation(None, PRESENT, gone()));
+    assert!(!machine.in_conflict());
+}
+
+#[test]
+fn a_failed_cleanup_is_retried_and_reported_as_failed() {
+    let mut machine = CleanupStateMachine::default();
+    assert_eq!(
+        machine
+            .observe(&observation(Some(1), PRESENT, gone()))
+            .decision,
+        CleanupDecision::Clean
+    );
+    machine.cleanup_failed("iptables-nft-restore: exit status 4".into());
+    let verdict = machine.observe(&observation(Some(1), PRESENT, gone()));
+    assert_eq!(verdict.decision, CleanupDecision::Clean);
+    assert_eq!(verdict.rules_present.reason, reasons::CLEANUP_FAILED);
+    assert!(verdict.rules_present.message.contains("exit status 4"));
+    machine.cleanup_succeeded();
+    let verdict = machine.observe(&observation(Some(1), ABSENT, gone()));
+    assert_eq!(verdict.rules_present.reason, reasons::RULES_ABSENT);
+}
+
+#[test]
+fn ipvs_mode_is_reported_and_never_cleaned() {
+    let mut machine = CleanupStateMachine::default();
+    for health in [gone(), KubeProxyHealth::Healthy] {
+        let verdict = machine.observe(&CoexistenceObservation {
+            cleanup_requested: Some(1),
+            ipvs_mode: true,
+            footprint: PRESENT,
+            health,
+        });
+        assert_eq!(verdict.decision, CleanupDecision::Wait);
+        assert!(verdict.rules_present.status);
+        assert_eq!(
+            verdict.rules_present.reason,
+            reasons::UNSUPPORTED_KUBE_PROXY_MODE
+        );
+        assert!(!verdict.replacement_health_allowed);
+    }
+}
+
+#[test]
+fn the_agents_own_health_server_answering_means_kube_proxy_has_left() {
+    let mut machine = CleanupStateMachine::default();
+    let verdict = machine.observe(&observation(
+        Some(1),
+        PRESENT,
+        KubeProxyHealth::AnsweredByAgent,
+    ));
+    assert_eq!(verdict.decision, CleanupDecision::Clean);
+    assert!(verdict.replacement_health_allowed);
+}
+
+#[test]
+fn kube_proxy_healthy_needs_its_rules_and_a_200() {
+    let healthy = kube_proxy_healthy_condition(&PRESENT, &KubeProxyHealth::Healthy);
+    assert!(healthy.status);
+    assert_eq!(healthy.reason, reasons::KUBE_PROXY_HEALTHZ_OK);
+    for (footprint, health) in [
+        (ABSENT, KubeProxyHealth::Healthy),
+        (PRESENT, KubeProxyHealth::Unhealthy { status: 503 }),
+        (PRESENT, gone()),
+        (PRESENT, KubeProxyHealth::AnsweredByAgent),
+    ] {
+        let report = kube_proxy_healthy_condition(&footprint, &health);
+        assert!(!report.status, "{footprint:?} {health:?}");
+        assert_eq!(report.reason, reasons::KUBE_PROXY_UNHEALTHY);
+    }
+}
+
+fn any_health() -> impl Strategy<Value = KubeProxyHealth> {
+    prop_oneof![
+        Just(KubeProxyHealth::Healthy),
+        Just(KubeProxyHealth::Unhealthy { status: 503 }),
+        Just(KubeProxyHealth::AnsweredByAgent),
+        Just(KubeProxyHealth::Unreachable {
+            reason: "refused".into()
+        }),
+    ]
+}
+
+#[derive(Clone, Debug)]
+enum Step {
+    Observe {
+        /// The spec asks for the cleanup.
+        requested: bool,
+        /// The spec's generation moved on (generations never go back).
+        bump: bool,
+        present: bool,
+        ipvs: bool,
+        health: KubeProxyHealth,
+    },
+    /// The cleanup decided in the previous round failed.
+    Fail,
+}
+
+fn any_step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        8 => (prop::bool::weighted(0.8), prop::bool::weighted(0.2), any::<bool>(), prop::bool::weighted(0.1), any_health())
+            .prop_map(|(requested, bump, present, ipvs, health)| Step::Observe { requested, bump, present, ipvs, health }),
+        1 => Just(Step::Fail),
+    ]
+}
+
+proptest! {
+    /// Never fight kube-proxy: no cleanup while it answers or in IPVS mode, and at
+    /// most one successful cleanup per request generation (a failure allows a retry).
+    #[test]
+    fn the_state_machine_never_fights_kube_proxy(steps in prop::collection::vec(any_step(), 1..60)) {
+        let mut machine = CleanupStateMachine::default();
+        let mut cleaned_generations: Vec<i64> = Vec::new();
+        let mut last_clean: Option<i64> = None;
+        let mut generation = 1_i64;
+        for step in steps {
+            match step {
+                Step::Fail => {
+                    if let Some(generation) = last_clean.take() {
+                        machine.cleanup_failed("injected".into());
+                        cleaned_generations.retain(|seen| *seen != generation);
+                    }
+                }
+                Step::Observe { requested, bump, present, ipvs, health } => {
+                    generation += i64::from(bump);
+                    let request = requested.then_some(generation);
+                    let verdict = machine.observe(&CoexistenceObservation {
+                        cleanup_requested: request,
+                        ipvs_mode: ipvs,
+                        footprint: if present { PRESENT } else { ABSENT },
+                        health: health.clone(),
+                    });
+                    last_clean = None;
+                    if verdict.decision == CleanupDecision::Clean {
+                        prop_assert!(!ipvs);
+                        prop_assert!(!health.kube_proxy_answers());
+                        prop_assert!(present, "nothing to clean");
+                        prop_assert!(request.is_some(), "cleaning without a request");
+                        prop_assert!(
+                            !cleaned_generations.contains(&generation),
+                            "cleaned twice for generation {generation}"
+                        );
+                        cleaned_generations.push(generation);
+                        last_clean = Some(generation);
+                    }
+                    if request.is_none() {
+                        cleaned_generations.clear();
+                    }
+                    if verdict.replacement_health_allowed {
+                        prop_assert!(!ipvs && !health.kube_proxy_answers());
+                    }
+                    prop_assert_eq!(verdict.rules_present.status, present || ipvs);
+                }
+            }
+        }
+    }
+}
