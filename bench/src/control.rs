@@ -1,0 +1,651 @@
+//! The data plane at every scale, and at the control-plane scale (10,000
+//! Services) the control plane: programming latency, agent cold start, and
+//! restart disruption.
+
+use std::net::SocketAddrV4;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use crate::apiserver::{self, ControlPlane, Manifests};
+use crate::dataplane::{self, BACKENDS};
+use crate::error::{Error, Result};
+use crate::load::{self, LoadOptions, LoadReport, Workload};
+use crate::report::{number, percentile, Summary, Table};
+use crate::systems::{probe_targets, Binaries, Running, System};
+use crate::topology::{
+    service_address, Prober, Topology, CLIENT_NAMESPACE, MARKER_ADDRESS, MARKER_POD,
+    SERVICE_TCP_PORT,
+};
+use crate::Plan;
+
+pub async fn data_and_control_plane(
+    plan: &Plan,
+    parts: &[&str],
+    binaries: &Binaries,
+    work: &Path,
+    summary: &mut Summary,
+    tables: &mut Vec<Table>,
+) -> Result<()> {
+    let control_plane = ControlPlane::start(&binaries.kubernetes, work, "apiserver").await?;
+    println!(
+        "API server ready in {:.1} s",
+        control_plane.started_in.as_secs_f64()
+    );
+    let client = control_plane.client.clone();
+    let mut populated = 0;
+    let mut scales = plan.scales.clone();
+    if parts.contains(&"control") && !scales.contains(&plan.control_scale) {
+        scales.push(plan.control_scale);
+    }
+    scales.sort_unstable();
+    scales.dedup();
+    let manifests_directory = work.join("manifests");
+    let mut changed = ChangeCounter::default();
+    for scale in scales {
+        if scale > populated {
+            let started = Instant::now();
+            apiserver::create_services(&client, populated, scale, BACKENDS).await?;
+            let elapsed = started.elapsed().as_secs_f64();
+            println!(
+                "created Services {populated}..{scale} and their EndpointSlices in {elapsed:.1} s ({:.0} objects/s)",
+                2.0 * f64::from(scale - populated) / elapsed
+            );
+            populated = scale;
+        }
+        let manifests = Manifests::new(&manifests_directory, scale, BACKENDS)?;
+        if parts.contains(&"dataplane") && plan.scales.contains(&scale) {
+            let mut rows = Vec::new();
+            for system in &plan.systems {
+                println!("data plane: {} with {scale} Services", system.label());
+                let row = tokio::task::block_in_place(|| {
+                    dataplane::measure(
+                        *system,
+                        scale,
+                        binaries,
+                        work,
+                        &manifests.path,
+                        &plan.dataplane,
+                        summary,
+                    )
+                })?;
+                rows.push(row);
+            }
+            let table = dataplane::table(scale, &rows);
+            print!("{}", table.render());
+            tables.push(table);
+        }
+        if parts.contains(&"control") && scale == plan.control_scale {
+            control_plane_suite(
+                plan,
+                binaries,
+                work,
+                &client,
+                &manifests_directory,
+                &mut changed,
+                summary,
+                tables,
+            )
+            .await?;
+        }
+    }
+    control_plane.stop();
+    Ok(())
+}
+
+/// Hands out distinct TCP Services to change, so no change is a no-op.
+#[derive(Default)]
+struct ChangeCounter {
+    next: u32,
+}
+
+impl ChangeCounter {
+    fn next_service(&mut self, services: u32) -> u32 {
+        let tcp_services = (services / 2).max(1);
+        let index = 2 * ((self.next.wrapping_mul(7919)) % tcp_services);
+        self.next += 1;
+        index
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn control_plane_suite(
+    plan: &Plan,
+    binaries: &Binaries,
+    work: &Path,
+    client: &kube::Client,
+    manifests_directory: &Path,
+    changed: &mut ChangeCounter,
+    summary: &mut Summary,
+    tables: &mut Vec<Table>,
+) -> Result<()> {
+    let scale = plan.control_scale;
+    // Programming latency.
+    let mut latency_table = Table::new(
+        &format!(
+            "Programming latency: change -> traffic uses it, {} Services, changes {} ms apart",
+            number(scale as f64, 0),
+            plan.change_spacing.as_millis()
+        ),
+        &[
+            "system",
+            "changes",
+            "p50 ms",
+            "p99 ms",
+            "max ms",
+            "missed (>30 s)",
+            "input",
+        ],
+    );
+    for system in [
+        System::Switchyard,
+        System::KubeProxyLegacy,
+        System::KubeProxyNft,
+    ] {
+        let changes = if system == System::KubeProxyNft {
+            plan.nft_changes
+        } else {
+            plan.changes
+        };
+        println!(
+            "programming latency: {} ({changes} changes)",
+            system.label()
+        );
+        let (samples, missed) = programming_latency(
+            system,
+            scale,
+            changes,
+            plan.change_spacing,
+            binaries,
+            work,
+            client,
+            manifests_directory,
+            changed,
+        )
+        .await?;
+        let mut sorted: Vec<u32> = samples.iter().map(|d| d.as_micros() as u32).collect();
+        sorted.sort_unstable();
+        let ms = |q: f64| {
+            percentile(&sorted, q)
+                .map(|us| us as f64 / 1000.0)
+                .unwrap_or(f64::NAN)
+        };
+        let name = "programming-latency";
+        summary.record(name, system.label(), scale as u64, "p50", ms(0.5), "ms");
+        summary.record(name, system.label(), scale as u64, "p99", ms(0.99), "ms");
+        summary.record(name, system.label(), scale as u64, "max", ms(1.0), "ms");
+        summary.record(
+            name,
+            system.label(),
+            scale as u64,
+            "changes",
+            changes as f64,
+            "changes",
+        );
+        summary.record(
+            name,
+            system.label(),
+            scale as u64,
+            "missed",
+            missed as f64,
+            "changes",
+        );
+        latency_table.row(vec![
+            system.label().into(),
+            changes.to_string(),
+            number(ms(0.5), 1),
+            number(ms(0.99), 1),
+            number(ms(1.0), 1),
+            missed.to_string(),
+            if system == System::Switchyard {
+                "manifest file (standalone, polled every 20 ms)".into()
+            } else {
+                "EndpointSlice patch in the API server".into()
+            },
+        ]);
+    }
+    latency_table.note(
+        "Switchyard is measured through `switchyard-agent standalone` (the change is a rewrite of its \
+         manifest file, which it re-reads and re-parses whole), not through the API server: cluster mode \
+         (`switchyard-agent run`) was not available to the bench. kube-proxy 1.20 rewrites every rule on \
+         each sync; current kube-proxy (1.28+) syncs only the changed Services.",
+    );
+    print!("{}", latency_table.render());
+    tables.push(latency_table);
+
+    // Cold start.
+    println!("agent cold start with {scale} Services");
+    let cold =
+        tokio::task::block_in_place(|| cold_start(scale, binaries, work, manifests_directory))?;
+    let name = "agent-cold-start";
+    summary.record(
+        name,
+        "switchyard",
+        scale as u64,
+        "gate-open",
+        cold.gate_open,
+        "s",
+    );
+    summary.record(
+        name,
+        "switchyard",
+        scale as u64,
+        "all-programmed",
+        cold.programmed,
+        "s",
+    );
+    summary.record(
+        name,
+        "switchyard",
+        scale as u64,
+        "programmed-after-gate",
+        cold.programmed - cold.gate_open,
+        "s",
+    );
+    summary.record(
+        name,
+        "switchyard",
+        scale as u64,
+        "serving",
+        cold.serving,
+        "s",
+    );
+    summary.record(name, "switchyard", scale as u64, "rss", cold.rss_mib, "MiB");
+    summary.record(
+        name,
+        "switchyard",
+        scale as u64,
+        "peak-rss",
+        cold.peak_rss_mib,
+        "MiB",
+    );
+    let mut cold_table = Table::new(
+        &format!(
+            "Agent cold start, {} Services (time from process start)",
+            number(scale as f64, 0)
+        ),
+        &[
+            "gate open",
+            "all programmed",
+            "programmed after gate",
+            "first probe answered",
+            "RSS",
+            "peak RSS",
+        ],
+    );
+    cold_table.row(vec![
+        format!("{:.3} s", cold.gate_open),
+        format!("{:.3} s", cold.programmed),
+        format!("{:.3} s", cold.programmed - cold.gate_open),
+        format!("{:.3} s", cold.serving),
+        format!("{:.1} MiB", cold.rss_mib),
+        format!("{:.1} MiB", cold.peak_rss_mib),
+    ]);
+    cold_table.note(
+        "Standalone mode: the gate opens when the manifests are read (cluster mode waits for the API \
+         server's lists); \"all programmed\" is the end of the first sync as the agent logs it.",
+    );
+    print!("{}", cold_table.render());
+    tables.push(cold_table);
+
+    // Restart disruption.
+    let mut restart_table = Table::new(
+        &format!(
+            "Restart disruption at {} new connections/s, {} Services",
+            number(plan.restart_rate, 0),
+            number(scale as f64, 0)
+        ),
+        &[
+            "system",
+            "connections",
+            "failed",
+            "failed during restart",
+            "p99 steady ms",
+            "p99 during restart ms",
+            "ratio",
+        ],
+    );
+    for system in [System::Switchyard, System::KubeProxyLegacy] {
+        println!("restart disruption: {}", system.label());
+        let figures = tokio::task::block_in_place(|| {
+            restart_disruption(system, scale, plan, binaries, work, manifests_directory)
+        })?;
+        let name = "restart-disruption";
+        let label = system.label();
+        summary.record(
+            name,
+            label,
+            scale as u64,
+            "connections",
+            figures.connections as f64,
+            "connections",
+        );
+        summary.record(
+            name,
+            label,
+            scale as u64,
+            "failed",
+            figures.failed as f64,
+            "connections",
+        );
+        summary.record(
+            name,
+            label,
+            scale as u64,
+            "failed-during-restart",
+            figures.failed_during as f64,
+            "connections",
+        );
+        summary.record(
+            name,
+            label,
+            scale as u64,
+            "p99-steady",
+            figures.p99_steady_ms,
+            "ms",
+        );
+        summary.record(
+            name,
+            label,
+            scale as u64,
+            "p99-during-restart",
+            figures.p99_during_ms,
+            "ms",
+        );
+        summary.record(
+            name,
+            label,
+            scale as u64,
+            "achieved-rate",
+            figures.achieved_rate,
+            "1/s",
+        );
+        restart_table.row(vec![
+            label.into(),
+            figures.connections.to_string(),
+            figures.failed.to_string(),
+            figures.failed_during.to_string(),
+            number(figures.p99_steady_ms, 2),
+            number(figures.p99_during_ms, 2),
+            number(figures.p99_during_ms / figures.p99_steady_ms, 2),
+        ]);
+    }
+    restart_table.note(&format!(
+        "Open loop: one new connection every {:.2} ms whatever the earlier ones do; the process gets SIGTERM \
+         {} s in and a new one is started at once; \"during restart\" is the {:.1} s after the signal.",
+        1000.0 / plan.restart_rate,
+        restart_kill_offset(plan).as_secs_f64(),
+        restart_window(plan).as_secs_f64()
+    ));
+    print!("{}", restart_table.render());
+    tables.push(restart_table);
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn programming_latency(
+    system: System,
+    scale: u32,
+    changes: usize,
+    spacing: Duration,
+    binaries: &Binaries,
+    work: &Path,
+    client: &kube::Client,
+    manifests_directory: &Path,
+    counter: &mut ChangeCounter,
+) -> Result<(Vec<Duration>, usize)> {
+    let mut manifests = Manifests::new(manifests_directory, scale, BACKENDS)?;
+    let topology =
+        tokio::task::block_in_place(|| Topology::build(work, BACKENDS, &binaries.bench))?;
+    let prober = Prober::new(CLIENT_NAMESPACE)?;
+    // The default periodic resync of kube-proxy 1.20 (30 s): this is its normal operation.
+    let mut running = Running::start(system, binaries, work, &manifests.path, "30s")?;
+    tokio::task::block_in_place(|| {
+        running.wait_serving(&prober, &probe_targets(scale), Duration::from_secs(900))
+    })?;
+    let mut samples = Vec::new();
+    let mut missed = 0;
+    let mut touched = Vec::new();
+    let original = apiserver::backend_addresses(BACKENDS);
+    for _ in 0..changes {
+        let index = counter.next_service(scale);
+        touched.push(index);
+        let target = SocketAddrV4::new(service_address(index), SERVICE_TCP_PORT);
+        let changed_at = Instant::now();
+        if system == System::Switchyard {
+            manifests.set_endpoints(index, &[MARKER_ADDRESS])?;
+        } else {
+            apiserver::set_endpoints(client, index, &[MARKER_ADDRESS]).await?;
+        }
+        let observed = tokio::task::block_in_place(|| {
+            prober.wait_for_answer(
+                target,
+                Some(MARKER_POD),
+                changed_at,
+                Duration::from_secs(30),
+            )
+        });
+        match observed {
+            Some(latency) => samples.push(latency),
+            None => missed += 1,
+        }
+        let next = changed_at + spacing;
+        if let Some(wait) = next.checked_duration_since(Instant::now()) {
+            tokio::time::sleep(wait).await;
+        }
+    }
+    running.stop();
+    drop(topology);
+    // Put the API back as it was for the measurements that follow.
+    if system != System::Switchyard {
+        for index in touched {
+            apiserver::set_endpoints(client, index, &original).await?;
+        }
+    }
+    Ok((samples, missed))
+}
+
+struct ColdStart {
+    gate_open: f64,
+    programmed: f64,
+    serving: f64,
+    rss_mib: f64,
+    peak_rss_mib: f64,
+}
+
+fn cold_start(
+    scale: u32,
+    binaries: &Binaries,
+    work: &Path,
+    manifests_directory: &Path,
+) -> Result<ColdStart> {
+    let manifests = Manifests::new(manifests_directory, scale, BACKENDS)?;
+    let topology = Topology::build(work, BACKENDS, &binaries.bench)?;
+    let prober = Prober::new(CLIENT_NAMESPACE)?;
+    let mut running = Running::start(System::Switchyard, binaries, work, &manifests.path, "30s")?;
+    let (process_started, log) = match &running.process {
+        Some(process) => (process.started, process.log.clone()),
+        None => return Err(Error::System("failed to start the agent".into())),
+    };
+    let mut gate_open = None;
+    let mut programmed = None;
+    let deadline = process_started + Duration::from_secs(300);
+    while programmed.is_none() && Instant::now() < deadline {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if gate_open.is_none() && text.contains("read the manifests") {
+            gate_open = Some(process_started.elapsed());
+        }
+        if text.contains("synced the maps") {
+            programmed = Some(process_started.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let (Some(gate_open), Some(programmed)) = (gate_open, programmed) else {
+        return Err(Error::System(format!(
+            "failed to see the agent read its manifests and sync within 300 s:\n{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        )));
+    };
+    let serving = running.wait_serving(&prober, &probe_targets(scale), Duration::from_secs(300))?;
+    let (rss_mib, peak_rss_mib) = running
+        .process
+        .as_ref()
+        .and_then(|process| process.memory_mib())
+        .unwrap_or((f64::NAN, f64::NAN));
+    running.stop();
+    drop(topology);
+    Ok(ColdStart {
+        gate_open: gate_open.as_secs_f64(),
+        programmed: programmed.as_secs_f64(),
+        serving: serving.as_secs_f64(),
+        rss_mib,
+        peak_rss_mib,
+    })
+}
+
+struct RestartFigures {
+    connections: u64,
+    failed: u64,
+    failed_during: u64,
+    p99_steady_ms: f64,
+    p99_during_ms: f64,
+    achieved_rate: f64,
+}
+
+fn restart_kill_offset(plan: &Plan) -> Duration {
+    plan.restart_duration / 3
+}
+
+fn restart_window(plan: &Plan) -> Duration {
+    if plan.quick {
+        Duration::from_millis(1500)
+    } else {
+        Duration::from_secs(5)
+    }
+}
+
+fn restart_disruption(
+    system: System,
+    scale: u32,
+    plan: &Plan,
+    binaries: &Binaries,
+    work: &Path,
+    manifests_directory: &Path,
+) -> Result<RestartFigures> {
+    let manifests = Manifests::new(manifests_directory, scale, BACKENDS)?;
+    let topology = Topology::build(work, BACKENDS, &binaries.bench)?;
+    let prober = Prober::new(CLIENT_NAMESPACE)?;
+    let mut running = Running::start(system, binaries, work, &manifests.path, "30s")?;
+    running.wait_serving(&prober, &probe_targets(scale), Duration::from_secs(900))?;
+    let (tcp, _) = dataplane::targets(system, scale);
+    let options = LoadOptions {
+        workload: Workload::Connect,
+        targets: tcp,
+        concurrency: 1024,
+        duration: plan.restart_duration,
+        max_operations: 5_000_000,
+        rate: Some(plan.restart_rate),
+        timeout: Duration::from_secs(3),
+        timeline: true,
+    };
+    let bench = binaries.bench.clone();
+    let load_work = work.to_path_buf();
+    let load = std::thread::spawn(move || dataplane::run_load(&bench, &load_work, &options));
+    std::thread::sleep(restart_kill_offset(plan));
+    let signalled_unix_us = load::unix_micros();
+    running.restart()?;
+    let report = load
+        .join()
+        .map_err(|_| Error::Load("failed to join the load generator thread".into()))??;
+    running.stop();
+    drop(topology);
+    Ok(restart_figures(
+        &report,
+        signalled_unix_us,
+        restart_window(plan),
+    ))
+}
+
+fn restart_figures(
+    report: &LoadReport,
+    signalled_unix_us: u64,
+    window: Duration,
+) -> RestartFigures {
+    let restart_at = signalled_unix_us.saturating_sub(report.started_unix_us);
+    let window_end = restart_at + window.as_micros() as u64;
+    let mut steady = Vec::new();
+    let mut during = Vec::new();
+    let mut failed_during = 0;
+    for event in &report.timeline {
+        let in_window = event.start_us >= restart_at && event.start_us < window_end;
+        if !event.ok {
+            if in_window {
+                failed_during += 1;
+            }
+            continue;
+        }
+        if event.start_us < restart_at {
+            steady.push(event.latency_us);
+        } else if in_window {
+            during.push(event.latency_us);
+        }
+    }
+    steady.sort_unstable();
+    during.sort_unstable();
+    let ms = |sorted: &[u32]| {
+        percentile(sorted, 0.99)
+            .map(|us| us as f64 / 1000.0)
+            .unwrap_or(f64::NAN)
+    };
+    RestartFigures {
+        connections: report.operations + report.failures,
+        failed: report.failures,
+        failed_during,
+        p99_steady_ms: ms(&steady),
+        p99_during_ms: ms(&during),
+        achieved_rate: report.rate(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::load::Event;
+
+    #[test]
+    fn changes_go_to_distinct_tcp_services() {
+        let mut counter = ChangeCounter::default();
+        let picked: Vec<u32> = (0..500).map(|_| counter.next_service(10_000)).collect();
+        let mut unique = picked.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), picked.len());
+        assert!(picked.iter().all(|index| index % 2 == 0 && *index < 10_000));
+    }
+
+    #[test]
+    fn restart_figures_split_the_timeline_at_the_signal() {
+        let event = |start_us, latency_us, ok| Event {
+            start_us,
+            latency_us,
+            ok,
+        };
+        let report = LoadReport {
+            operations: 4,
+            failures: 1,
+            started_unix_us: 1_000_000,
+            timeline: vec![
+                event(100, 1_000, true),
+                event(200, 2_000, true),
+                event(1_000_100, 9_000, true),
+                event(1_000_200, 0, false),
+                event(9_000_000, 50_000, true),
+            ],
+            ..LoadReport::default()
+        };
+        let figures = restart_figures(&report, 2_000_000, Duration::from_secs(2));
+        assert_eq!(figures.failed_during, 1);
+        assert_eq!(figures.p99_steady_ms, 2.0);
+        assert_eq!(figures.p99_during_ms, 9.0);
+        assert_eq!(figures.connections, 5);
+    }
+}

@@ -1,0 +1,300 @@
+//! Data plane: new-connection rate and connect latency, kept-alive requests and
+//! UDP request/response through each system, one fresh node per configuration.
+
+use std::net::SocketAddrV4;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+use crate::load::{LoadOptions, LoadReport, Workload};
+use crate::report::{number, percentile, Spread, Summary, Table};
+use crate::systems::{probe_targets, Binaries, Running, System};
+use crate::topology::{
+    backend_address, service_address, service_is_tcp, Prober, Topology, BACKEND_TCP_PORT,
+    BACKEND_UDP_PORT, CLIENT_NAMESPACE, SERVICE_TCP_PORT, SERVICE_UDP_PORT,
+};
+
+pub const BACKENDS: u32 = 10;
+pub const NAME: &str = "dataplane";
+
+#[derive(Clone, Debug)]
+pub struct DataplaneSettings {
+    pub runs: usize,
+    pub run_duration: Duration,
+    pub warm_up: Duration,
+    pub concurrency: usize,
+}
+
+/// Runs the load generator in the client pod and reads its report.
+pub fn run_load(bench: &Path, work: &Path, options: &LoadOptions) -> Result<LoadReport> {
+    let path = work.join("load-options.json");
+    let text = serde_json::to_string(options)
+        .map_err(|error| Error::Load(format!("failed to encode the load options: {error}")))?;
+    std::fs::write(&path, text).map_err(|error| Error::Output {
+        path: path.display().to_string(),
+        detail: error.to_string(),
+    })?;
+    let output = Command::new("ip")
+        .args(["netns", "exec", CLIENT_NAMESPACE])
+        .arg(bench)
+        .arg("load")
+        .arg("--options")
+        .arg(&path)
+        .output()
+        .map_err(|error| Error::Load(format!("failed to start the load generator: {error}")))?;
+    if !output.status.success() {
+        return Err(Error::Load(format!(
+            "failed to run the load generator: {}",
+            String::from_utf8_lossy(&output.stderr)
+        )));
+    }
+    serde_json::from_slice(&output.stdout).map_err(|error| {
+        Error::Load(format!(
+            "failed to read the load generator's report: {error}"
+        ))
+    })
+}
+
+/// TCP and UDP targets: every Service's ClusterIP, or the backends' pod IPs (direct).
+pub fn targets(system: System, services: u32) -> (Vec<SocketAddrV4>, Vec<SocketAddrV4>) {
+    if system == System::Direct {
+        let tcp = (0..BACKENDS)
+            .map(|o| SocketAddrV4::new(backend_address(o), BACKEND_TCP_PORT))
+            .collect();
+        let udp = (0..BACKENDS)
+            .map(|o| SocketAddrV4::new(backend_address(o), BACKEND_UDP_PORT))
+            .collect();
+        return (tcp, udp);
+    }
+    let tcp = (0..services)
+        .filter(|index| service_is_tcp(*index))
+        .map(|index| SocketAddrV4::new(service_address(index), SERVICE_TCP_PORT))
+        .collect();
+    let udp = (0..services)
+        .filter(|index| !service_is_tcp(*index))
+        .map(|index| SocketAddrV4::new(service_address(index), SERVICE_UDP_PORT))
+        .collect();
+    (tcp, udp)
+}
+
+/// One row of the table: the figures of one system at one scale.
+#[derive(Clone, Debug, Default)]
+pub struct Row {
+    pub system: String,
+    pub connections: Vec<f64>,
+    pub connect_p50: Vec<f64>,
+    pub connect_p99: Vec<f64>,
+    pub kept_alive: Vec<f64>,
+    pub udp: Vec<f64>,
+    pub failures: u64,
+    pub time_to_serve: Option<f64>,
+    pub kube_proxy_sync: Option<(f64, f64)>,
+}
+
+pub fn measure(
+    system: System,
+    services: u32,
+    binaries: &Binaries,
+    work: &Path,
+    manifests: &Path,
+    settings: &DataplaneSettings,
+    summary: &mut Summary,
+) -> Result<Row> {
+    let topology = Topology::build(work, BACKENDS, &binaries.bench)?;
+    let prober = Prober::new(CLIENT_NAMESPACE)?;
+    let mut running = Running::start(system, binaries, work, manifests, "1h")?;
+    let mut row = Row {
+        system: system.label().to_string(),
+        ..Row::default()
+    };
+    if system != System::Direct {
+        let serving =
+            running.wait_serving(&prober, &probe_targets(services), Duration::from_secs(900))?;
+        row.time_to_serve = Some(serving.as_secs_f64());
+        summary.record(
+            NAME,
+            system.label(),
+            services as u64,
+            "time-to-serve",
+            serving.as_secs_f64(),
+            "s",
+        );
+        row.kube_proxy_sync = running.kube_proxy_sync_figures();
+        if let Some((count, mean)) = row.kube_proxy_sync {
+            summary.record(
+                NAME,
+                system.label(),
+                services as u64,
+                "kube-proxy-syncs",
+                count,
+                "syncs",
+            );
+            summary.record(
+                NAME,
+                system.label(),
+                services as u64,
+                "kube-proxy-mean-sync",
+                mean,
+                "s",
+            );
+        }
+    }
+    let (tcp, udp) = targets(system, services);
+    let load = |workload: Workload, targets: &[SocketAddrV4], duration: Duration| LoadOptions {
+        workload,
+        targets: targets.to_vec(),
+        concurrency: settings.concurrency,
+        duration,
+        max_operations: 5_000_000,
+        rate: None,
+        timeout: Duration::from_secs(2),
+        timeline: false,
+    };
+    // Warm-up: caches, conntrack, the first connections' slow paths.
+    run_load(
+        &binaries.bench,
+        work,
+        &load(Workload::Connect, &tcp, settings.warm_up),
+    )?;
+    for _ in 0..settings.runs {
+        let connect = run_load(
+            &binaries.bench,
+            work,
+            &load(Workload::Connect, &tcp, settings.run_duration),
+        )?;
+        row.connections.push(connect.rate());
+        row.connect_p50
+            .push(percentile(&connect.latencies_us, 0.5).unwrap_or(0) as f64);
+        row.connect_p99
+            .push(percentile(&connect.latencies_us, 0.99).unwrap_or(0) as f64);
+        row.failures += connect.failures;
+        report_failure(system, "connect", &connect);
+        let kept = run_load(
+            &binaries.bench,
+            work,
+            &load(Workload::KeptAlive, &tcp, settings.run_duration),
+        )?;
+        row.kept_alive.push(kept.rate());
+        row.failures += kept.failures;
+        report_failure(system, "kept-alive", &kept);
+        if !udp.is_empty() {
+            let datagrams = run_load(
+                &binaries.bench,
+                work,
+                &load(Workload::Udp, &udp, settings.run_duration),
+            )?;
+            row.udp.push(datagrams.rate());
+            row.failures += datagrams.failures;
+            report_failure(system, "udp", &datagrams);
+        }
+    }
+    let scale = services as u64;
+    let label = system.label();
+    summary.record_runs(
+        NAME,
+        label,
+        scale,
+        "new-connections-per-second",
+        &row.connections,
+        "1/s",
+    );
+    summary.record_runs(
+        NAME,
+        label,
+        scale,
+        "connect-latency-p50",
+        &row.connect_p50,
+        "us",
+    );
+    summary.record_runs(
+        NAME,
+        label,
+        scale,
+        "connect-latency-p99",
+        &row.connect_p99,
+        "us",
+    );
+    summary.record_runs(
+        NAME,
+        label,
+        scale,
+        "kept-alive-requests-per-second",
+        &row.kept_alive,
+        "1/s",
+    );
+    summary.record_runs(
+        NAME,
+        label,
+        scale,
+        "udp-requests-per-second",
+        &row.udp,
+        "1/s",
+    );
+    summary.record(
+        NAME,
+        label,
+        scale,
+        "failed-operations",
+        row.failures as f64,
+        "operations",
+    );
+    running.stop();
+    drop(topology);
+    Ok(row)
+}
+
+fn report_failure(system: System, workload: &str, report: &LoadReport) {
+    if let Some(failure) = &report.first_failure {
+        eprintln!(
+            "bench: {} {workload}: {} of {} failed; first: {failure}",
+            system.label(),
+            report.failures,
+            report.operations + report.failures
+        );
+    }
+}
+
+pub fn table(services: u32, rows: &[Row]) -> Table {
+    let mut table = Table::new(
+        &format!(
+            "Data plane, {} Services x {BACKENDS} endpoints (median of runs, (min-max))",
+            number(services as f64, 0)
+        ),
+        &[
+            "system",
+            "new connections/s",
+            "connect p50 µs",
+            "connect p99 µs",
+            "kept-alive requests/s",
+            "UDP requests/s",
+            "failed",
+            "serving after",
+        ],
+    );
+    let cell = |samples: &[f64]| {
+        Spread::of(samples)
+            .map(|s| s.display(0))
+            .unwrap_or_else(|| "-".into())
+    };
+    for row in rows {
+        let serving = match (row.time_to_serve, row.kube_proxy_sync) {
+            (Some(time), Some((syncs, mean))) => {
+                format!("{time:.1} s (syncs: {syncs:.0}, mean {mean:.2} s)")
+            }
+            (Some(time), None) => format!("{time:.2} s"),
+            _ => "-".into(),
+        };
+        table.row(vec![
+            row.system.clone(),
+            cell(&row.connections),
+            cell(&row.connect_p50),
+            cell(&row.connect_p99),
+            cell(&row.kept_alive),
+            cell(&row.udp),
+            row.failures.to_string(),
+            serving,
+        ]);
+    }
+    table
+}

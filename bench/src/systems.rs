@@ -1,0 +1,292 @@
+//! The systems under test, started inside the node namespace: Switchyard's agent
+//! (`standalone`, fed manifest files), the real kube-proxy 1.20 in iptables mode
+//! with either iptables backend (fed by the API server), or nothing (direct pod IP).
+
+use std::net::SocketAddrV4;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::apiserver::kubeconfig_path;
+use crate::error::{Error, Result};
+use crate::topology::{
+    http_get, service_address, Prober, Process, NODE_ADDRESS, NODE_NAMESPACE, SERVICE_TCP_PORT,
+};
+
+static CONFIGURATION: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum System {
+    Direct,
+    Switchyard,
+    KubeProxyLegacy,
+    KubeProxyNft,
+}
+
+impl System {
+    pub fn label(self) -> &'static str {
+        match self {
+            System::Direct => "direct",
+            System::Switchyard => "switchyard",
+            System::KubeProxyLegacy => "kube-proxy-iptables-legacy",
+            System::KubeProxyNft => "kube-proxy-iptables-nft",
+        }
+    }
+
+    pub fn is_kube_proxy(self) -> bool {
+        matches!(self, System::KubeProxyLegacy | System::KubeProxyNft)
+    }
+}
+
+/// Where the programs are.
+#[derive(Clone, Debug)]
+pub struct Binaries {
+    pub bench: PathBuf,
+    pub agent: PathBuf,
+    pub operator: PathBuf,
+    pub kubernetes: PathBuf,
+}
+
+/// A running system; stopped on drop (the topology's teardown kills leftovers).
+pub struct Running {
+    pub system: System,
+    pub process: Option<Process>,
+    pub log: PathBuf,
+    pub pin_directory: PathBuf,
+    generation: usize,
+    work: PathBuf,
+    binaries: Binaries,
+    manifests: PathBuf,
+    sync_period: String,
+}
+
+impl Running {
+    /// Starts `system` in the node namespace. `manifests`: the agent's input;
+    /// `sync_period`: kube-proxy's periodic full resync (`--iptables-sync-period`).
+    pub fn start(
+        system: System,
+        binaries: &Binaries,
+        work: &Path,
+        manifests: &Path,
+        sync_period: &str,
+    ) -> Result<Self> {
+        let mut running = Self {
+            system,
+            process: None,
+            log: work.join(format!("{}-0.log", system.label())),
+            // A fresh pin directory per configuration: nothing carries over.
+            pin_directory: work.join("bpffs").join(format!(
+                "switchyard-{}",
+                CONFIGURATION.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            )),
+            generation: 0,
+            work: work.to_path_buf(),
+            binaries: binaries.clone(),
+            manifests: manifests.to_path_buf(),
+            sync_period: sync_period.to_string(),
+        };
+        if system == System::KubeProxyLegacy || system == System::KubeProxyNft {
+            write_iptables_wrappers(work, system)?;
+        }
+        running.spawn()?;
+        Ok(running)
+    }
+
+    fn spawn(&mut self) -> Result<()> {
+        self.log = self
+            .work
+            .join(format!("{}-{}.log", self.system.label(), self.generation));
+        self.generation += 1;
+        let process = match self.system {
+            System::Direct => None,
+            System::Switchyard => Some(Process::start(
+                "switchyard-agent",
+                Some(NODE_NAMESPACE),
+                &self.binaries.agent,
+                &[
+                    "standalone".into(),
+                    "--manifests".into(),
+                    self.manifests.display().to_string(),
+                    "--pod-interfaces".into(),
+                    "veth-*".into(),
+                    "--host-interfaces".into(),
+                    "up0".into(),
+                    "--node-ip".into(),
+                    NODE_ADDRESS.to_string(),
+                    "--node-name".into(),
+                    "bench-node".into(),
+                    "--bpf-pin-dir".into(),
+                    self.pin_directory.display().to_string(),
+                    // The client is a pod: TC programs carry its traffic. Socket hooks
+                    // would go on the machine's cgroup root; the bench leaves that alone.
+                    "--no-socket-hooks".into(),
+                    // Manifest files are polled (cluster mode watches the API server).
+                    "--poll-interval-ms".into(),
+                    "20".into(),
+                ],
+                &[("RUST_LOG".into(), "info".into())],
+                &self.log,
+            )?),
+            System::KubeProxyLegacy | System::KubeProxyNft => {
+                let wrappers = iptables_wrapper_directory(&self.work, self.system);
+                let path = format!(
+                    "{}:{}",
+                    wrappers.display(),
+                    std::env::var("PATH")
+                        .unwrap_or_else(|_| "/usr/sbin:/usr/bin:/sbin:/bin".into())
+                );
+                Some(Process::start(
+                    "kube-proxy",
+                    Some(NODE_NAMESPACE),
+                    &self.binaries.kubernetes.join("kube-proxy"),
+                    &[
+                        format!(
+                            "--kubeconfig={}",
+                            kubeconfig_path(&self.work, "kube-proxy", "-node").display()
+                        ),
+                        "--proxy-mode=iptables".into(),
+                        "--hostname-override=bench-node".into(),
+                        format!("--bind-address={NODE_ADDRESS}"),
+                        "--cluster-cidr=10.244.0.0/16".into(),
+                        // Leave the machine-wide conntrack settings alone.
+                        "--conntrack-max-per-core=0".into(),
+                        "--conntrack-tcp-timeout-established=0s".into(),
+                        "--conntrack-tcp-timeout-close-wait=0s".into(),
+                        format!("--iptables-sync-period={}", self.sync_period),
+                        "--iptables-min-sync-period=1s".into(),
+                        "--metrics-bind-address=127.0.0.1:10249".into(),
+                        "--healthz-bind-address=127.0.0.1:10256".into(),
+                        "--v=1".into(),
+                    ],
+                    &[("PATH".into(), path)],
+                    &self.log,
+                )?)
+            }
+        };
+        self.process = process;
+        Ok(())
+    }
+
+    /// Stops the process (SIGTERM) and starts a new one, as a restart does.
+    /// Returns the moment the old process was signalled.
+    pub fn restart(&mut self) -> Result<Instant> {
+        let signalled = Instant::now();
+        if let Some(mut process) = self.process.take() {
+            process.stop(Duration::from_secs(10));
+        }
+        self.spawn()?;
+        Ok(signalled)
+    }
+
+    /// Waits until every probe target answers (a TCP Service from the client pod),
+    /// returning the time since the process started.
+    pub fn wait_serving(
+        &mut self,
+        prober: &Prober,
+        targets: &[SocketAddrV4],
+        timeout: Duration,
+    ) -> Result<Duration> {
+        let since = self
+            .process
+            .as_ref()
+            .map(|p| p.started)
+            .unwrap_or_else(Instant::now);
+        for target in targets {
+            let remaining = timeout.saturating_sub(since.elapsed());
+            if prober
+                .wait_for_answer(*target, None, Instant::now(), remaining)
+                .is_none()
+            {
+                let log = self
+                    .process
+                    .as_ref()
+                    .map(Process::log_text)
+                    .unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(20).collect();
+                return Err(Error::System(format!(
+                    "failed to see {} serve {target} within {} s; last lines of its log:\n{}",
+                    self.system.label(),
+                    timeout.as_secs(),
+                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                )));
+            }
+        }
+        Ok(since.elapsed())
+    }
+
+    /// kube-proxy's own figures: (syncs, mean sync seconds, last sync seconds).
+    pub fn kube_proxy_sync_figures(&self) -> Option<(f64, f64)> {
+        if !self.system.is_kube_proxy() {
+            return None;
+        }
+        let metrics = http_get(NODE_NAMESPACE, "http://127.0.0.1:10249/metrics")?;
+        let value = |name: &str| {
+            metrics
+                .lines()
+                .find(|line| line.starts_with(name))
+                .and_then(|line| line.split_whitespace().last())
+                .and_then(|value| value.parse::<f64>().ok())
+        };
+        let count = value("kubeproxy_sync_proxy_rules_duration_seconds_count ")?;
+        let sum = value("kubeproxy_sync_proxy_rules_duration_seconds_sum ")?;
+        Some((count, if count > 0.0 { sum / count } else { 0.0 }))
+    }
+
+    pub fn stop(mut self) {
+        if let Some(mut process) = self.process.take() {
+            process.stop(Duration::from_secs(10));
+        }
+    }
+}
+
+/// Probe targets: the first and last TCP Services of `count`.
+pub fn probe_targets(count: u32) -> Vec<SocketAddrV4> {
+    let last_tcp = if count.is_multiple_of(2) {
+        count.saturating_sub(2)
+    } else {
+        count - 1
+    };
+    let mut targets = vec![SocketAddrV4::new(service_address(0), SERVICE_TCP_PORT)];
+    if last_tcp > 0 {
+        targets.push(SocketAddrV4::new(
+            service_address(last_tcp),
+            SERVICE_TCP_PORT,
+        ));
+    }
+    targets
+}
+
+fn iptables_wrapper_directory(work: &Path, system: System) -> PathBuf {
+    work.join(format!("iptables-{}", system.label()))
+}
+
+/// kube-proxy 1.20 runs whatever `iptables` is first on its PATH (the official
+/// image picks a backend with a wrapper script): these wrappers pick one.
+fn write_iptables_wrappers(work: &Path, system: System) -> Result<()> {
+    let backend = if system == System::KubeProxyNft {
+        "nft"
+    } else {
+        "legacy"
+    };
+    let directory = iptables_wrapper_directory(work, system);
+    std::fs::create_dir_all(&directory).map_err(|error| Error::Output {
+        path: directory.display().to_string(),
+        detail: error.to_string(),
+    })?;
+    for family in ["iptables", "ip6tables"] {
+        for suffix in ["", "-save", "-restore"] {
+            let name = format!("{family}{suffix}");
+            let path = directory.join(&name);
+            let script = format!("#!/bin/sh\nexec /usr/sbin/{family}-{backend}{suffix} \"$@\"\n");
+            std::fs::write(&path, script)
+                .and_then(|()| {
+                    use std::os::unix::fs::PermissionsExt as _;
+                    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))
+                })
+                .map_err(|error| Error::Output {
+                    path: path.display().to_string(),
+                    detail: error.to_string(),
+                })?;
+        }
+    }
+    Ok(())
+}
