@@ -184,10 +184,10 @@ pub async fn run(context: Arc<Context>) {
                     {
                         if let Err(error) = reconcile_without_config(&context).await {
                             context.metrics.reconcile_errors.with_label_values(&[error_policy::step(&error)]).inc();
-                            tracing::warn!(error = %error, "failed to reconcile without a DataplaneConfig");
+                            tracing::warn!(error = %crate::error::describe(&error), "failed to reconcile without a DataplaneConfig");
                         }
                     }
-                    Err(error) => tracing::warn!(error = %error, "reconcile failed"),
+                    Err(error) => tracing::warn!(error = %crate::error::describe(&error), "reconcile failed"),
                 }
             }
         })
@@ -230,7 +230,7 @@ pub fn error_policy(_config: Arc<DataplaneConfig>, error: &Error, context: Arc<C
         .inc();
     let class = error_policy::classify(error);
     let next = error_policy::retry_after(class, failures);
-    tracing::warn!(error = %error, ?class, retry_in = ?next, "reconcile failed");
+    tracing::warn!(error = %crate::error::describe(error), ?class, retry_in = ?next, "reconcile failed");
     match next {
         Some(delay) => Action::requeue(delay),
         None => Action::await_change(),
@@ -330,16 +330,22 @@ async fn reconcile_default(
                     .await
             }
             None => {
-                // Without a DataplaneConfig, the Nodes whose DataplaneNode was created carry the Event.
+                // Without a DataplaneConfig, each Node whose DataplaneNode was created carries
+                // the Event about its own.
                 for write in plan.dataplane_nodes.iter().filter(|write| write.create) {
                     if let Some(node) = objects
                         .nodes
                         .iter()
                         .find(|node| node.name_any() == write.node_name)
                     {
+                        let created = Occurrence::normal(
+                            "DataplaneNodeCreated",
+                            "ApplyDataplaneNode",
+                            format!("created DataplaneNode {}", describe_write(write)),
+                        );
                         context
                             .recorder
-                            .publish_or_log(&reference_to(node), &occurrence)
+                            .publish_or_log(&reference_to(node), &created)
                             .await;
                     }
                 }

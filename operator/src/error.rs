@@ -135,3 +135,16 @@ impl PartialEq for ApiError {
 }
 
 impl Eq for ApiError {}
+
+/// The error and every source under it, `: `-separated, for logs (tracing's `%error` shows only
+/// the outermost message).
+pub fn describe(error: &dyn std::error::Error) -> String {
+    let mut message = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        message.push_str(": ");
+        message.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    message
+}

@@ -242,7 +242,7 @@ impl Recorder {
     /// never stop a transition step.
     pub async fn publish_or_log(&self, involved: &ObjectReference, occurrence: &Occurrence) {
         if let Err(error) = self.publish(involved, occurrence).await {
-            tracing::warn!(error = %error, reason = %occurrence.reason, "failed to record an Event");
+            tracing::warn!(error = %crate::error::describe(&error), reason = %occurrence.reason, "failed to record an Event");
         }
     }
 }

@@ -260,7 +260,9 @@ impl LeaderElector {
                         last_holder = Some(holder);
                     }
                 }
-                Err(error) => tracing::warn!(%error, "failed to read or write the leader Lease"),
+                Err(error) => {
+                    tracing::warn!(error = %crate::error::describe(&error), "failed to read or write the leader Lease")
+                }
             }
             tokio::time::sleep(self.timing.retry_period).await;
         }
@@ -280,7 +282,9 @@ impl LeaderElector {
                         reason: format!("the Lease is held by {holder}"),
                     }
                 }
-                Err(error) => tracing::warn!(%error, "failed to renew the leader Lease"),
+                Err(error) => {
+                    tracing::warn!(error = %crate::error::describe(&error), "failed to renew the leader Lease")
+                }
             }
             if last_renewal.elapsed() >= self.timing.renew_deadline {
                 return Error::LeadershipLost {

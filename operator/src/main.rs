@@ -64,13 +64,7 @@ async fn main() -> std::process::ExitCode {
     match run(arguments).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(error) => {
-            let mut message = error.to_string();
-            let mut source = std::error::Error::source(&error);
-            while let Some(cause) = source {
-                message.push_str(&format!(": {cause}"));
-                source = cause.source();
-            }
-            tracing::error!("{message}");
+            tracing::error!("{}", switchyard_operator::error::describe(&error));
             std::process::ExitCode::FAILURE
         }
     }
@@ -141,7 +135,7 @@ async fn run(arguments: Arguments) -> Result<(), Error> {
     health.set_ready(false);
     if outcome.is_ok() {
         if let Err(error) = elector.release().await {
-            tracing::warn!(%error, "failed to release the leader Lease");
+            tracing::warn!(error = %switchyard_operator::error::describe(&error), "failed to release the leader Lease");
         }
     }
     outcome

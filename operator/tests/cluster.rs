@@ -48,14 +48,22 @@ struct Operator {
 
 impl Operator {
     fn start(identity: &str, metrics_port: u16, extra: &[&str]) -> Self {
-        let paths = ClusterPaths::from_environment();
+        Self::start_with(
+            identity,
+            metrics_port,
+            extra,
+            ClusterPaths::from_environment().admin_kubeconfig(),
+        )
+    }
+
+    fn start_with(identity: &str, metrics_port: u16, extra: &[&str], kubeconfig: PathBuf) -> Self {
         let log = std::env::temp_dir().join(format!("switchyard-operator-test-{identity}.log"));
         let output = std::fs::File::create(&log).expect("create the operator's log file");
         let child = Command::new(env!("CARGO_BIN_EXE_switchyard-operator"))
             .arg(format!("--metrics-address=127.0.0.1:{metrics_port}"))
             .arg(format!("--agent-namespace={NAMESPACE}"))
             .args(extra)
-            .env("KUBECONFIG", paths.admin_kubeconfig())
+            .env("KUBECONFIG", kubeconfig)
             .env("POD_NAME", identity)
             .env("POD_NAMESPACE", NAMESPACE)
             .env("RUST_LOG", "info,kube=warn")
@@ -81,15 +89,34 @@ impl Operator {
         lines[lines.len().saturating_sub(30)..].join("\n")
     }
 
+    /// SIGKILL: the process gets no chance to release its Lease.
     fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+
+    /// SIGTERM, as the kubelet does: the operator releases its Lease and exits.
+    fn stop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = Command::new("kill")
+                .arg("-TERM")
+                .arg(self.child.id().to_string())
+                .status();
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = self.child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        self.kill();
     }
 }
 
 impl Drop for Operator {
     fn drop(&mut self) {
-        self.kill();
+        self.stop();
     }
 }
 
@@ -119,10 +146,12 @@ fn simulate_agents(client: Client) -> JoinHandle<()> {
     tokio::spawn(async move {
         let nodes: Api<DataplaneNode> = Api::all(client.clone());
         let pods: Api<Pod> = Api::namespaced(client.clone(), "kube-system");
+        let agent_pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
         loop {
-            if let (Ok(dataplane_nodes), Ok(pods)) = (
+            if let (Ok(dataplane_nodes), Ok(pods), Ok(agent_pods)) = (
                 nodes.list(&ListParams::default()).await,
                 pods.list(&ListParams::default()).await,
+                agent_pods.list(&ListParams::default()).await,
             ) {
                 for dataplane_node in dataplane_nodes {
                     let name = dataplane_node.name_any();
@@ -134,7 +163,22 @@ fn simulate_agents(client: Client) -> JoinHandle<()> {
                                 .iter()
                                 .any(|owner| owner.name == "kube-proxy")
                     });
-                    let status = simulated_status(&dataplane_node, kube_proxy_pod);
+                    // The agent reports the revision of the pod it runs in (downward API).
+                    let agent_revision = agent_pods
+                        .items
+                        .iter()
+                        .filter(|pod| pod.metadata.deletion_timestamp.is_none())
+                        // An agent reports once its process runs, not while its pod is pending.
+                        .filter(|pod| {
+                            pod.status.as_ref().and_then(|status| status.phase.as_deref())
+                                == Some("Running")
+                        })
+                        .filter(|pod| {
+                            pod.spec.as_ref().and_then(|spec| spec.node_name.as_deref())
+                                == Some(name.as_str())
+                        })
+                        .find_map(|pod| pod.labels().get("controller-revision-hash").cloned());
+                    let status = simulated_status(&dataplane_node, kube_proxy_pod, agent_revision);
                     if dataplane_node.status.as_ref() != Some(&status) {
                         let patch = json!({ "status": status });
                         let _ = nodes
@@ -151,6 +195,7 @@ fn simulate_agents(client: Client) -> JoinHandle<()> {
 fn simulated_status(
     dataplane_node: &DataplaneNode,
     kube_proxy_pod: Option<&Pod>,
+    agent_revision: Option<String>,
 ) -> DataplaneNodeStatus {
     let now = chrono::Utc::now();
     let generation = dataplane_node.metadata.generation;
@@ -236,10 +281,14 @@ fn simulated_status(
     }
     status.observed_generation = generation;
     status.agent_version = Some("simulated".into());
+    if agent_revision.is_some() {
+        status.agent_revision = agent_revision;
+    }
     status
 }
 
-async fn prepare(client: &Client) -> Result<DaemonSet, Box<dyn std::error::Error>> {
+/// The operator's namespace (the chart's release namespace), where its Lease lives.
+async fn ensure_namespace(client: &Client) -> TestResult {
     let namespaces: Api<Namespace> = Api::all(client.clone());
     if namespaces.get_opt(NAMESPACE).await?.is_none() {
         let namespace: Namespace =
@@ -248,11 +297,119 @@ async fn prepare(client: &Client) -> Result<DaemonSet, Box<dyn std::error::Error
             .create(&PostParams::default(), &namespace)
             .await?;
     }
-    // No DataplaneConfig from an earlier test.
+    Ok(())
+}
+
+/// A kubeconfig for the chart's operator ServiceAccount, bound by the chart's own RBAC
+/// (`helm template --show-only templates/rbac.yaml`), so the operator runs with exactly the
+/// permissions it is installed with.
+async fn chart_operator_kubeconfig(client: &Client) -> Result<PathBuf, Box<dyn std::error::Error>> {
+    ensure_namespace(client).await?;
+    let chart = concat!(env!("CARGO_MANIFEST_DIR"), "/../charts/switchyard");
+    let rendered = Command::new("helm")
+        .args([
+            "template",
+            "sy",
+            chart,
+            "--namespace",
+            NAMESPACE,
+            "--set",
+            "apiServer.host=10.99.0.1",
+            "--show-only",
+            "templates/rbac.yaml",
+        ])
+        .output()?;
+    if !rendered.status.success() {
+        return Err(format!(
+            "helm template failed: {}",
+            String::from_utf8_lossy(&rendered.stderr)
+        )
+        .into());
+    }
+    let mut apply = Command::new("kubectl")
+        .args(["apply", "-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()?;
+    {
+        use std::io::Write;
+        apply
+            .stdin
+            .take()
+            .ok_or("no stdin for kubectl")?
+            .write_all(&rendered.stdout)?;
+    }
+    if !apply.wait()?.success() {
+        return Err("kubectl apply of the chart's RBAC failed".into());
+    }
+    let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> =
+        Api::namespaced(client.clone(), NAMESPACE);
+    if accounts.get_opt("switchyard-operator").await?.is_none() {
+        let account =
+            serde_json::from_value(json!({ "metadata": { "name": "switchyard-operator" } }))?;
+        accounts.create(&PostParams::default(), &account).await?;
+    }
+    // 1.20: the token controller writes a token Secret for the account.
+    let secret_name = wait_for(
+        "see the operator's token Secret",
+        WaitOptions::new(Duration::from_secs(30)),
+        || async {
+            let account = accounts.get("switchyard-operator").await?;
+            let name = account
+                .secrets
+                .unwrap_or_default()
+                .into_iter()
+                .find_map(|reference| reference.name);
+            Ok::<_, kube::Error>(match name {
+                Some(name) => Check::Ready(name),
+                None => Check::NotYet("no token Secret yet".into()),
+            })
+        },
+    )
+    .await?;
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> =
+        Api::namespaced(client.clone(), NAMESPACE);
+    let secret = secrets.get(&secret_name).await?;
+    let data = secret.data.unwrap_or_default();
+    let token = String::from_utf8(data.get("token").ok_or("no token in the Secret")?.0.clone())?;
+    let certificate_authority = data
+        .get("ca.crt")
+        .ok_or("no ca.crt in the Secret")?
+        .0
+        .clone();
+    let directory = std::env::temp_dir().join("switchyard-operator-test-account");
+    std::fs::create_dir_all(&directory)?;
+    let ca_path = directory.join("ca.crt");
+    std::fs::write(&ca_path, certificate_authority)?;
+    let kubeconfig = directory.join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: e2e\n  cluster:\n    server: https://10.99.0.1:6443\n    certificate-authority: {}\nusers:\n- name: operator\n  user:\n    token: {token}\ncontexts:\n- name: operator\n  context:\n    cluster: e2e\n    user: operator\ncurrent-context: operator\n",
+            ca_path.display()
+        ),
+    )?;
+    Ok(kubeconfig)
+}
+
+async fn prepare(client: &Client) -> Result<DaemonSet, Box<dyn std::error::Error>> {
+    ensure_namespace(client).await?;
+    // The CRDs, as the operator applies them at start (a fresh cluster has none yet).
+    switchyard_operator::crd_apply::apply_crds(
+        client.clone(),
+        &switchyard_crds::crds(),
+        Duration::from_secs(30),
+    )
+    .await?;
+    // No DataplaneConfig and no DataplaneNode from an earlier test.
     let configs: Api<DataplaneConfig> = Api::all(client.clone());
     if configs.get_opt("default").await?.is_some() {
         configs.delete("default", &DeleteParams::default()).await?;
     }
+    let dataplane_nodes: Api<DataplaneNode> = Api::all(client.clone());
+    dataplane_nodes
+        .delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await?;
     create_kube_proxy_daemonset(client).await?;
     // A selector of its own, so that "restored exactly" means something.
     let daemon_sets: Api<DaemonSet> = Api::namespaced(client.clone(), "kube-system");
@@ -410,10 +567,13 @@ async fn a_transition_to_ebpf_and_back_disables_kube_proxy_and_restores_it_exact
             .map(String::as_str),
         Some(ORIGINAL_SELECTOR.1)
     );
-    let operator = Operator::start(
+    // The operator runs as the chart's ServiceAccount, with the chart's RBAC only.
+    let kubeconfig = chart_operator_kubeconfig(&client).await?;
+    let operator = Operator::start_with(
         "operator-a",
         18181,
         &["--api-server-address=10.99.0.1:6443"],
+        kubeconfig,
     );
     let agents = simulate_agents(client.clone());
 
@@ -453,14 +613,7 @@ async fn a_transition_to_ebpf_and_back_disables_kube_proxy_and_restores_it_exact
         );
     }
     // Events about cluster-scoped objects landed on the 1.20 server.
-    wait_for_event(
-        &client,
-        "default",
-        "Node",
-        "node-1",
-        "DataplaneNodesCreated",
-    )
-    .await?;
+    wait_for_event(&client, "default", "Node", "node-1", "DataplaneNodeCreated").await?;
 
     // KubeProxy -> Ebpf.
     let configs: Api<DataplaneConfig> = Api::all(client.clone());
@@ -787,6 +940,7 @@ async fn managed_is_refused_on_a_kube_proxy_owned_by_another_tool_and_preflight_
 #[ignore = "needs the e2e cluster: make e2e-operator-smoke"]
 async fn a_second_replica_waits_and_takes_over_when_the_leader_dies() -> TestResult {
     let client = admin_client(&ClusterPaths::from_environment()).await?;
+    ensure_namespace(&client).await?;
     let mut first = Operator::start("replica-1", 18184, &["--api-server-address=10.99.0.1:6443"]);
     let leader_gauge = "switchyard_operator_leader";
     wait_for(
@@ -984,5 +1138,159 @@ async fn a_1_20_server_rejects_event_time_events_about_cluster_scoped_objects_in
         .get(&name)
         .await?;
     assert_eq!(stored.count, Some(2));
+    Ok(())
+}
+
+#[tokio::test]
+#[ignore = "needs the e2e cluster: make e2e-operator-smoke"]
+async fn agents_are_upgraded_one_node_at_a_time_by_deleting_their_pods() -> TestResult {
+    let client = admin_client(&ClusterPaths::from_environment()).await?;
+    prepare(&client).await?;
+    let daemon_sets: Api<DaemonSet> = Api::namespaced(client.clone(), NAMESPACE);
+    if daemon_sets.get_opt("switchyard-agent").await?.is_some() {
+        daemon_sets
+            .delete("switchyard-agent", &DeleteParams::foreground())
+            .await?;
+        tokio::time::sleep(Duration::from_secs(3)).await;
+    }
+    // An OnDelete DaemonSet whose image the pod runner does not run: the hollow kubelet reports
+    // its pods Running, which is all the operator looks at (the simulated agents report).
+    let agent: DaemonSet = serde_json::from_value(json!({
+        "metadata": { "name": "switchyard-agent" },
+        "spec": {
+            "selector": { "matchLabels": { "app": "switchyard-agent" } },
+            "updateStrategy": { "type": "OnDelete" },
+            "template": {
+                "metadata": { "labels": { "app": "switchyard-agent" }, "annotations": { "version": "1" } },
+                "spec": {
+                    "tolerations": [{ "operator": "Exists" }],
+                    "terminationGracePeriodSeconds": 1,
+                    "containers": [{ "name": "agent", "image": "switchyard/simulated-agent:1" }],
+                },
+            },
+        },
+    }))?;
+    daemon_sets.create(&PostParams::default(), &agent).await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let revisions_of_running_pods = || async {
+        let list = pods.list(&ListParams::default()).await?;
+        Ok::<_, kube::Error>(
+            list.items
+                .iter()
+                .filter(|pod| pod.metadata.deletion_timestamp.is_none())
+                .filter(|pod| {
+                    pod.status
+                        .as_ref()
+                        .and_then(|status| status.phase.as_deref())
+                        == Some("Running")
+                })
+                .filter_map(|pod| pod.labels().get("controller-revision-hash").cloned())
+                .collect::<Vec<_>>(),
+        )
+    };
+    let first = wait_for(
+        "see 3 agent pods running",
+        WaitOptions::new(Duration::from_secs(60)),
+        || async {
+            let revisions = revisions_of_running_pods().await?;
+            Ok::<_, kube::Error>(if revisions.len() == 3 {
+                Check::Ready(revisions[0].clone())
+            } else {
+                Check::NotYet(format!("{revisions:?}"))
+            })
+        },
+    )
+    .await?;
+
+    let kubeconfig = chart_operator_kubeconfig(&client).await?;
+    let operator = Operator::start_with(
+        "operator-d",
+        18186,
+        &["--api-server-address=10.99.0.1:6443"],
+        kubeconfig,
+    );
+    let agents = simulate_agents(client.clone());
+    let configs: Api<DataplaneConfig> = Api::all(client.clone());
+    let config: DataplaneConfig = serde_json::from_value(json!({
+        "apiVersion": "switchyard.dev/v1alpha1",
+        "kind": "DataplaneConfig",
+        "metadata": { "name": "default" },
+        "spec": { "mode": "KubeProxy", "rollout": { "maxUnavailable": 1, "nodeReadyTimeoutSeconds": 60 } },
+    }))?;
+    configs.create(&PostParams::default(), &config).await?;
+    wait_until_ready(&client, &operator, DataplaneMode::KubeProxy).await?;
+
+    // A new agent version: the DaemonSet gets a new revision, and only the operator replaces pods.
+    let upgrade =
+        json!({ "spec": { "template": { "metadata": { "annotations": { "version": "2" } } } } });
+    daemon_sets
+        .patch(
+            "switchyard-agent",
+            &PatchParams::default(),
+            &Patch::Merge(&upgrade),
+        )
+        .await?;
+    let upgrade_started = Instant::now();
+    let mut most_missing = 0;
+    let mut phases = Vec::new();
+    let new_revision = loop {
+        if upgrade_started.elapsed() > Duration::from_secs(120) {
+            return Err(format!(
+                "the agents were not upgraded within 120 s\noperator log:\n{}",
+                operator.log_tail()
+            )
+            .into());
+        }
+        let revisions = revisions_of_running_pods().await?;
+        let missing = 3 - revisions.len().min(3);
+        most_missing = most_missing.max(missing);
+        if let Some(status) = configs.get("default").await?.status {
+            if phases.last() != Some(&status.phase) {
+                phases.push(status.phase);
+            }
+        }
+        if revisions.len() == 3
+            && revisions.iter().all(|revision| revision != &first)
+            && revisions.windows(2).all(|pair| pair[0] == pair[1])
+        {
+            break revisions[0].clone();
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    println!(
+        "agents upgraded from {first} to {new_revision} in {:.1} s; at most {most_missing} node(s) without a running agent at once; phases seen: {phases:?}",
+        upgrade_started.elapsed().as_secs_f64()
+    );
+    assert!(
+        most_missing <= 1,
+        "more than maxUnavailable agents were down at once: {most_missing}"
+    );
+    assert!(
+        phases.contains(&DataplanePhase::UpgradingAgents),
+        "{phases:?}"
+    );
+    wait_for_event(
+        &client,
+        "default",
+        "DataplaneConfig",
+        "default",
+        "AgentPodsDeleted",
+    )
+    .await?;
+    let daemon_set = daemon_sets.get("switchyard-agent").await?;
+    assert!(
+        !daemon_set
+            .managed_fields()
+            .iter()
+            .any(|entry| entry.manager.as_deref() == Some("switchyard-operator")),
+        "the operator must never write the agent DaemonSet (Helm and Argo CD own it)"
+    );
+    wait_until_ready(&client, &operator, DataplaneMode::KubeProxy).await?;
+
+    agents.abort();
+    configs.delete("default", &DeleteParams::default()).await?;
+    daemon_sets
+        .delete("switchyard-agent", &DeleteParams::default())
+        .await?;
     Ok(())
 }

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# `make e2e-operator-smoke`: the operator against a real Kubernetes 1.20 API server.
+# Starts a 3-node cluster (e2e/cluster), runs operator/tests/cluster.rs inside its
+# private namespaces (agents simulated by the test, the operator binary as a child
+# process), tears the cluster down and checks nothing is left. Prints step timings.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+CARGO=${CARGO:-cargo}
+milliseconds() { echo $(( $(date +%s%N) / 1000000 )); }
+seconds_since() { local elapsed=$(( $(milliseconds) - $1 )); printf '%d.%d' $((elapsed / 1000)) $((elapsed % 1000 / 100)); }
+started=$(milliseconds)
+step_started=$started
+step() {
+  printf 'e2e-operator-smoke: %-34s %6s s\n' "$1" "$(seconds_since "$step_started")" >&2
+  step_started=$(milliseconds)
+}
+
+cleanup() {
+  local status=$?
+  e2e/cluster down >/dev/null 2>&1 || true
+  if [ "$status" -ne 0 ]; then
+    echo "e2e-operator-smoke: FAILED (cluster logs: ${SWITCHYARD_E2E_LAST_LOGS:-/tmp/switchyard-e2e-last-logs}; operator logs: ${TMPDIR:-/tmp}/switchyard-operator-test-*.log)" >&2
+  fi
+}
+trap cleanup EXIT
+
+bash e2e/scripts/build-kubernetes.sh
+step "kubernetes components"
+"$CARGO" build --locked --quiet -p switchyard-e2e --bins
+"$CARGO" test --locked --quiet --no-run -p switchyard-operator --test cluster 2>/dev/null
+step "pod runner, operator and its test"
+e2e/cluster up --nodes 3
+step "cluster up (3 nodes)"
+e2e/cluster exec "$CARGO" test --locked --offline --quiet -p switchyard-operator --test cluster -- --ignored --test-threads=1 --nocapture
+step "operator tests"
+e2e/cluster down
+e2e/cluster verify-clean
+step "cluster down, verified clean"
+printf 'e2e-operator-smoke: %-34s %6s s\n' "total" "$(seconds_since "$started")" >&2
