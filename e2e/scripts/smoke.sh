@@ -28,11 +28,12 @@ bash e2e/scripts/build-kubernetes.sh
 step "kubernetes components"
 "$CARGO" build --locked -p switchyard-e2e --bins --tests --quiet
 step "e2e crate"
-e2e/cluster up --nodes 3
+# The probe image of the smoke test's Deployment joins the image table.
+SWITCHYARD_E2E_IMAGES="$PWD/e2e/manifests/smoke-images.conf" e2e/cluster up --nodes 3
 step "cluster up (3 nodes)"
 # The test talks to the API server and opens connections, so it runs inside
 # the cluster's private namespaces.
-e2e/cluster exec "$CARGO" test --locked --offline --quiet -p switchyard-e2e --test smoke -- --ignored --nocapture
+e2e/cluster exec "$CARGO" test --locked --offline --quiet -p switchyard-e2e --test smoke -- --ignored --test-threads=1 --nocapture
 step "smoke test"
 e2e/cluster down
 e2e/cluster verify-clean

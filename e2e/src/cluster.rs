@@ -57,6 +57,21 @@ impl ClusterPaths {
         self.state.join("pods")
     }
 
+    /// Where the pod runner keeps one process's files: `output.log` (its
+    /// standard output and error) and `serviceaccount/`.
+    pub fn process_directory(
+        &self,
+        namespace: &str,
+        pod: &str,
+        pod_uid: &str,
+        container: &str,
+    ) -> PathBuf {
+        let uid_prefix: String = pod_uid.chars().take(8).collect();
+        self.pods_directory()
+            .join(format!("{namespace}_{pod}_{uid_prefix}"))
+            .join(container)
+    }
+
     /// One JSON object per line for every process the pod runner started,
     /// signalled or saw exit.
     pub fn pod_runner_events(&self) -> PathBuf {

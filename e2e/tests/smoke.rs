@@ -104,6 +104,8 @@ async fn create_service(client: &Client, name: &str, node_port: Option<u16>) -> 
         .unwrap_or_else(|error| panic!("failed to create Service {name}: {error}"))
 }
 
+const LONG_LIVED_CONNECTIONS: usize = 4;
+
 fn assert_clean(report: &TrafficReport, backends: &[&str], what: &str) {
     assert_eq!(
         report.failure_count(),
@@ -113,8 +115,17 @@ fn assert_clean(report: &TrafficReport, backends: &[&str], what: &str) {
     for (name, flow) in &report.flows {
         assert!(
             flow.successes >= 20,
-            "{what}: flow {name} made too few connections\n{report}"
+            "{what}: flow {name} made too few exchanges\n{report}"
         );
+        if name.contains("long-lived") {
+            // Each long-lived connection sticks to one backend; none may have
+            // been reopened.
+            assert_eq!(
+                flow.connections_opened, LONG_LIVED_CONNECTIONS as u64,
+                "{what}: long-lived connections were reopened\n{report}"
+            );
+            continue;
+        }
         for backend in backends {
             assert!(
                 flow.backends.contains_key(*backend),
@@ -273,6 +284,15 @@ async fn kube_proxy_serves_cluster_ip_and_node_port_and_is_replaced_after_its_po
                 destination: SocketAddr::V4(SocketAddrV4::new(node_1_address, NODE_PORT)),
                 mode: short,
             },
+            Flow {
+                name: "client pod -> ClusterIP, long-lived".into(),
+                source: client_pod.thread().unwrap(),
+                destination: SocketAddr::V4(SocketAddrV4::new(cluster_ip, SERVICE_PORT)),
+                mode: FlowMode::LongLived {
+                    connections: LONG_LIVED_CONNECTIONS,
+                    message_interval: Duration::from_millis(100),
+                },
+            },
         ]
     };
     let generator = TrafficGenerator::start(flows(), Timeouts::default());
@@ -365,4 +385,153 @@ async fn kube_proxy_serves_cluster_ip_and_node_port_and_is_replaced_after_its_po
     server_2.stop().await;
     server_3.stop().await;
     drop((client_pod, backend_2, backend_3, outside));
+}
+
+fn process_output(paths: &ClusterPaths, event: &RunnerEvent) -> String {
+    let path = paths
+        .process_directory(
+            &event.namespace,
+            &event.pod,
+            &event.pod_uid,
+            &event.container,
+        )
+        .join("output.log");
+    std::fs::read_to_string(path).unwrap_or_default()
+}
+
+fn probe_events(paths: &ClusterPaths) -> Vec<RunnerEvent> {
+    read_events(&paths.pod_runner_events())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|event| event.namespace == "default" && event.container == "probe")
+        .collect()
+}
+
+/// Waits for the probe process of a pod started at or after `since` (other
+/// than `except`) to have printed its credentials, and returns its start event.
+async fn wait_for_probe(paths: &ClusterPaths, since: u64, except: Option<&str>) -> RunnerEvent {
+    wait_for(
+        "see the probe Deployment's process print its environment",
+        WaitOptions::new(Duration::from_secs(60)),
+        || {
+            let events = probe_events(paths);
+            let started = events.into_iter().find(|e| {
+                e.kind == EventKind::Started
+                    && e.at_unix_ms >= since
+                    && Some(e.pod_uid.as_str()) != except
+            });
+            let output = started
+                .as_ref()
+                .map(|event| process_output(paths, event))
+                .unwrap_or_default();
+            async move {
+                Ok::<_, String>(match started {
+                    Some(event) if output.contains("PROBE_NAMESPACE=default") => {
+                        Check::Ready(event)
+                    }
+                    Some(event) => {
+                        Check::NotYet(format!("{} started; output so far: {output:?}", event.pod))
+                    }
+                    None => Check::NotYet("no probe process started yet".into()),
+                })
+            }
+        },
+    )
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+#[ignore = "needs a running e2e cluster started with e2e/manifests/smoke-images.conf: run by `make e2e-smoke`"]
+async fn a_deployment_process_gets_the_downward_api_and_credentials_and_its_replacement_waits_for_its_exit(
+) {
+    use k8s_openapi::api::apps::v1::Deployment;
+    let paths = ClusterPaths::from_environment();
+    let client = admin_client(&paths).await.unwrap();
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), "default");
+    let _ = deployments
+        .delete("probe", &DeleteParams::foreground())
+        .await;
+    wait_for(
+        "see an earlier probe Deployment gone",
+        WaitOptions::new(Duration::from_secs(60)),
+        || async {
+            Ok::<_, kube::Error>(match deployments.get_opt("probe").await? {
+                None => Check::Ready(()),
+                Some(_) => Check::NotYet("it still exists".into()),
+            })
+        },
+    )
+    .await
+    .unwrap();
+
+    let since = now_unix_ms();
+    let deployment: Deployment =
+        switchyard_e2e::objects::manifest("probe-deployment.yaml").unwrap();
+    deployments
+        .create(&PostParams::default(), &deployment)
+        .await
+        .unwrap();
+    let first = wait_for_probe(&paths, since, None).await;
+    let output = process_output(&paths, &first);
+    let expected = format!(
+        "PROBE_POD={} PROBE_NODE={} PROBE_APP=probe PROBE_API=10.99.0.1:6443",
+        first.pod, first.node
+    );
+    assert!(
+        output.contains(&expected),
+        "expected {expected:?} in the probe's output {output:?}"
+    );
+    assert!(
+        output.contains("PROBE_TOKEN=present"),
+        "no service-account token: {output:?}"
+    );
+
+    // Deleting the pod: SIGTERM reaches the process (it says so), and the
+    // ReplicaSet's new pod gets its process only after the old one exited.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let deleted_at = now_unix_ms();
+    pods.delete(&first.pod, &DeleteParams::default())
+        .await
+        .unwrap();
+    let second = wait_for_probe(&paths, deleted_at, Some(&first.pod_uid)).await;
+    let events = probe_events(&paths);
+    let exited = events
+        .iter()
+        .find(|e| e.pod_uid == first.pod_uid && e.kind == EventKind::Exited)
+        .expect("the first probe process exited");
+    assert!(
+        exited.at_unix_ms <= second.at_unix_ms,
+        "the replacement started at {} before the old process exited at {}",
+        second.at_unix_ms,
+        exited.at_unix_ms
+    );
+    assert!(
+        process_output(&paths, &first).contains("PROBE_TERMINATED"),
+        "the first probe was not stopped with SIGTERM: {:?}",
+        process_output(&paths, &first)
+    );
+
+    deployments
+        .delete("probe", &DeleteParams::foreground())
+        .await
+        .unwrap();
+    wait_for(
+        "see the last probe process exit",
+        WaitOptions::new(Duration::from_secs(60)),
+        || {
+            let exited = probe_events(&paths)
+                .iter()
+                .any(|e| e.pod_uid == second.pod_uid && e.kind == EventKind::Exited);
+            async move {
+                Ok::<_, String>(if exited {
+                    Check::Ready(())
+                } else {
+                    Check::NotYet("it still runs".into())
+                })
+            }
+        },
+    )
+    .await
+    .unwrap();
 }

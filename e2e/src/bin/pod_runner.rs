@@ -354,11 +354,12 @@ impl Runner {
     }
 
     fn pod_directory(&self, spec: &ProcessSpec) -> PathBuf {
-        let uid_prefix: String = spec.key.pod_uid.chars().take(8).collect();
-        self.paths
-            .pods_directory()
-            .join(format!("{}_{}_{uid_prefix}", spec.namespace, spec.pod_name))
-            .join(&spec.key.container)
+        self.paths.process_directory(
+            &spec.namespace,
+            &spec.pod_name,
+            &spec.key.pod_uid,
+            &spec.key.container,
+        )
     }
 
     /// Writes the service-account files a container would see.
