@@ -12,12 +12,12 @@ ebpf-lint: setup
 
 datapath-test: setup
 	$(CARGO) test --locked -p switchyard-agent --test 'datapath_*' -- \
-		--ignored --test-threads=1
+		--ignored --test-threads=1 --skip benchmark
 
 # Issue 3's benchmark: programming time, and connect rate/latency through the TC
 # programs versus kube-proxy-style iptables rules versus the pod IP. Prints a table.
 bench-datapath: setup
-	$(CARGO) test --locked --release -p switchyard-agent --test bench_datapath -- \
-		--ignored --nocapture --test-threads=1
+	$(CARGO) test --locked --release -p switchyard-agent --test datapath_bench -- \
+		--ignored --nocapture --test-threads=1 benchmark
 
 TEST_SUITES += ebpf-lint datapath-test

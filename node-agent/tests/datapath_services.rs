@@ -12,9 +12,10 @@ use std::{
 };
 
 use datapath_support::*;
+use switchyard_agent::maps::ServiceMaps;
 use switchyard_common::{
-    FRONTEND_FLAG_PRESERVE_CLIENT_ADDRESS, FRONTEND_FLAG_SESSION_AFFINITY, PROTOCOL_TCP,
-    PROTOCOL_UDP, SCOPE_EXTERNAL,
+    FRONTEND_FLAG_MASQUERADE_REMOTE, FRONTEND_FLAG_PRESERVE_CLIENT_ADDRESS,
+    FRONTEND_FLAG_SESSION_AFFINITY, PROTOCOL_TCP, PROTOCOL_UDP, SCOPE_EXTERNAL, SCOPE_INTERNAL,
 };
 
 const CLUSTER_IP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
@@ -343,6 +344,151 @@ fn a_service_without_endpoints_refuses_within_100_milliseconds() {
             );
             let results = tcp_requests_from(Some("pod1"), cluster_ip_address(), 5);
             assert_eq!(backends_hit(&results).len(), 1);
+        },
+    );
+}
+
+#[test]
+#[ignore = "privileged netns test: run by make datapath-test"]
+fn external_and_load_balancer_ips_reach_backends_from_outside_and_from_pods() {
+    run_isolated(
+        "external_and_load_balancer_ips_reach_backends_from_outside_and_from_pods",
+        |node| {
+            let pods = standard_topology(2);
+            start_servers(&pods[0]);
+            let (_datapath, mut maps) = start_datapath(node, &pods);
+            let external_ip = Ipv4Addr::new(203, 0, 113, 10);
+            let mut service = ServiceEntry::cluster_ip(1, CLUSTER_IP, SERVICE_PORT, PROTOCOL_TCP)
+                .with_backends(&[&pods[0]]);
+            service
+                .frontends
+                .push((external_ip, SERVICE_PORT, SCOPE_INTERNAL));
+            service
+                .frontends
+                .push((external_ip, SERVICE_PORT, SCOPE_EXTERNAL));
+            write_service(&mut maps, &service);
+            // The client's default route is the node, as a router's would be.
+            let address = SocketAddrV4::new(external_ip, SERVICE_PORT);
+            for namespace in [Some("client"), Some("pod2")] {
+                let results = tcp_requests_from(namespace, address, 10);
+                assert_eq!(
+                    backends_hit(&results).get("pod1"),
+                    Some(&10),
+                    "{namespace:?}"
+                );
+            }
+        },
+    );
+}
+
+#[test]
+#[ignore = "privileged netns test: run by make datapath-test"]
+fn node_port_traffic_to_a_remote_backend_is_marked_for_masquerade_and_comes_back() {
+    run_isolated(
+        "node_port_traffic_to_a_remote_backend_is_marked_for_masquerade_and_comes_back",
+        |node| {
+            let pods = standard_topology(2);
+            start_servers(&pods[0]);
+            start_servers(&pods[1]);
+            // The agent's masquerade rule (the standalone agent installs its own
+            // SWITCHYARD-POSTROUTING chain; this is the same match).
+            sh(&format!(
+                "iptables -t nat -A POSTROUTING -m mark --mark {MASQUERADE_MARK:#x}/{MASQUERADE_MARK:#x} -j MASQUERADE"
+            ));
+            let (_datapath, mut maps) = start_datapath(node, &pods);
+            // pod1 stands for an endpoint on another node (no LOCAL flag).
+            let mut remote = ServiceEntry::cluster_ip(1, CLUSTER_IP, SERVICE_PORT, PROTOCOL_TCP)
+                .with_node_port(NODE_PORT)
+                .with_backends(&[&pods[0]]);
+            remote.backends[0].2 = false;
+            remote.flags = FRONTEND_FLAG_MASQUERADE_REMOTE;
+            write_service(&mut maps, &remote);
+            let results = tcp_requests_from(Some("client"), node_port_address(), 10);
+            for result in &results {
+                let answer = result.as_ref().expect("request");
+                assert_eq!(answer.backend, "pod1");
+                assert_eq!(
+                    answer.seen_client.ip(),
+                    std::net::IpAddr::V4(NODE_IP),
+                    "the backend saw the node's address, so its reply comes back here"
+                );
+            }
+            // A local backend is never masqueraded: the client address is kept.
+            let local = ServiceEntry::cluster_ip(2, NODE_IP, NODE_PORT + 1, PROTOCOL_TCP)
+                .with_node_port(NODE_PORT + 1)
+                .with_backends(&[&pods[1]]);
+            let mut local = local;
+            local.frontends.retain(|frontend| frontend.0 == NODE_IP);
+            local.flags = FRONTEND_FLAG_MASQUERADE_REMOTE;
+            write_service(&mut maps, &local);
+            let results =
+                tcp_requests_from(Some("client"), SocketAddrV4::new(NODE_IP, NODE_PORT + 1), 5);
+            for result in &results {
+                let answer = result.as_ref().expect("request");
+                assert_eq!(answer.seen_client.ip(), std::net::IpAddr::V4(CLIENT_IP));
+            }
+        },
+    );
+}
+
+#[test]
+#[ignore = "privileged netns test: run by make datapath-test"]
+fn a_udp_flow_keeps_its_backend_until_its_idle_timeout_then_chooses_again() {
+    run_isolated(
+        "a_udp_flow_keeps_its_backend_until_its_idle_timeout_then_chooses_again",
+        |node| {
+            let pods = standard_topology(3);
+            start_servers(&pods[0]);
+            start_servers(&pods[1]);
+            let (_datapath, mut maps) = start_datapath(node, &pods);
+            let mut config = active_config();
+            config.udp_idle_timeout_seconds = 2;
+            maps.write_config(&config).expect("config");
+            write_service(
+                &mut maps,
+                &ServiceEntry::cluster_ip(1, CLUSTER_IP, 53, PROTOCOL_UDP)
+                    .with_backends(&[&pods[0]]),
+            );
+            let (sender, receiver) = std::sync::mpsc::channel::<Duration>();
+            let (answer_sender, answers) = std::sync::mpsc::channel::<String>();
+            let client = in_namespace(Some("pod3"), move || {
+                let socket = std::net::UdpSocket::bind("0.0.0.0:0").expect("bind");
+                socket
+                    .set_read_timeout(Some(Duration::from_secs(2)))
+                    .expect("timeout");
+                socket
+                    .connect(SocketAddrV4::new(CLUSTER_IP, 53))
+                    .expect("connect");
+                // One datagram per instruction; the pause comes first.
+                while let Ok(pause) = receiver.recv() {
+                    std::thread::sleep(pause);
+                    socket.send(b"hello").expect("send");
+                    let mut buffer = [0u8; 1500];
+                    let length = socket.recv(&mut buffer).expect("answer");
+                    let text = String::from_utf8_lossy(&buffer[..length]).into_owned();
+                    let backend = text.split(' ').next().unwrap_or_default().to_string();
+                    answer_sender.send(backend).expect("report");
+                }
+            });
+            let mut ask = |pause: Duration| {
+                sender.send(pause).expect("instruct");
+                answers.recv().expect("answer")
+            };
+            assert_eq!(ask(Duration::ZERO), "pod1");
+            // pod1 leaves the Service; the flow is established and keeps it.
+            write_service(
+                &mut maps,
+                &ServiceEntry::cluster_ip(1, CLUSTER_IP, 53, PROTOCOL_UDP)
+                    .with_backends(&[&pods[1]]),
+            );
+            for _ in 0..5 {
+                assert_eq!(ask(Duration::from_millis(300)), "pod1");
+            }
+            // Idle past the timeout: the next datagram is a new flow.
+            assert_eq!(ask(Duration::from_millis(2500)), "pod2");
+            drop(ask);
+            drop(sender);
+            client.join().expect("client");
         },
     );
 }
