@@ -170,7 +170,9 @@ fn simulate_agents(client: Client) -> JoinHandle<()> {
                         .filter(|pod| pod.metadata.deletion_timestamp.is_none())
                         // An agent reports once its process runs, not while its pod is pending.
                         .filter(|pod| {
-                            pod.status.as_ref().and_then(|status| status.phase.as_deref())
+                            pod.status
+                                .as_ref()
+                                .and_then(|status| status.phase.as_deref())
                                 == Some("Running")
                         })
                         .filter(|pod| {
@@ -1292,5 +1294,135 @@ async fn agents_are_upgraded_one_node_at_a_time_by_deleting_their_pods() -> Test
     daemon_sets
         .delete("switchyard-agent", &DeleteParams::default())
         .await?;
+    Ok(())
+}
+
+#[tokio::test]
+#[ignore = "needs the e2e cluster: make e2e-operator-smoke"]
+async fn external_management_waits_for_kube_proxy_to_go_and_reports_its_return() -> TestResult {
+    let client = admin_client(&ClusterPaths::from_environment()).await?;
+    let original = prepare(&client).await?;
+    let kubeconfig = chart_operator_kubeconfig(&client).await?;
+    let operator = Operator::start_with(
+        "operator-e",
+        18187,
+        &["--api-server-address=10.99.0.1:6443"],
+        kubeconfig,
+    );
+    let agents = simulate_agents(client.clone());
+    let configs: Api<DataplaneConfig> = Api::all(client.clone());
+    let config: DataplaneConfig = serde_json::from_value(json!({
+        "apiVersion": "switchyard.dev/v1alpha1",
+        "kind": "DataplaneConfig",
+        "metadata": { "name": "default" },
+        "spec": {
+            "mode": "Ebpf",
+            "kubeProxy": { "management": "External" },
+            "rollout": { "maxUnavailable": 3, "nodeReadyTimeoutSeconds": 60 },
+        },
+    }))?;
+    configs.create(&PostParams::default(), &config).await?;
+
+    // Every node serves from eBPF; the operator waits for someone else to remove kube-proxy.
+    let waiting = wait_for(
+        "see the transition wait in DisablingKubeProxy",
+        WaitOptions::new(Duration::from_secs(60)),
+        || async {
+            let status = configs.get("default").await?.status.unwrap_or_default();
+            Ok::<_, kube::Error>(if status.phase == DataplanePhase::DisablingKubeProxy {
+                Check::Ready(status.message.unwrap_or_default())
+            } else {
+                Check::NotYet(format!("phase {}", status.phase))
+            })
+        },
+    )
+    .await?;
+    println!("External, waiting: {waiting}");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let daemon_sets: Api<DaemonSet> = Api::namespaced(client.clone(), "kube-system");
+    let untouched = daemon_sets.get("kube-proxy").await?;
+    assert_eq!(
+        node_selector(&untouched),
+        node_selector(&original),
+        "External must not patch kube-proxy"
+    );
+    assert_eq!(
+        configs
+            .get("default")
+            .await?
+            .status
+            .unwrap_or_default()
+            .phase,
+        DataplanePhase::DisablingKubeProxy
+    );
+
+    // GitOps removes kube-proxy: the transition continues to Ready.
+    daemon_sets
+        .delete("kube-proxy", &DeleteParams::foreground())
+        .await?;
+    let phases = wait_until_ready(&client, &operator, DataplaneMode::Ebpf).await?;
+    println!("External, after kube-proxy was deleted: phases seen {phases:?}");
+
+    // kube-proxy comes back (someone re-applied it): External reports Degraded, touches nothing.
+    create_kube_proxy_daemonset(&client).await?;
+    let returned = wait_for(
+        "see Degraded KubeProxyReturned",
+        WaitOptions::new(Duration::from_secs(60)),
+        || async {
+            let status = configs.get("default").await?.status.unwrap_or_default();
+            let degraded = find_condition(&status.conditions, condition_types::DEGRADED).cloned();
+            Ok::<_, kube::Error>(match degraded {
+                Some(condition)
+                    if condition.status == ConditionStatus::True
+                        && condition.reason == reasons::KUBE_PROXY_RETURNED =>
+                {
+                    Check::Ready(condition.message)
+                }
+                other => Check::NotYet(format!("phase {}, Degraded {other:?}", status.phase)),
+            })
+        },
+    )
+    .await
+    .map_err(|error| format!("{error}\noperator log:\n{}", operator.log_tail()))?;
+    println!("External, kube-proxy returned: {returned}");
+    wait_for_event(
+        &client,
+        "default",
+        "DataplaneConfig",
+        "default",
+        reasons::KUBE_PROXY_RETURNED,
+    )
+    .await?;
+    let back = daemon_sets.get("kube-proxy").await?;
+    assert!(
+        !node_selector(&back).contains_key(DISABLED_SELECTOR_KEY),
+        "External must not disable kube-proxy"
+    );
+    // No node cleans rules while kube-proxy runs on it.
+    wait_for_kube_proxy_pods(&client, 3).await?;
+    let dataplane_nodes: Api<DataplaneNode> = Api::all(client.clone());
+    wait_for(
+        "see cleanup turned off on every node running kube-proxy",
+        WaitOptions::new(Duration::from_secs(30)),
+        || async {
+            let cleaning: Vec<String> = dataplane_nodes
+                .list(&ListParams::default())
+                .await?
+                .items
+                .into_iter()
+                .filter(|node| node.spec.iptables_cleanup)
+                .map(|node| node.name_any())
+                .collect();
+            Ok::<_, kube::Error>(if cleaning.is_empty() {
+                Check::Ready(())
+            } else {
+                Check::NotYet(format!("still told to clean: {cleaning:?}"))
+            })
+        },
+    )
+    .await?;
+
+    agents.abort();
+    configs.delete("default", &DeleteParams::default()).await?;
     Ok(())
 }
