@@ -11,32 +11,35 @@
 //! whenever something of kube-proxy's, or a rule with a final verdict, got ahead
 //! of them; kube-proxy never moves its jumps back, so there is no fight.
 //!
-//! - **filter FORWARD -> `SWITCHYARD-FORWARD`**, holding one rule:
-//!   `-m mark --mark M/M -j ACCEPT`, M being the datapath's masquerade mark, which
-//!   the TC programs set on the packets they translate to a backend on another
-//!   node. kube-proxy's `KUBE-FORWARD` begins with `-m conntrack --ctstate INVALID
-//!   -j DROP` (kubernetes/kubernetes#74840, #94861), written for kube-proxy's own
-//!   DNAT: a packet netfilter finds INVALID has not been reverse-NATed and would
-//!   reach the client with the pod's address. Switchyard's translation does not
-//!   depend on netfilter's state (the programs rewrite before netfilter, and
-//!   rewrite replies at TC egress after netfilter), so an INVALID verdict on one of
-//!   its packets (an out-of-window segment, a flow netfilter lost under table
-//!   pressure) is no reason to drop it; the programs keep translating the flow.
-//!   The accept is exactly kube-proxy's own `KUBE-FORWARD -m mark --mark
-//!   0x4000/0x4000 -j ACCEPT`, moved ahead of the INVALID drop for the packets the
-//!   datapath marked. It also keeps forwarding those packets once the cleanup has
-//!   removed `KUBE-FORWARD`'s accepts on hosts whose FORWARD policy is DROP
-//!   (Docker sets it).
-//!   What it does not need to cover: the datapath's design keeps netfilter's view
+//! - **filter FORWARD -> `SWITCHYARD-FORWARD`**, holding two rules for the packets
+//!   the TC programs mark with the datapath's masquerade mark M (translated to a
+//!   backend on another node, to be masqueraded):
+//!   `-m mark --mark M/M -m conntrack --ctstate INVALID -j DROP`, then
+//!   `-m mark --mark M/M -j ACCEPT`. This is kube-proxy's own `KUBE-FORWARD`
+//!   (INVALID drop, then `--mark 0x4000/0x4000 -j ACCEPT`) for the agent's mark,
+//!   kept once the cleanup has removed `KUBE-FORWARD`: on hosts whose FORWARD
+//!   policy is DROP (Docker sets it) the accept is what forwards these packets,
+//!   and it must come before any DROP/REJECT that a later kube-proxy, a CNI or an
+//!   administrator puts in FORWARD.
+//!
+//!   Why INVALID is dropped and not accepted: the datapath keeps netfilter's view
 //!   of a translated flow self-consistent. Netfilter sees a new flow's SYN after
-//!   translation (client -> backend) and its replies before reverse translation
-//!   (backend -> client), so they are NEW and ESTABLISHED, never INVALID; hairpin
-//!   flows (both directions) and ICMP answers leave through `bpf_redirect` and
-//!   never reach netfilter. This is why cilium/cilium#8614 (replies reverse-NATed
-//!   *before* netfilter, hence INVALID) does not happen here by construction, and
-//!   why a mark on the masqueraded packets is enough today. A datapath change that
-//!   rewrites anything netfilter later sees inconsistently must set a mark and
-//!   extend this chain.
+//!   translation (client -> backend) and its replies before the reverse
+//!   translation at TC egress (backend -> client), so they are NEW and
+//!   ESTABLISHED, never INVALID; hairpin flows (both directions) and ICMP answers
+//!   leave through `bpf_redirect` and never reach netfilter. So cilium/cilium#8614
+//!   (replies reverse-NATed *before* netfilter, hence INVALID and dropped by
+//!   `KUBE-FORWARD`) cannot happen here by construction, whichever chain comes
+//!   first. A packet of a masqueraded flow that netfilter does find INVALID (an
+//!   out-of-window segment, a flow whose conntrack entry was lost) is one netfilter
+//!   will not SNAT: forwarded, it reaches the backend with the client's own
+//!   address, the backend answers with a RST for a connection it does not know,
+//!   and that RST kills the client's connection (kubernetes/kubernetes#74839,
+//!   which is why kube-proxy drops INVALID). Dropping it lets TCP retransmit. The
+//!   privileged test `marked_packets_whose_conntrack_state_is_lost_are_dropped_not_leaked`
+//!   shows the lost-state case: a masqueraded flow cannot be saved by accepting.
+//!   Flows the programs translate without masquerade carry no mark and are not
+//!   touched here; netfilter tracks them as plain client <-> backend flows.
 //! - **nat POSTROUTING -> `SWITCHYARD-POSTROUTING`**, holding `-m mark --mark M/M
 //!   -j MASQUERADE` (the same rule the standalone agent installs). nat chains see
 //!   only a connection's first packet: anything ahead of it that ends POSTROUTING
@@ -65,6 +68,8 @@ use super::{
 pub const FORWARD_CHAIN: &str = "SWITCHYARD-FORWARD";
 pub const POSTROUTING_CHAIN: &str = "SWITCHYARD-POSTROUTING";
 pub const FORWARD_COMMENT: &str = "switchyard: forward Service traffic the datapath translated";
+pub const FORWARD_INVALID_COMMENT: &str =
+    "switchyard: never forward a translated packet netfilter cannot masquerade";
 
 /// One of the agent's chains and where it hooks in.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -86,10 +91,16 @@ pub fn agent_chains(masquerade_mark: u32) -> Vec<AgentChain> {
             table: "filter",
             base_chain: "FORWARD",
             chain: FORWARD_CHAIN,
-            rules: vec![format!(
-                "-m mark --mark {mark} -m comment --comment {} -j ACCEPT",
-                quote_word(FORWARD_COMMENT)
-            )],
+            rules: vec![
+                format!(
+                    "-m mark --mark {mark} -m conntrack --ctstate INVALID -m comment --comment {} -j DROP",
+                    quote_word(FORWARD_INVALID_COMMENT)
+                ),
+                format!(
+                    "-m mark --mark {mark} -m comment --comment {} -j ACCEPT",
+                    quote_word(FORWARD_COMMENT)
+                ),
+            ],
             harmful_verdicts: &["DROP", "REJECT"],
         },
         AgentChain {

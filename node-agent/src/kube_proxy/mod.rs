@@ -17,6 +17,8 @@
 //! - `health`: kube-proxy's healthz and `healthCheckNodePort` answers, as data.
 //! - `system` (I/O): running the save/restore tools and `nft`, per backend.
 //! - `health_server` (I/O): the probe and the replacement health servers.
+//! - `round` (I/O): one round of the loop (read, probe, decide, clean), for the
+//!   cluster-mode wiring.
 
 pub mod chain_order;
 pub mod cleanup;
@@ -25,6 +27,7 @@ pub mod health;
 pub mod health_server;
 pub mod nftables;
 pub mod ownership;
+pub mod round;
 pub mod ruleset;
 pub mod system;
 

@@ -1,7 +1,7 @@
 use super::*;
 use crate::kube_proxy::chain_order::{
     agent_chains, check_chain_order, plan_agent_chain_removal, plan_chain_order_repair,
-    OrderProblem, FORWARD_CHAIN, FORWARD_COMMENT, POSTROUTING_CHAIN,
+    OrderProblem, FORWARD_CHAIN, FORWARD_COMMENT, FORWARD_INVALID_COMMENT, POSTROUTING_CHAIN,
 };
 
 const MARK: u32 = 0x4000;
@@ -11,6 +11,7 @@ const AGENT_FIRST: &str = "*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n
 :SWITCHYARD-FORWARD - [0:0]\n\
 -A FORWARD -j SWITCHYARD-FORWARD\n\
 -A FORWARD -s 10.244.0.0/16 -j ACCEPT\n\
+-A SWITCHYARD-FORWARD -m mark --mark 0x4000/0x4000 -m conntrack --ctstate INVALID -m comment --comment \"switchyard: never forward a translated packet netfilter cannot masquerade\" -j DROP\n\
 -A SWITCHYARD-FORWARD -m mark --mark 0x4000/0x4000 -m comment --comment \"switchyard: forward Service traffic the datapath translated\" -j ACCEPT\n\
 COMMIT\n\
 *nat\n:PREROUTING ACCEPT [0:0]\n:INPUT ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:POSTROUTING ACCEPT [0:0]\n\
@@ -56,9 +57,14 @@ fn the_desired_rules_are_written_as_iptables_save_prints_them() {
     assert_eq!(chains[0].chain, FORWARD_CHAIN);
     assert_eq!(
         chains[0].rules,
-        [format!(
-            "-m mark --mark 0x4000/0x4000 -m comment --comment \"{FORWARD_COMMENT}\" -j ACCEPT"
-        )]
+        [
+            format!(
+                "-m mark --mark 0x4000/0x4000 -m conntrack --ctstate INVALID -m comment --comment \"{FORWARD_INVALID_COMMENT}\" -j DROP"
+            ),
+            format!(
+                "-m mark --mark 0x4000/0x4000 -m comment --comment \"{FORWARD_COMMENT}\" -j ACCEPT"
+            )
+        ]
     );
     assert_eq!(chains[1].chain, POSTROUTING_CHAIN);
     assert_eq!(
@@ -129,6 +135,7 @@ fn the_repair_is_one_atomic_block_per_table() {
         repair,
         format!(
             "*filter\n:SWITCHYARD-FORWARD - [0:0]\n\
+             -A SWITCHYARD-FORWARD -m mark --mark 0x4000/0x4000 -m conntrack --ctstate INVALID -m comment --comment \"{FORWARD_INVALID_COMMENT}\" -j DROP\n\
              -A SWITCHYARD-FORWARD -m mark --mark 0x4000/0x4000 -m comment --comment \"{FORWARD_COMMENT}\" -j ACCEPT\n\
              -D FORWARD -j SWITCHYARD-FORWARD\n-I FORWARD 1 -j SWITCHYARD-FORWARD\nCOMMIT\n\
              *nat\n:SWITCHYARD-POSTROUTING - [0:0]\n\
@@ -307,7 +314,7 @@ fn removal_takes_the_jumps_and_chains_away_and_nothing_else() {
     }
     assert_eq!(
         rule_lines(&after, "filter").len(),
-        rule_lines(&before, "filter").len() - 2
+        rule_lines(&before, "filter").len() - 3
     );
     assert_eq!(plan_agent_chain_removal(&after, &agent_chains(MARK)), "");
 }
