@@ -3,7 +3,7 @@
 # each re-executes itself under `unshare` in private network, mount and PID
 # namespaces (see node-agent/tests/kube_proxy_support), so the rules it loads into
 # both iptables backends and nftables are its own; needs root. Serial, like the
-# datapath tests, to keep the machine's two CPUs for the others (about 15 s of tests).
+# datapath tests, to keep the machine's two CPUs for the others (12 tests, about 21 s).
 .PHONY: coexist-test
 
 coexist-test: setup

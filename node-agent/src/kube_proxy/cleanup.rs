@@ -13,16 +13,24 @@
 //! Switchyard conntrack entry passes untranslated). That only holds while
 //! netfilter still tracks and NATs packets in this network namespace, and both
 //! are registered on demand: the conntrack hooks exist while some rule needs
-//! conntrack (a NAT target, a `conntrack` or `state` match, ...), the NAT hooks
-//! while some nat chain exists. Measured on this machine's kernel with iptables
-//! 1.8.9, both backends: when the cleanup deletes the last such rule (kube-proxy's
-//! DNAT rules often are, on a node whose only other nat rules were kube-proxy's),
-//! every established DNAT'd connection stops being translated at once and breaks;
-//! a rule without conntrack (a bare comment rule) does not keep them alive, a
-//! `-m conntrack` rule does. So when the nat table would be left without a
-//! base-chain rule or without a rule that holds conntrack, the same transaction
-//! adds [`KEEP_ALIVE_SPEC`] to POSTROUTING: it matches with conntrack and has no
-//! target, so it only counts packets and never changes a verdict. It stays (it
+//! conntrack (a NAT target, a `conntrack` or `state` match, ...; the kernel's
+//! `nf_ct_netns_get`), the NAT hooks while some nat chain exists. Measured on this
+//! machine's kernel (6.18) with iptables 1.8.9, both backends, and with nft 1.0.6
+//! for kube-proxy's nftables table: when the cleanup deletes the last such rule
+//! (kube-proxy's DNAT rules are, on a node whose other nat rules hold no
+//! conntrack), every established DNAT'd connection stops being translated at once
+//! and breaks. Issue 8 describes the condition as "a nat base chain still holds a
+//! rule"; measured more precisely, a rule without conntrack (a bare comment rule
+//! in POSTROUTING) does not keep them alive, a `-m conntrack` rule does. So when
+//! the nat table would be left without a base-chain rule or without a rule that
+//! holds conntrack, the same transaction adds [`KEEP_ALIVE_SPEC`] to POSTROUTING:
+//! it matches with conntrack and has no target, so it only counts packets and
+//! never changes a verdict. The condition is conservative: it looks at the nat
+//! table only (kubelet's `KUBE-FIREWALL` conntrack match in filter often keeps
+//! conntrack registered anyway), and an unneeded keep-alive is harmless. The
+//! privileged tests `an_established_dnat_connection_survives_a_cleanup_that_empties_the_nat_table_*`
+//! and `without_the_keep_alive_the_same_cleanup_breaks_the_connection` check both
+//! sides on this kernel. The rule stays after the cleanup (it
 //! costs nothing, and removing it later would break the same flows).
 
 use std::collections::BTreeSet;
