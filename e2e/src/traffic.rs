@@ -396,6 +396,31 @@ async fn exchange(
     }
 }
 
+/// One short connection from `source` to `destination`: connect, send one line,
+/// read the answer; the answering backend's name, or why it failed. For tests
+/// that measure how soon a change is served.
+pub async fn exchange_once(
+    source: &NamespaceThread,
+    destination: SocketAddr,
+    timeouts: Timeouts,
+) -> std::result::Result<String, FailureCause> {
+    let flow = Flow {
+        name: "once".into(),
+        source: source.clone(),
+        destination,
+        mode: FlowMode::ShortConnections {
+            interval: Duration::from_secs(1),
+            workers: 1,
+        },
+    };
+    let stream = connect(&flow, timeouts).await?;
+    let (reader, mut writer) = stream.into_split();
+    let mut reader = BufReader::new(reader);
+    let outcome = exchange(&mut reader, &mut writer, "once", timeouts).await;
+    let _ = writer.shutdown().await;
+    outcome
+}
+
 /// The backend's name from an answer to `message` (pure).
 pub fn parse_answer(answer: &str, message: &str) -> std::result::Result<String, FailureCause> {
     match answer.split_once(' ') {

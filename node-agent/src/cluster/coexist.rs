@@ -191,7 +191,11 @@ async fn round(
         )
     };
     if settings.serve_replacement_healthz {
-        let allowed = verdict.replacement_health_allowed && request.serving_from_ebpf;
+        // Also never while kube-proxy's rules are on the node: a kube-proxy that
+        // starts (again) binds its healthz before it writes rules, and holding
+        // the port would hide it from the probe (projectcalico/calico#10748).
+        let allowed =
+            verdict.replacement_health_allowed && request.serving_from_ebpf && !found.present();
         let errors = health_servers
             .reconcile(
                 allowed,
