@@ -240,3 +240,60 @@ pub fn rfc3339(time: SystemTime) -> String {
         since_epoch.subsec_micros()
     )
 }
+
+/// The `healthCheckNodePort` servers a node must run, as kube-proxy runs them: one
+/// per `type: LoadBalancer` Service with `externalTrafficPolicy: Local` and a
+/// valid `healthCheckNodePort`, counting the Service's ready (not terminating)
+/// endpoints on `node_name` in the family the datapath serves (IPv4), each
+/// address once across slices. kube-proxy also answers 503 when only terminating
+/// endpoints are left on the node, so load balancers drain it first (KEP-1669).
+pub fn local_service_health(
+    services: &[k8s_openapi::api::core::v1::Service],
+    slices: &[crate::model::EndpointSliceModel],
+    node_name: &str,
+) -> Vec<LocalServiceHealth> {
+    let mut health: Vec<LocalServiceHealth> = services
+        .iter()
+        .filter_map(|service| {
+            let spec = service.spec.as_ref()?;
+            if spec.type_.as_deref() != Some("LoadBalancer")
+                || spec.external_traffic_policy.as_deref() != Some("Local")
+            {
+                return None;
+            }
+            let port = u16::try_from(spec.health_check_node_port?)
+                .ok()
+                .filter(|port| *port > 0)?;
+            let namespace = service.metadata.namespace.clone()?;
+            let name = service.metadata.name.clone()?;
+            let mut local: Vec<std::net::IpAddr> = slices
+                .iter()
+                .filter(|slice| {
+                    slice.service.namespace == namespace
+                        && slice.service.name == name
+                        && slice.family == crate::model::AddressFamily::Ipv4
+                })
+                .flat_map(|slice| &slice.endpoints)
+                .filter(|endpoint| {
+                    endpoint.ready
+                        && !endpoint.terminating
+                        && endpoint.node_name.as_deref() == Some(node_name)
+                })
+                .map(|endpoint| endpoint.address)
+                .collect();
+            local.sort();
+            local.dedup();
+            Some(LocalServiceHealth {
+                health_check_node_port: port,
+                namespace,
+                name,
+                local_endpoints: local.len(),
+            })
+        })
+        .collect();
+    health.sort();
+    // Two Services cannot share a health check port (the API server allocates it);
+    // keep the first if a stale view ever shows two.
+    health.dedup_by_key(|service| service.health_check_node_port);
+    health
+}

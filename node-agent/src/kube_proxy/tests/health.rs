@@ -378,3 +378,124 @@ fn a_port_someone_else_holds_is_reported_and_the_others_are_served() {
         assert!(servers.serving_ports().is_empty());
     });
 }
+
+mod from_services {
+    use std::net::IpAddr;
+
+    use k8s_openapi::api::core::v1::{Service, ServiceSpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    use crate::kube_proxy::health::{local_service_health, LocalServiceHealth};
+    use crate::model::{AddressFamily, EndpointModel, EndpointSliceModel, ServiceName};
+
+    fn service(name: &str, type_: &str, policy: &str, port: Option<i32>) -> Service {
+        Service {
+            metadata: ObjectMeta {
+                namespace: Some("default".into()),
+                name: Some(name.into()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(ServiceSpec {
+                type_: Some(type_.into()),
+                external_traffic_policy: Some(policy.into()),
+                health_check_node_port: port,
+                ..ServiceSpec::default()
+            }),
+            status: None,
+        }
+    }
+
+    fn endpoint(address: &str, node: &str, ready: bool, terminating: bool) -> EndpointModel {
+        EndpointModel {
+            address: address.parse::<IpAddr>().unwrap(),
+            ready,
+            serving: ready || terminating,
+            terminating,
+            node_name: Some(node.into()),
+        }
+    }
+
+    fn slice(
+        service: &str,
+        name: &str,
+        family: AddressFamily,
+        endpoints: Vec<EndpointModel>,
+    ) -> EndpointSliceModel {
+        EndpointSliceModel {
+            slice_name: ServiceName::new("default", name),
+            service: ServiceName::new("default", service),
+            family,
+            ports: Vec::new(),
+            endpoints,
+        }
+    }
+
+    #[test]
+    fn only_local_policy_load_balancers_get_a_health_check_server() {
+        let services = [
+            service("local-lb", "LoadBalancer", "Local", Some(32100)),
+            service("cluster-lb", "LoadBalancer", "Cluster", Some(32101)),
+            service("local-nodeport", "NodePort", "Local", None),
+            service("no-port", "LoadBalancer", "Local", None),
+            service("bad-port", "LoadBalancer", "Local", Some(70000)),
+        ];
+        let health = local_service_health(&services, &[], "node-1");
+        assert_eq!(
+            health,
+            [LocalServiceHealth {
+                health_check_node_port: 32100,
+                namespace: "default".into(),
+                name: "local-lb".into(),
+                local_endpoints: 0,
+            }]
+        );
+    }
+
+    #[test]
+    fn local_endpoints_are_ready_ones_on_this_node_counted_once() {
+        let services = [service("local-lb", "LoadBalancer", "Local", Some(32100))];
+        let slices = [
+            slice(
+                "local-lb",
+                "local-lb-a",
+                AddressFamily::Ipv4,
+                vec![
+                    endpoint("10.244.1.5", "node-1", true, false),
+                    endpoint("10.244.1.6", "node-1", false, true),
+                    endpoint("10.244.2.7", "node-2", true, false),
+                ],
+            ),
+            // The same endpoint seen in a second slice during a slice update.
+            slice(
+                "local-lb",
+                "local-lb-b",
+                AddressFamily::Ipv4,
+                vec![endpoint("10.244.1.5", "node-1", true, false)],
+            ),
+            slice(
+                "local-lb",
+                "local-lb-v6",
+                AddressFamily::Ipv6,
+                vec![endpoint("fd00::5", "node-1", true, false)],
+            ),
+            slice(
+                "other",
+                "other-a",
+                AddressFamily::Ipv4,
+                vec![endpoint("10.244.1.9", "node-1", true, false)],
+            ),
+        ];
+        assert_eq!(
+            local_service_health(&services, &slices, "node-1")[0].local_endpoints,
+            1
+        );
+        assert_eq!(
+            local_service_health(&services, &slices, "node-2")[0].local_endpoints,
+            1
+        );
+        assert_eq!(
+            local_service_health(&services, &slices, "node-3")[0].local_endpoints,
+            0
+        );
+    }
+}
