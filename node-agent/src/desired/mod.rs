@@ -199,31 +199,118 @@ fn view_of(policy: TrafficPolicy) -> EndpointView {
     }
 }
 
+/// One Service's share of the desired state, before other Services are
+/// considered: what the incremental syncer caches per Service.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ServiceDesired {
+    pub frontends: BTreeMap<FrontendKey, DesiredFrontend>,
+    pub groups: BTreeMap<GroupKey, Vec<BackendValue>>,
+    /// Addresses the Service claims twice with different meanings.
+    pub conflicts: Vec<FrontendConflict>,
+}
+
+/// EndpointSlices grouped by the Service they belong to.
+pub fn slices_by_service(
+    slices: &[EndpointSliceModel],
+) -> HashMap<&ServiceName, Vec<&EndpointSliceModel>> {
+    let mut by_service: HashMap<&ServiceName, Vec<&EndpointSliceModel>> = HashMap::new();
+    for slice in slices {
+        by_service.entry(&slice.service).or_default().push(slice);
+    }
+    by_service
+}
+
+/// One Service's frontends and groups; pure.
+pub fn service_desired(
+    service: &ServiceModel,
+    slices: &[&EndpointSliceModel],
+    node: &NodeView,
+) -> ServiceDesired {
+    let mut desired = DesiredServices::default();
+    add_service(&mut desired, service, slices, node);
+    ServiceDesired {
+        frontends: desired.frontends,
+        groups: desired.groups,
+        conflicts: desired.conflicts,
+    }
+}
+
+/// Combines Services' shares, given in namespace/name order: a frontend claimed
+/// by several Services goes to the first, and a group is kept only if some
+/// frontend that won uses it.
+pub fn merge<'a>(services: impl IntoIterator<Item = &'a ServiceDesired>) -> DesiredServices {
+    let mut desired = DesiredServices::default();
+    for service in services {
+        desired.conflicts.extend(service.conflicts.iter().cloned());
+        for (key, frontend) in &service.frontends {
+            match desired.frontends.entry(*key) {
+                Entry::Vacant(vacant) => {
+                    if !desired.groups.contains_key(&frontend.group) {
+                        if let Some(backends) = service.groups.get(&frontend.group) {
+                            desired
+                                .groups
+                                .insert(frontend.group.clone(), backends.clone());
+                        }
+                    }
+                    vacant.insert(frontend.clone());
+                }
+                Entry::Occupied(occupied) => desired.conflicts.push(FrontendConflict {
+                    key: *key,
+                    kept: occupied.get().group.service.clone(),
+                    dropped: frontend.group.service.clone(),
+                }),
+            }
+        }
+    }
+    desired
+}
+
+/// Every Service's share, by name.
+pub fn services_desired(
+    services: &[ServiceModel],
+    slices: &[EndpointSliceModel],
+    node: &NodeView,
+) -> BTreeMap<ServiceName, ServiceDesired> {
+    let by_service = slices_by_service(slices);
+    services
+        .iter()
+        .map(|service| {
+            let service_slices = by_service
+                .get(&service.name)
+                .map(Vec::as_slice)
+                .unwrap_or(&[]);
+            (
+                service.name.clone(),
+                service_desired(service, service_slices, node),
+            )
+        })
+        .collect()
+}
+
+/// The Services whose share differs between `before` and `after`, with their
+/// new share (`None`: gone): the input of a partial sync.
+pub fn changed_services(
+    before: &BTreeMap<ServiceName, ServiceDesired>,
+    after: &BTreeMap<ServiceName, ServiceDesired>,
+) -> Vec<(ServiceName, Option<ServiceDesired>)> {
+    let gone = before
+        .keys()
+        .filter(|name| !after.contains_key(*name))
+        .map(|name| (name.clone(), None));
+    let changed = after
+        .iter()
+        .filter(|(name, share)| before.get(*name) != Some(share))
+        .map(|(name, share)| (name.clone(), Some(share.clone())));
+    gone.chain(changed).collect()
+}
+
 /// Frontends and groups of every Service; pure.
 pub fn desired_services(
     services: &[ServiceModel],
     slices: &[EndpointSliceModel],
     node: &NodeView,
 ) -> DesiredServices {
-    let mut slices_by_service: HashMap<&ServiceName, Vec<&EndpointSliceModel>> = HashMap::new();
-    for slice in slices {
-        slices_by_service
-            .entry(&slice.service)
-            .or_default()
-            .push(slice);
-    }
-    let mut ordered: Vec<&ServiceModel> = services.iter().collect();
-    ordered.sort_by(|left, right| left.name.cmp(&right.name));
-
-    let mut desired = DesiredServices::default();
-    for service in ordered {
-        let service_slices = slices_by_service
-            .get(&service.name)
-            .map(Vec::as_slice)
-            .unwrap_or(&[]);
-        add_service(&mut desired, service, service_slices, node);
-    }
-    desired
+    merge(services_desired(services, slices, node).values())
 }
 
 fn add_service(

@@ -28,7 +28,7 @@ use self::datapath::{datapath_config, Datapath};
 use self::follow::{follow_mode, Attachment, ModeAction};
 use self::interfaces::{Globs, InterfaceRole};
 use self::manifests::{Fingerprint, Manifests};
-use crate::desired::{desired_services, NodeView};
+use crate::desired::{changed_services, merge, services_desired, NodeView, ServiceDesired};
 use crate::gate::{Gate, GateInput, GateStatus};
 use crate::maps::ServiceMaps;
 use crate::sync::coalesce::{Coalescer, Next};
@@ -95,6 +95,11 @@ pub struct Standalone<D: Datapath, H: HostView> {
     attachment: Attachment,
     socket_hooks: SocketHooks,
     gate_timeout_reported: bool,
+    /// The inputs of the last successful sync, to plan only what changed.
+    last_synced: Option<(
+        NodeView,
+        BTreeMap<crate::model::ServiceName, ServiceDesired>,
+    )>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -150,6 +155,7 @@ impl<D: Datapath, H: HostView> Standalone<D, H> {
             attachment,
             socket_hooks: SocketHooks::Wanted,
             gate_timeout_reported: false,
+            last_synced: None,
         })
     }
 
@@ -264,20 +270,54 @@ impl<D: Datapath, H: HostView> Standalone<D, H> {
             name: self.options.node_name.clone(),
             addresses: addresses.clone(),
         };
-        let desired = desired_services(&manifests.services, &manifests.endpoint_slices, &node);
-        for conflict in &desired.conflicts {
-            tracing::warn!(kept = %conflict.kept, dropped = %conflict.dropped, "two Services claim one address and port");
-        }
         let started = Instant::now();
-        match self.syncer.sync(gate_open, &desired, self.datapath.maps()) {
-            Ok(report) => tracing::info!(
-                frontends = self.syncer.current().frontends.len(),
-                operations = report.operation_count(),
-                elapsed_ms = started.elapsed().as_secs_f64() * 1000.0,
-                "synced the maps"
-            ),
+        let shares = services_desired(&manifests.services, &manifests.endpoint_slices, &node);
+        // Only the Services that changed are planned, unless the node changed
+        // (every NodePort moves) or the syncer needs a full sync.
+        let partial = match &self.last_synced {
+            Some((last_node, last_shares))
+                if *last_node == node && !self.syncer.needs_full_sync() =>
+            {
+                Some(changed_services(last_shares, &shares))
+            }
+            _ => None,
+        };
+        let result = match partial {
+            Some(changes) => {
+                match self
+                    .syncer
+                    .sync_changes(gate_open, changes, self.datapath.maps())
+                {
+                    Ok(Some(report)) => Ok(report),
+                    Ok(None) => {
+                        self.syncer
+                            .sync_services(gate_open, shares.clone(), self.datapath.maps())
+                    }
+                    Err(error) => Err(error),
+                }
+            }
+            None => {
+                let desired = merge(shares.values());
+                for conflict in &desired.conflicts {
+                    tracing::warn!(kept = %conflict.kept, dropped = %conflict.dropped, "two Services claim one address and port");
+                }
+                self.syncer
+                    .sync_services(gate_open, shares.clone(), self.datapath.maps())
+            }
+        };
+        match result {
+            Ok(report) => {
+                tracing::info!(
+                    frontends = self.syncer.current().frontends.len(),
+                    operations = report.operation_count(),
+                    elapsed_ms = started.elapsed().as_secs_f64() * 1000.0,
+                    "synced the maps"
+                );
+                self.last_synced = Some((node, shares));
+            }
             Err(error) => {
                 tracing::error!(%error, "sync failed; retrying");
+                self.last_synced = None;
                 self.coalescer.failed();
             }
         }

@@ -3,12 +3,18 @@
 //! restored at start and has tracked since.
 
 pub mod coalesce;
+pub mod incremental;
 
-use crate::desired::{lay_out, DesiredServices};
+use std::collections::BTreeMap;
+
+use crate::desired::{lay_out, merge, DesiredServices, ServiceDesired};
 use crate::diff::{plan, Plan};
 use crate::gate::GateOpen;
 use crate::maps::{MapState, ServiceMaps};
+use crate::model::ServiceName;
 use crate::Error;
+
+use self::incremental::Index;
 
 /// What an apply did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -69,6 +75,9 @@ pub struct Syncer {
     /// trusting the tracked state (a failure of the map itself, rather than of
     /// one update, may have changed more than we know).
     reread_before_next_sync: bool,
+    /// What partial syncs need, from the last successful full sync by
+    /// [`Syncer::sync_services`] (`None` before it, and after any failure).
+    index: Option<Index>,
 }
 
 impl Syncer {
@@ -78,6 +87,7 @@ impl Syncer {
         Ok(Self {
             current: MapState::restore(maps)?,
             reread_before_next_sync: false,
+            index: None,
         })
     }
 
@@ -94,6 +104,15 @@ impl Syncer {
         desired: &DesiredServices,
         maps: &mut impl ServiceMaps,
     ) -> Result<ApplyReport, Error> {
+        self.index = None;
+        self.sync_full(desired, maps)
+    }
+
+    fn sync_full(
+        &mut self,
+        desired: &DesiredServices,
+        maps: &mut impl ServiceMaps,
+    ) -> Result<ApplyReport, Error> {
         if self.reread_before_next_sync {
             self.current = MapState::restore(maps)?;
             self.reread_before_next_sync = false;
@@ -103,6 +122,54 @@ impl Syncer {
         apply(&plan, maps, &mut self.current).inspect_err(|_| {
             self.reread_before_next_sync = true;
         })
+    }
+
+    /// A full sync from every Service's share (in name order), which also
+    /// prepares partial syncs ([`Syncer::sync_changes`]).
+    pub fn sync_services(
+        &mut self,
+        _gate_is_open: GateOpen,
+        services: BTreeMap<ServiceName, ServiceDesired>,
+        maps: &mut impl ServiceMaps,
+    ) -> Result<ApplyReport, Error> {
+        self.index = None;
+        let report = self.sync_full(&merge(services.values()), maps)?;
+        self.index = Some(Index::build(services, &self.current));
+        Ok(report)
+    }
+
+    /// Whether the next sync must be a full one: no index yet, or the last apply
+    /// failed (the maps are re-read and everything planned again).
+    pub fn needs_full_sync(&self) -> bool {
+        self.index.is_none() || self.reread_before_next_sync
+    }
+
+    /// A partial sync: only the Services in `changes` changed (`None`: deleted).
+    /// Returns `Ok(None)` without writing when a full sync is needed instead.
+    pub fn sync_changes(
+        &mut self,
+        _gate_is_open: GateOpen,
+        changes: Vec<(ServiceName, Option<ServiceDesired>)>,
+        maps: &mut impl ServiceMaps,
+    ) -> Result<Option<ApplyReport>, Error> {
+        if self.reread_before_next_sync {
+            return Ok(None);
+        }
+        let Some(index) = self.index.as_mut() else {
+            return Ok(None);
+        };
+        let (plan, released) = index.change(changes, &self.current);
+        match apply(&plan, maps, &mut self.current) {
+            Ok(report) => {
+                index.applied(&released);
+                Ok(Some(report))
+            }
+            Err(error) => {
+                self.index = None;
+                self.reread_before_next_sync = true;
+                Err(error)
+            }
+        }
     }
 }
 

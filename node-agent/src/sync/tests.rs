@@ -404,3 +404,191 @@ proptest! {
         prop_assert_eq!(restarted.sync(open_gate(), &after, &mut maps).expect("applies"), ApplyReport::default());
     }
 }
+
+mod partial {
+    use std::collections::BTreeMap;
+
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::desired::{merge, services_desired, ServiceDesired};
+
+    fn changes_between(
+        before: &BTreeMap<ServiceName, ServiceDesired>,
+        after: &BTreeMap<ServiceName, ServiceDesired>,
+    ) -> Vec<(ServiceName, Option<ServiceDesired>)> {
+        crate::desired::changed_services(before, after)
+    }
+
+    /// What each frontend balances over, independent of ids and slot order.
+    fn semantics(state: &MapState) -> BTreeMap<FrontendKey, (u32, u32, Vec<BackendValue>)> {
+        state
+            .frontends
+            .iter()
+            .map(|(key, value)| {
+                let mut backends: Vec<BackendValue> = (0..value.backend_count)
+                    .filter_map(|ordinal| {
+                        state
+                            .backend_slots
+                            .get(&BackendSlotKey {
+                                group_id: value.group_id,
+                                ordinal,
+                            })
+                            .copied()
+                    })
+                    .collect();
+                backends.sort();
+                (
+                    *key,
+                    (value.flags, value.affinity_timeout_seconds, backends),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_one_service_change_writes_only_that_services_entries() {
+        let services: Vec<ServiceModel> = (1..=50).map(|index| service(index, None)).collect();
+        let mut slices: Vec<EndpointSliceModel> =
+            (1..=50).map(|index| slice(index, 0..4)).collect();
+        let mut maps = FakeServiceMaps {
+            watch_for_missing_slots: true,
+            ..FakeServiceMaps::default()
+        };
+        let mut syncer = Syncer::restore(&maps).expect("restores");
+        let before = services_desired(&services, &slices, &node());
+        syncer
+            .sync_services(open_gate(), before.clone(), &mut maps)
+            .expect("applies");
+        assert!(!syncer.needs_full_sync());
+
+        slices[6] = slice(7, 1..4);
+        let after = services_desired(&services, &slices, &node());
+        let changes = changes_between(&before, &after);
+        assert_eq!(changes.len(), 1);
+        let report = syncer
+            .sync_changes(open_gate(), changes, &mut maps)
+            .expect("applies")
+            .expect("a partial sync");
+        // One endpoint gone: the last slot moves into its place, the frontend's
+        // count shrinks, the last slot goes.
+        assert_eq!(report.backend_slots_written, 1);
+        assert_eq!(report.frontends_written, 1);
+        assert_eq!(report.backend_slots_deleted, 1);
+        assert_eq!(report.frontends_deleted, 0);
+        assert!(maps.missing_slot_violations.is_empty());
+        assert_eq!(
+            semantics(&maps.state),
+            semantics(&lay_out(&merge(after.values()), &MapState::default()))
+        );
+    }
+
+    #[test]
+    fn an_address_passes_to_the_next_service_when_its_owner_is_deleted() {
+        let mut first = service(1, None);
+        first.name = ServiceName::new("default", "a-first");
+        first.external_ips = vec![ip("192.0.2.10")];
+        let mut second = service(2, None);
+        second.name = ServiceName::new("default", "b-second");
+        second.external_ips = vec![ip("192.0.2.10")];
+        let mut first_slice = slice(1, 0..2);
+        first_slice.service = first.name.clone();
+        let mut second_slice = slice(2, 0..3);
+        second_slice.service = second.name.clone();
+        let slices = vec![first_slice, second_slice];
+
+        let mut maps = FakeServiceMaps {
+            watch_for_missing_slots: true,
+            ..FakeServiceMaps::default()
+        };
+        let mut syncer = Syncer::restore(&maps).expect("restores");
+        let before = services_desired(&[first.clone(), second.clone()], &slices, &node());
+        syncer
+            .sync_services(open_gate(), before.clone(), &mut maps)
+            .expect("applies");
+        let external = frontend_key(
+            &ip("192.0.2.10"),
+            80,
+            Protocol::Tcp,
+            switchyard_common::SCOPE_EXTERNAL,
+        );
+        assert_eq!(maps.state.frontends[&external].backend_count, 2);
+
+        let after = services_desired(&[second.clone()], &slices, &node());
+        syncer
+            .sync_changes(open_gate(), changes_between(&before, &after), &mut maps)
+            .expect("applies")
+            .expect("a partial sync");
+        assert_eq!(
+            maps.state.frontends[&external].backend_count, 3,
+            "b-second took over"
+        );
+        assert!(maps.missing_slot_violations.is_empty());
+        let expected = lay_out(&merge(after.values()), &maps.state);
+        assert_eq!(maps.state, expected, "a full sync would change nothing");
+
+        // And back: a-first returns and takes the address again.
+        syncer
+            .sync_changes(open_gate(), changes_between(&after, &before), &mut maps)
+            .expect("applies")
+            .expect("a partial sync");
+        assert_eq!(maps.state.frontends[&external].backend_count, 2);
+        assert_eq!(maps.state, lay_out(&merge(before.values()), &maps.state));
+    }
+
+    #[test]
+    fn a_partial_sync_before_any_full_sync_asks_for_a_full_one() {
+        let mut maps = FakeServiceMaps::default();
+        let mut syncer = Syncer::restore(&maps).expect("restores");
+        assert!(syncer.needs_full_sync());
+        let result = syncer
+            .sync_changes(open_gate(), vec![], &mut maps)
+            .expect("no error");
+        assert_eq!(result, None);
+        assert_eq!(maps.mutations_attempted, 0);
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(96))]
+
+        #[test]
+        fn partial_syncs_reach_the_state_a_full_sync_would_keep(
+            scenarios in prop::collection::vec(scenario_strategy(), 2..5),
+            failing in prop::option::of(0u64..48),
+        ) {
+            let node_view = scenario_node();
+            let shares: Vec<BTreeMap<ServiceName, ServiceDesired>> = scenarios
+                .iter()
+                .map(|(services, slices)| services_desired(services, slices, &node_view))
+                .collect();
+            let mut maps = FakeServiceMaps { watch_for_missing_slots: true, ..FakeServiceMaps::default() };
+            let mut syncer = Syncer::restore(&maps).expect("restores");
+            syncer.sync_services(open_gate(), shares[0].clone(), &mut maps).expect("applies");
+            if let Some(failing) = failing {
+                maps.failing_mutations.insert(maps.mutations_attempted + failing);
+            }
+            for window in shares.windows(2) {
+                let (before, after) = (&window[0], &window[1]);
+                let partial = syncer.sync_changes(open_gate(), changes_between(before, after), &mut maps);
+                match partial {
+                    Ok(Some(_)) => {}
+                    // After a failure (or without an index) the caller falls back
+                    // to a full sync.
+                    Ok(None) | Err(_) => {
+                        prop_assert!(syncer.needs_full_sync());
+                        syncer.sync_services(open_gate(), after.clone(), &mut maps).expect("the full sync applies");
+                    }
+                }
+                prop_assert!(maps.missing_slot_violations.is_empty(), "{:?}", maps.missing_slot_violations);
+                prop_assert_eq!(&maps.state, syncer.current());
+                let desired = merge(after.values());
+                // Exactly what a full sync keeps: it would write nothing.
+                prop_assert_eq!(&maps.state, &lay_out(&desired, &maps.state));
+                prop_assert_eq!(
+                    semantics(&maps.state),
+                    semantics(&lay_out(&desired, &MapState::default()))
+                );
+            }
+        }
+    }
+}
