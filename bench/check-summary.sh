@@ -13,7 +13,7 @@ jq -e '
     (.scale | type == "number") and (.metric | type == "string") and
     (.unit | type == "string") and (.value | type == "number" or . == null))
 ' "$summary" >/dev/null || { echo "check-summary: failed: $summary is not a flat list of {name,system,scale,metric,value,unit}" >&2; exit 1; }
-for name in dataplane; do
+for name in dataplane programming-latency agent-cold-start restart-disruption operator-transition; do
   jq -e --arg name "$name" 'any(.[]; .name == $name)' "$summary" >/dev/null \
     || { echo "check-summary: failed to find any '$name' measurement in $summary" >&2; exit 1; }
 done

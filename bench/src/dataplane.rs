@@ -89,7 +89,7 @@ pub struct Row {
     pub udp: Vec<f64>,
     pub failures: u64,
     pub time_to_serve: Option<f64>,
-    pub kube_proxy_sync: Option<(f64, f64)>,
+    pub kube_proxy_sync: Option<(f64, f64, f64)>,
 }
 
 pub fn measure(
@@ -121,7 +121,7 @@ pub fn measure(
             "s",
         );
         row.kube_proxy_sync = running.kube_proxy_sync_figures();
-        if let Some((count, mean)) = row.kube_proxy_sync {
+        if let Some((count, mean, _)) = row.kube_proxy_sync {
             summary.record(
                 NAME,
                 system.label(),
@@ -279,8 +279,8 @@ pub fn table(services: u32, rows: &[Row]) -> Table {
     };
     for row in rows {
         let serving = match (row.time_to_serve, row.kube_proxy_sync) {
-            (Some(time), Some((syncs, mean))) => {
-                format!("{time:.1} s (syncs: {syncs:.0}, mean {mean:.2} s)")
+            (Some(time), Some((syncs, mean, _))) => {
+                format!("{time:.1} s ({syncs:.0} syncs, mean {mean:.2} s)")
             }
             (Some(time), None) => format!("{time:.2} s"),
             _ => "-".into(),

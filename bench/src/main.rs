@@ -8,6 +8,7 @@ mod apiserver;
 mod control;
 mod dataplane;
 mod error;
+mod goals;
 mod load;
 mod operator_scale;
 mod report;
@@ -394,6 +395,9 @@ fn inside(arguments: RunArguments) -> Result<()> {
         path: output.display().to_string(),
         detail: error.to_string(),
     })?;
+    if parts.contains(&"dataplane") || parts.contains(&"operator") || parts.contains(&"control") {
+        tables.push(goals::table(&summary, &plan.scales, &plan.node_counts));
+    }
     println!(
         "\n## Summary ({machine}, {})",
         chrono::Utc::now().format("%Y-%m-%d %H:%M UTC")

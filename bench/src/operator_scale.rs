@@ -1,24 +1,794 @@
-//! Operator scale: the operator against a local API server with Node and
-//! DataplaneNode objects created directly and simulated agents.
+//! Operator scale: the real operator binary against a local API server (etcd and
+//! kube-apiserver only: no kubelets, no controllers), Node objects created
+//! directly, and simulated agents (`switchyard-bench simulated-agents`, a process
+//! of its own) that answer each DataplaneNode spec change after a random
+//! 50-500 ms. Measured: a KubeProxy -> Ebpf transition with maxUnavailable 10%.
 
+use std::collections::{BTreeMap, HashMap};
+use std::io::Write as _;
 use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use crate::error::Result;
-use crate::report::{Summary, Table};
+use futures::{StreamExt as _, TryStreamExt as _};
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Namespace, Node};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::watcher;
+use kube::ResourceExt as _;
+use serde_json::json;
+use switchyard_crds::{
+    condition_types, reasons, set_condition, Condition, ConditionStatus, DataplaneConfig,
+    DataplaneMode, DataplaneNode, DataplaneNodeStatus, DataplanePhase,
+};
+
+use crate::apiserver::{kubeconfig_path, ControlPlane};
+use crate::error::{Error, Result};
+use crate::load::{unix_micros, Picker};
+use crate::report::{number, Summary, Table};
 use crate::systems::Binaries;
+use crate::topology::Process;
 use crate::Plan;
 
+const NAME: &str = "operator-transition";
+const OPERATOR_NAMESPACE: &str = "switchyard-system";
+const METRICS_ADDRESS: &str = "127.0.0.1:18080";
+
 pub async fn run(
-    _plan: &Plan,
-    _binaries: &Binaries,
-    _work: &Path,
-    _summary: &mut Summary,
-    _tables: &mut Vec<Table>,
+    plan: &Plan,
+    binaries: &Binaries,
+    work: &Path,
+    summary: &mut Summary,
+    tables: &mut Vec<Table>,
 ) -> Result<()> {
-    println!("operator scale: not written yet");
+    let mut table = Table::new(
+        "Operator: KubeProxy -> Ebpf with maxUnavailable 10%, simulated agents answering after 50-500 ms",
+        &[
+            "nodes",
+            "total",
+            "waiting on agents",
+            "operator time",
+            "reconciles",
+            "reconcile p50",
+            "reconcile p99",
+            "operator API requests",
+            "per node",
+            "operator RSS (peak)",
+        ],
+    );
+    for (round, nodes) in plan.node_counts.iter().copied().enumerate() {
+        println!("operator scale: {nodes} nodes");
+        let figures = transition(nodes, round, binaries, work).await?;
+        let scale = nodes as u64;
+        let system = "switchyard-operator";
+        summary.record(NAME, system, scale, "total-time", figures.total, "s");
+        summary.record(
+            NAME,
+            system,
+            scale,
+            "waiting-on-agents",
+            figures.waiting_on_agents,
+            "s",
+        );
+        summary.record(
+            NAME,
+            system,
+            scale,
+            "operator-time",
+            figures.total - figures.waiting_on_agents,
+            "s",
+        );
+        summary.record(
+            NAME,
+            system,
+            scale,
+            "reconciles",
+            figures.reconciles,
+            "reconciles",
+        );
+        summary.record(
+            NAME,
+            system,
+            scale,
+            "reconcile-p50",
+            figures.reconcile_p50 * 1000.0,
+            "ms",
+        );
+        summary.record(
+            NAME,
+            system,
+            scale,
+            "reconcile-p99",
+            figures.reconcile_p99 * 1000.0,
+            "ms",
+        );
+        summary.record(
+            NAME,
+            system,
+            scale,
+            "api-requests",
+            figures.requests as f64,
+            "requests",
+        );
+        summary.record(
+            NAME,
+            system,
+            scale,
+            "api-requests-per-node",
+            figures.requests as f64 / nodes as f64,
+            "requests",
+        );
+        summary.record(NAME, system, scale, "rss", figures.rss_mib, "MiB");
+        summary.record(NAME, system, scale, "peak-rss", figures.peak_rss_mib, "MiB");
+        let mut verbs: Vec<String> = figures
+            .requests_by_verb
+            .iter()
+            .map(|(verb, count)| format!("{verb} {count}"))
+            .collect();
+        verbs.sort();
+        table.row(vec![
+            number(nodes as f64, 0),
+            format!("{:.1} s", figures.total),
+            format!("{:.1} s", figures.waiting_on_agents),
+            format!("{:.1} s", figures.total - figures.waiting_on_agents),
+            number(figures.reconciles, 0),
+            format!("{:.0} ms", figures.reconcile_p50 * 1000.0),
+            format!("{:.0} ms", figures.reconcile_p99 * 1000.0),
+            format!("{} ({})", figures.requests, verbs.join(", ")),
+            number(figures.requests as f64 / nodes as f64, 2),
+            format!(
+                "{:.0} MiB ({:.0} MiB)",
+                figures.rss_mib, figures.peak_rss_mib
+            ),
+        ]);
+    }
+    table.note(
+        "\"waiting on agents\": time during which at least one simulated agent was still sitting on its \
+         random 50-500 ms delay; \"operator time\" is the rest. Reconcile quantiles are interpolated \
+         from the operator's `switchyard_operator_reconcile_duration_seconds` histogram buckets. API \
+         requests: the operator's own requests in the API server's audit log from the DataplaneConfig's \
+         creation to Ready (watches count once, when opened).",
+    );
+    print!("{}", table.render());
+    tables.push(table);
     Ok(())
 }
 
-pub async fn simulated_agents(_seed: u64) -> Result<()> {
+struct TransitionFigures {
+    total: f64,
+    waiting_on_agents: f64,
+    reconciles: f64,
+    reconcile_p50: f64,
+    reconcile_p99: f64,
+    requests: u64,
+    requests_by_verb: BTreeMap<String, u64>,
+    rss_mib: f64,
+    peak_rss_mib: f64,
+}
+
+async fn transition(
+    nodes: u32,
+    round: usize,
+    binaries: &Binaries,
+    work: &Path,
+) -> Result<TransitionFigures> {
+    let control_plane = ControlPlane::start(
+        &binaries.kubernetes,
+        work,
+        &format!("operator-apiserver-{round}"),
+    )
+    .await?;
+    let client = control_plane.client.clone();
+    prepare(&client, nodes).await?;
+    let answers = work.join(format!("agent-answers-{round}.jsonl"));
+    let _ = std::fs::remove_file(&answers);
+    let mut agents = Process::start(
+        "simulated agents",
+        None,
+        &binaries.bench,
+        &[
+            "simulated-agents".into(),
+            "--seed".into(),
+            (round as u64 + 1).to_string(),
+        ],
+        &[
+            (
+                "KUBECONFIG".into(),
+                kubeconfig_path(work, "simulated-agents", "")
+                    .display()
+                    .to_string(),
+            ),
+            (
+                "SWITCHYARD_BENCH_ANSWERS".into(),
+                answers.display().to_string(),
+            ),
+        ],
+        &work.join(format!("simulated-agents-{round}.log")),
+    )?;
+    let mut operator = Process::start(
+        "switchyard-operator",
+        None,
+        &binaries.operator,
+        &[
+            format!("--metrics-address={METRICS_ADDRESS}"),
+            "--api-server-address=127.0.0.1:6443".into(),
+            "--identity=bench-operator".into(),
+        ],
+        &[
+            (
+                "KUBECONFIG".into(),
+                kubeconfig_path(work, "switchyard-operator", "")
+                    .display()
+                    .to_string(),
+            ),
+            ("POD_NAMESPACE".into(), OPERATOR_NAMESPACE.into()),
+            ("RUST_LOG".into(), "info".into()),
+        ],
+        &work.join(format!("operator-{round}.log")),
+    )?;
+    // Before the transition: every Node has its DataplaneNode, answered by its agent.
+    let dataplane_nodes: Api<DataplaneNode> = Api::all(client.clone());
+    let deadline = Instant::now() + Duration::from_secs(600);
+    loop {
+        let list = dataplane_nodes.list(&Default::default()).await;
+        let answered = list
+            .map(|list| {
+                list.items
+                    .iter()
+                    .filter(|node| {
+                        node.status
+                            .as_ref()
+                            .and_then(|status| status.observed_generation)
+                            == node.metadata.generation
+                    })
+                    .count()
+            })
+            .unwrap_or(0);
+        if answered == nodes as usize {
+            break;
+        }
+        if Instant::now() > deadline || !operator.is_running() {
+            return Err(Error::System(format!(
+                "failed to see {nodes} DataplaneNodes created and answered ({answered} so far); operator log:\n{}",
+                tail(&operator.log_text(), 20)
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let reconcile_before = reconcile_histogram().unwrap_or_default();
+    let configs: Api<DataplaneConfig> = Api::all(client.clone());
+    let config: DataplaneConfig = serde_json::from_value(json!({
+        "apiVersion": "switchyard.dev/v1alpha1",
+        "kind": "DataplaneConfig",
+        "metadata": {"name": "default"},
+        "spec": {"mode": "Ebpf", "rollout": {"maxUnavailable": "10%", "nodeReadyTimeoutSeconds": 120}},
+    }))
+    .map_err(|error| Error::System(format!("failed to build the DataplaneConfig: {error}")))?;
+    let started_unix_us = unix_micros();
+    let started = Instant::now();
+    configs
+        .create(&PostParams::default(), &config)
+        .await
+        .map_err(|error| Error::System(format!("failed to create the DataplaneConfig: {error}")))?;
+    let deadline = started + Duration::from_secs(1200);
+    let mut peak_rss_mib: f64 = 0.0;
+    loop {
+        if let Some((_, peak)) = operator.memory_mib() {
+            peak_rss_mib = peak_rss_mib.max(peak);
+        }
+        if let Ok(config) = configs.get("default").await {
+            let ready = config.status.as_ref().is_some_and(|status| {
+                status.phase == DataplanePhase::Ready
+                    && status.observed_generation == config.metadata.generation
+            });
+            if ready {
+                break;
+            }
+            if Instant::now() > deadline || !operator.is_running() {
+                return Err(Error::System(format!(
+                    "failed to see the transition of {nodes} nodes reach Ready within 1200 s (phase {:?}); operator log:\n{}",
+                    config.status.as_ref().map(|status| status.phase),
+                    tail(&operator.log_text(), 20)
+                )));
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let total = started.elapsed().as_secs_f64();
+    let ended_unix_us = unix_micros();
+    let (rss_mib, peak) = operator.memory_mib().unwrap_or((f64::NAN, f64::NAN));
+    peak_rss_mib = peak_rss_mib.max(peak);
+    let reconcile_after = reconcile_histogram().unwrap_or_default();
+    let reconciles = reconcile_after.subtract(&reconcile_before);
+    // The audit log is written in batches: let the last ones land.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (requests, requests_by_verb) = count_audit_requests(
+        &control_plane.audit_log,
+        "switchyard-operator",
+        started_unix_us,
+        ended_unix_us,
+    );
+    let waiting_on_agents = waiting_on_agents(&answers, started_unix_us, ended_unix_us);
+    operator.stop(Duration::from_secs(5));
+    agents.stop(Duration::from_secs(2));
+    control_plane.stop();
+    Ok(TransitionFigures {
+        total,
+        waiting_on_agents,
+        reconciles: reconciles.count,
+        reconcile_p50: reconciles.quantile(0.5),
+        reconcile_p99: reconciles.quantile(0.99),
+        requests,
+        requests_by_verb,
+        rss_mib,
+        peak_rss_mib,
+    })
+}
+
+fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// The operator's namespace, a kube-proxy DaemonSet (nothing runs it: no
+/// controllers), and `nodes` Ready Nodes.
+async fn prepare(client: &kube::Client, nodes: u32) -> Result<()> {
+    let failed = |what: &str, error: kube::Error| {
+        Error::Populate(format!("failed to create {what}: {error}"))
+    };
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let namespace: Namespace =
+        serde_json::from_value(json!({"metadata": {"name": OPERATOR_NAMESPACE}}))
+            .map_err(|error| Error::Populate(error.to_string()))?;
+    namespaces
+        .create(&PostParams::default(), &namespace)
+        .await
+        .map_err(|error| failed("the operator's namespace", error))?;
+    let daemon_sets: Api<DaemonSet> = Api::namespaced(client.clone(), "kube-system");
+    let daemon_set: DaemonSet = serde_json::from_value(json!({
+        "metadata": {"name": "kube-proxy", "namespace": "kube-system", "labels": {"k8s-app": "kube-proxy"}},
+        "spec": {
+            "selector": {"matchLabels": {"k8s-app": "kube-proxy"}},
+            "template": {
+                "metadata": {"labels": {"k8s-app": "kube-proxy"}},
+                "spec": {
+                    "hostNetwork": true,
+                    "nodeSelector": {"kubernetes.io/os": "linux"},
+                    "containers": [{
+                        "name": "kube-proxy",
+                        "image": "k8s.gcr.io/kube-proxy:v1.20.2",
+                        "command": ["/usr/local/bin/kube-proxy", "--proxy-mode=iptables"],
+                    }],
+                },
+            },
+        },
+    }))
+    .map_err(|error| Error::Populate(error.to_string()))?;
+    daemon_sets
+        .create(&PostParams::default(), &daemon_set)
+        .await
+        .map_err(|error| failed("the kube-proxy DaemonSet", error))?;
+    let node_api: Api<Node> = Api::all(client.clone());
+    futures::stream::iter(0..nodes)
+        .map(|index| {
+            let node_api = node_api.clone();
+            async move {
+                let name = node_name(index);
+                let node: Node = serde_json::from_value(json!({
+                    "metadata": {"name": name, "labels": {"kubernetes.io/os": "linux", "kubernetes.io/hostname": name}},
+                }))
+                .map_err(|error| Error::Populate(error.to_string()))?;
+                node_api
+                    .create(&PostParams::default(), &node)
+                    .await
+                    .map_err(|error| failed(&name, error))?;
+                let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+                let status = json!({"status": {
+                    "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                                    "message": "simulated", "lastHeartbeatTime": now, "lastTransitionTime": now}],
+                    "addresses": [{"type": "InternalIP", "address": node_address(index)}],
+                }});
+                node_api
+                    .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+                    .await
+                    .map_err(|error| failed(&format!("{name}'s status"), error))?;
+                Ok::<(), Error>(())
+            }
+        })
+        .buffer_unordered(64)
+        .try_collect::<Vec<()>>()
+        .await?;
     Ok(())
+}
+
+fn node_name(index: u32) -> String {
+    format!("node-{index:05}")
+}
+
+fn node_address(index: u32) -> String {
+    format!(
+        "10.{}.{}.{}",
+        100 + index / 65536,
+        (index / 256) % 256,
+        index % 256
+    )
+}
+
+/// A snapshot of a Prometheus histogram (bucket upper bounds -> cumulative counts).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Histogram {
+    pub buckets: Vec<(f64, f64)>,
+    pub count: f64,
+}
+
+impl Histogram {
+    pub fn parse(metrics: &str, name: &str) -> Option<Self> {
+        let bucket_prefix = format!("{name}_bucket{{le=\"");
+        let mut buckets = Vec::new();
+        let mut count = None;
+        for line in metrics.lines() {
+            if let Some(rest) = line.strip_prefix(&bucket_prefix) {
+                let (bound, value) = rest.split_once("\"}")?;
+                let bound = if bound == "+Inf" {
+                    f64::INFINITY
+                } else {
+                    bound.parse().ok()?
+                };
+                buckets.push((bound, value.trim().parse().ok()?));
+            } else if let Some(value) = line.strip_prefix(&format!("{name}_count ")) {
+                count = value.trim().parse().ok();
+            }
+        }
+        Some(Self {
+            buckets,
+            count: count?,
+        })
+    }
+
+    pub fn subtract(&self, earlier: &Histogram) -> Histogram {
+        let buckets = self
+            .buckets
+            .iter()
+            .map(|(bound, value)| {
+                let before = earlier
+                    .buckets
+                    .iter()
+                    .find(|(b, _)| b == bound)
+                    .map(|(_, v)| *v)
+                    .unwrap_or(0.0);
+                (*bound, value - before)
+            })
+            .collect();
+        Histogram {
+            buckets,
+            count: self.count - earlier.count,
+        }
+    }
+
+    /// As Prometheus' `histogram_quantile`: linear within the bucket holding the rank.
+    pub fn quantile(&self, quantile: f64) -> f64 {
+        if self.count <= 0.0 {
+            return f64::NAN;
+        }
+        let rank = quantile * self.count;
+        let mut lower_bound = 0.0;
+        let mut lower_count = 0.0;
+        for (bound, cumulative) in &self.buckets {
+            if *cumulative >= rank {
+                if bound.is_infinite() {
+                    return lower_bound;
+                }
+                let in_bucket = cumulative - lower_count;
+                if in_bucket <= 0.0 {
+                    return *bound;
+                }
+                return lower_bound + (bound - lower_bound) * (rank - lower_count) / in_bucket;
+            }
+            lower_bound = *bound;
+            lower_count = *cumulative;
+        }
+        lower_bound
+    }
+}
+
+fn reconcile_histogram() -> Option<Histogram> {
+    let output = std::process::Command::new("curl")
+        .args([
+            "-sf",
+            "--max-time",
+            "5",
+            &format!("http://{METRICS_ADDRESS}/metrics"),
+        ])
+        .output()
+        .ok()?;
+    Histogram::parse(
+        &String::from_utf8_lossy(&output.stdout),
+        "switchyard_operator_reconcile_duration_seconds",
+    )
+}
+
+/// Requests by `user` in a JSON audit log between two instants (µs since the
+/// epoch, by `requestReceivedTimestamp`): the total and per verb.
+pub fn count_audit_requests(
+    log: &Path,
+    user: &str,
+    from_us: u64,
+    to_us: u64,
+) -> (u64, BTreeMap<String, u64>) {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let mut total = 0;
+    let mut by_verb = BTreeMap::new();
+    for line in text.lines() {
+        let Ok(event) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        if event["user"]["username"] != user {
+            continue;
+        }
+        let received = event["requestReceivedTimestamp"]
+            .as_str()
+            .and_then(|time| chrono::DateTime::parse_from_rfc3339(time).ok())
+            .map(|time| time.timestamp_micros() as u64)
+            .unwrap_or(0);
+        if received < from_us || received > to_us {
+            continue;
+        }
+        total += 1;
+        let verb = event["verb"].as_str().unwrap_or("?").to_string();
+        *by_verb.entry(verb).or_insert(0) += 1;
+    }
+    (total, by_verb)
+}
+
+/// The time within `[from, to]` during which at least one agent was sitting on
+/// its delay (the union of `[seen, answered]` intervals), in seconds.
+pub fn waiting_on_agents(answers: &Path, from_us: u64, to_us: u64) -> f64 {
+    let text = std::fs::read_to_string(answers).unwrap_or_default();
+    let mut intervals: Vec<(u64, u64)> = text
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter_map(|answer| Some((answer["seen_us"].as_u64()?, answer["answered_us"].as_u64()?)))
+        .map(|(seen, answered)| (seen.max(from_us), answered.min(to_us)))
+        .filter(|(seen, answered)| answered > seen)
+        .collect();
+    union_seconds(&mut intervals)
+}
+
+pub fn union_seconds(intervals: &mut [(u64, u64)]) -> f64 {
+    intervals.sort_unstable();
+    let mut total = 0;
+    let mut current: Option<(u64, u64)> = None;
+    for (start, end) in intervals.iter().copied() {
+        current = match current {
+            Some((current_start, current_end)) if start <= current_end => {
+                Some((current_start, current_end.max(end)))
+            }
+            Some((current_start, current_end)) => {
+                total += current_end - current_start;
+                Some((start, end))
+            }
+            None => Some((start, end)),
+        };
+    }
+    if let Some((start, end)) = current {
+        total += end - start;
+    }
+    total as f64 / 1e6
+}
+
+/// What an agent reports about `node`'s spec (no kube-proxy pods run anywhere:
+/// its rules are present until the agent is told to clean them).
+pub fn simulated_status(
+    node: &DataplaneNode,
+    now: chrono::DateTime<chrono::Utc>,
+) -> DataplaneNodeStatus {
+    let generation = node.metadata.generation;
+    let mut status = node.status.clone().unwrap_or_default();
+    let ebpf = node.spec.mode == DataplaneMode::Ebpf;
+    let rules_present = !node.spec.iptables_cleanup;
+    let condition = |type_: &str, holds: bool, reason: &str| {
+        Condition::new(
+            type_,
+            ConditionStatus::from_bool(holds),
+            reason,
+            "simulated agent",
+            generation,
+            now,
+        )
+    };
+    for new in [
+        condition(
+            condition_types::HOST_METADATA_READY,
+            true,
+            reasons::HOST_METADATA_RECEIVED,
+        ),
+        condition(
+            condition_types::PROGRAMS_ATTACHED,
+            ebpf,
+            if ebpf {
+                reasons::ATTACHED
+            } else {
+                reasons::DETACHED
+            },
+        ),
+        condition(condition_types::SERVICES_SYNCED, true, reasons::SYNCED),
+        condition(
+            condition_types::KUBE_PROXY_RULES_PRESENT,
+            rules_present,
+            if rules_present {
+                reasons::RULES_PRESENT
+            } else {
+                reasons::RULES_ABSENT
+            },
+        ),
+        condition(
+            condition_types::KUBE_PROXY_HEALTHY,
+            rules_present && !ebpf,
+            if rules_present && !ebpf {
+                reasons::KUBE_PROXY_HEALTHZ_OK
+            } else {
+                reasons::KUBE_PROXY_UNHEALTHY
+            },
+        ),
+        condition(
+            condition_types::CHAIN_ORDER_SAFE,
+            true,
+            reasons::CHAIN_ORDER_VERIFIED,
+        ),
+        condition(condition_types::READY, true, reasons::AGENT_READY),
+    ] {
+        set_condition(&mut status.conditions, new);
+    }
+    status.observed_generation = generation;
+    status.agent_version = Some("simulated".into());
+    status
+}
+
+/// `switchyard-bench simulated-agents`: watches every DataplaneNode and answers
+/// each new generation after a random 50-500 ms, as its agent would. Each answer
+/// is appended to `$SWITCHYARD_BENCH_ANSWERS` as `{"seen_us","answered_us"}`.
+pub async fn simulated_agents(seed: u64) -> Result<()> {
+    let client = kube::Client::try_default().await.map_err(|error| {
+        Error::ApiServer(format!("failed to build a client from KUBECONFIG: {error}"))
+    })?;
+    let answers_path = std::env::var_os("SWITCHYARD_BENCH_ANSWERS")
+        .ok_or_else(|| Error::System("failed to find SWITCHYARD_BENCH_ANSWERS".into()))?;
+    let answers = Arc::new(Mutex::new(
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&answers_path)
+            .map_err(|error| Error::System(format!("failed to open the answers file: {error}")))?,
+    ));
+    let api: Api<DataplaneNode> = Api::all(client);
+    // name -> the generation already being answered.
+    let mut answering: HashMap<String, i64> = HashMap::new();
+    let mut picker = Picker::new(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    let mut events = watcher(api.clone(), watcher::Config::default()).boxed();
+    while let Some(event) = events.next().await {
+        let nodes = match event {
+            Ok(watcher::Event::Apply(node)) | Ok(watcher::Event::InitApply(node)) => vec![node],
+            Ok(_) => continue,
+            Err(error) => {
+                eprintln!("simulated agents: watch error: {error}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                continue;
+            }
+        };
+        for node in nodes {
+            let Some(generation) = node.metadata.generation else {
+                continue;
+            };
+            let observed = node
+                .status
+                .as_ref()
+                .and_then(|status| status.observed_generation);
+            let name = node.name_any();
+            if observed == Some(generation) || answering.get(&name) == Some(&generation) {
+                continue;
+            }
+            answering.insert(name.clone(), generation);
+            let delay = Duration::from_millis(50 + picker.below(451) as u64);
+            let seen_us = unix_micros();
+            let (api, answers) = (api.clone(), answers.clone());
+            tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                let status = simulated_status(&node, chrono::Utc::now());
+                let patch = json!({"status": status});
+                for attempt in 0..5u64 {
+                    match api
+                        .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                        .await
+                    {
+                        Ok(_) => break,
+                        Err(error) => {
+                            eprintln!("simulated agents: failed to patch {name}'s status: {error}");
+                            tokio::time::sleep(Duration::from_millis(100 * (attempt + 1))).await;
+                        }
+                    }
+                }
+                let line = json!({"name": name, "seen_us": seen_us, "answered_us": unix_micros()});
+                if let Ok(mut file) = answers.lock() {
+                    let _ = writeln!(file, "{line}");
+                }
+            });
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantiles_are_interpolated_within_the_bucket_holding_the_rank() {
+        let metrics = "x_bucket{le=\"0.1\"} 50\nx_bucket{le=\"0.2\"} 100\nx_bucket{le=\"+Inf\"} 100\nx_count 100\n";
+        let histogram = Histogram::parse(metrics, "x").expect("parses");
+        assert_eq!(histogram.count, 100.0);
+        assert!((histogram.quantile(0.5) - 0.1).abs() < 1e-9);
+        assert!((histogram.quantile(0.75) - 0.15).abs() < 1e-9);
+        let empty = Histogram {
+            buckets: vec![],
+            count: 0.0,
+        };
+        assert!(empty.quantile(0.5).is_nan());
+        let later = Histogram::parse(
+            "x_bucket{le=\"0.1\"} 60\nx_bucket{le=\"0.2\"} 130\nx_bucket{le=\"+Inf\"} 130\nx_count 130\n",
+            "x",
+        )
+        .expect("parses");
+        let difference = later.subtract(&histogram);
+        assert_eq!(difference.count, 30.0);
+        assert_eq!(difference.buckets[0], (0.1, 10.0));
+    }
+
+    #[test]
+    fn overlapping_waits_count_once() {
+        let mut intervals = vec![(0, 1_000_000), (500_000, 1_500_000), (3_000_000, 3_500_000)];
+        assert!((union_seconds(&mut intervals) - 2.0).abs() < 1e-9);
+        assert_eq!(union_seconds(&mut []), 0.0);
+    }
+
+    #[test]
+    fn audit_requests_are_counted_for_the_user_within_the_window() {
+        let directory =
+            std::env::temp_dir().join(format!("switchyard-bench-audit-{}", std::process::id()));
+        std::fs::create_dir_all(&directory).expect("directory");
+        let log = directory.join("audit.log");
+        std::fs::write(
+            &log,
+            concat!(
+                "{\"user\":{\"username\":\"switchyard-operator\"},\"verb\":\"list\",\"requestReceivedTimestamp\":\"2026-01-01T00:00:01.000000Z\"}\n",
+                "{\"user\":{\"username\":\"switchyard-operator\"},\"verb\":\"patch\",\"requestReceivedTimestamp\":\"2026-01-01T00:00:02.000000Z\"}\n",
+                "{\"user\":{\"username\":\"bench\"},\"verb\":\"create\",\"requestReceivedTimestamp\":\"2026-01-01T00:00:02.000000Z\"}\n",
+                "{\"user\":{\"username\":\"switchyard-operator\"},\"verb\":\"get\",\"requestReceivedTimestamp\":\"2026-01-01T00:00:09.000000Z\"}\n",
+            ),
+        )
+        .expect("write");
+        let start = chrono::DateTime::parse_from_rfc3339("2026-01-01T00:00:00Z")
+            .expect("time")
+            .timestamp_micros() as u64;
+        let (total, by_verb) =
+            count_audit_requests(&log, "switchyard-operator", start, start + 5_000_000);
+        let _ = std::fs::remove_dir_all(&directory);
+        assert_eq!(total, 2);
+        assert_eq!(by_verb.get("list"), Some(&1));
+        assert_eq!(by_verb.get("patch"), Some(&1));
+    }
+
+    #[test]
+    fn a_simulated_agent_reports_the_spec_it_was_given() {
+        let mut node = DataplaneNode::new(
+            "node-00001",
+            switchyard_crds::DataplaneNodeSpec::new(DataplaneMode::Ebpf),
+        );
+        node.metadata.generation = Some(3);
+        node.spec.iptables_cleanup = true;
+        let status = simulated_status(&node, chrono::Utc::now());
+        assert_eq!(status.observed_generation, Some(3));
+        assert!(status.condition_is_true(condition_types::PROGRAMS_ATTACHED));
+        assert!(!status.condition_is_true(condition_types::KUBE_PROXY_RULES_PRESENT));
+        assert!(status.condition_is_true(condition_types::READY));
+    }
 }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use crate::apiserver::kubeconfig_path;
 use crate::error::{Error, Result};
 use crate::topology::{
-    http_get, service_address, Prober, Process, NODE_ADDRESS, NODE_NAMESPACE, SERVICE_TCP_PORT,
+    service_address, Prober, Process, NODE_ADDRESS, NODE_NAMESPACE, SERVICE_TCP_PORT,
 };
 
 static CONFIGURATION: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
@@ -53,6 +53,7 @@ pub struct Running {
     pub log: PathBuf,
     pub pin_directory: PathBuf,
     generation: usize,
+    configuration: usize,
     work: PathBuf,
     binaries: Binaries,
     manifests: PathBuf,
@@ -69,8 +70,10 @@ impl Running {
         manifests: &Path,
         sync_period: &str,
     ) -> Result<Self> {
+        let configuration = CONFIGURATION.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mut running = Self {
             system,
+            configuration,
             process: None,
             log: work.join(format!("{}-0.log", system.label())),
             // A fresh pin directory per configuration: nothing carries over.
@@ -92,9 +95,12 @@ impl Running {
     }
 
     fn spawn(&mut self) -> Result<()> {
-        self.log = self
-            .work
-            .join(format!("{}-{}.log", self.system.label(), self.generation));
+        self.log = self.work.join(format!(
+            "{}-{}-{}.log",
+            self.system.label(),
+            self.configuration,
+            self.generation
+        ));
         self.generation += 1;
         let process = match self.system {
             System::Direct => None,
@@ -155,7 +161,7 @@ impl Running {
                         "--iptables-min-sync-period=1s".into(),
                         "--metrics-bind-address=127.0.0.1:10249".into(),
                         "--healthz-bind-address=127.0.0.1:10256".into(),
-                        "--v=1".into(),
+                        "--v=2".into(),
                     ],
                     &[("PATH".into(), path)],
                     &self.log,
@@ -213,22 +219,27 @@ impl Running {
         Ok(since.elapsed())
     }
 
-    /// kube-proxy's own figures: (syncs, mean sync seconds, last sync seconds).
-    pub fn kube_proxy_sync_figures(&self) -> Option<(f64, f64)> {
+    /// kube-proxy's own sync times, from its log ("syncProxyRules took ..." at
+    /// --v=2; the 1.20 duration histogram stays empty): (syncs, mean seconds, last seconds).
+    pub fn kube_proxy_sync_figures(&self) -> Option<(f64, f64, f64)> {
         if !self.system.is_kube_proxy() {
             return None;
         }
-        let metrics = http_get(NODE_NAMESPACE, "http://127.0.0.1:10249/metrics")?;
-        let value = |name: &str| {
-            metrics
-                .lines()
-                .find(|line| line.starts_with(name))
-                .and_then(|line| line.split_whitespace().last())
-                .and_then(|value| value.parse::<f64>().ok())
-        };
-        let count = value("kubeproxy_sync_proxy_rules_duration_seconds_count ")?;
-        let sum = value("kubeproxy_sync_proxy_rules_duration_seconds_sum ")?;
-        Some((count, if count > 0.0 { sum / count } else { 0.0 }))
+        let log = std::fs::read_to_string(&self.log).ok()?;
+        let syncs: Vec<f64> = log
+            .lines()
+            .filter_map(|line| {
+                line.split_once("syncProxyRules took ")
+                    .map(|(_, rest)| rest.trim())
+            })
+            .filter_map(go_duration_seconds)
+            .collect();
+        let last = *syncs.last()?;
+        Some((
+            syncs.len() as f64,
+            syncs.iter().sum::<f64>() / syncs.len() as f64,
+            last,
+        ))
     }
 
     pub fn stop(mut self) {
@@ -236,6 +247,34 @@ impl Running {
             process.stop(Duration::from_secs(10));
         }
     }
+}
+
+/// Seconds in a Go duration as printed by `time.Duration.String()`: `1.5s`,
+/// `612.3ms`, `850µs`, `1m2.5s`.
+pub fn go_duration_seconds(text: &str) -> Option<f64> {
+    let text = text.split_whitespace().next()?;
+    let mut total = 0.0;
+    let mut rest = text;
+    while !rest.is_empty() {
+        let number_end = rest.find(|c: char| !(c.is_ascii_digit() || c == '.'))?;
+        let value: f64 = rest[..number_end].parse().ok()?;
+        let unit_part = &rest[number_end..];
+        let unit_end = unit_part
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(unit_part.len());
+        let factor = match &unit_part[..unit_end] {
+            "h" => 3600.0,
+            "m" => 60.0,
+            "s" => 1.0,
+            "ms" => 1e-3,
+            "µs" | "us" => 1e-6,
+            "ns" => 1e-9,
+            _ => return None,
+        };
+        total += value * factor;
+        rest = &unit_part[unit_end..];
+    }
+    Some(total)
 }
 
 /// Probe targets: the first and last TCP Services of `count`.
@@ -289,4 +328,26 @@ fn write_iptables_wrappers(work: &Path, system: System) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn go_durations_as_kube_proxy_logs_them_are_read_in_seconds() {
+        assert_eq!(go_duration_seconds("1.5s"), Some(1.5));
+        assert_eq!(go_duration_seconds("612.5ms"), Some(0.6125));
+        assert_eq!(go_duration_seconds("1m2.5s"), Some(62.5));
+        let micro = go_duration_seconds("850µs").expect("microseconds");
+        assert!((micro - 0.00085).abs() < 1e-12);
+        assert_eq!(go_duration_seconds("soon"), None);
+    }
+
+    #[test]
+    fn probe_targets_are_the_first_and_last_tcp_services() {
+        assert_eq!(probe_targets(100).len(), 2);
+        assert_eq!(probe_targets(100)[1].ip(), &service_address(98));
+        assert_eq!(probe_targets(1).len(), 1);
+    }
 }

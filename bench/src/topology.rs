@@ -4,7 +4,7 @@
 //! on veths (Calico-style: /32 addresses, routes to the host side). No route
 //! leads anywhere but to these namespaces.
 
-use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+use std::io::{BufRead as _, BufReader, Write as _};
 use std::net::{Ipv4Addr, SocketAddrV4, TcpStream};
 use std::os::fd::AsRawFd as _;
 use std::path::{Path, PathBuf};
@@ -39,7 +39,7 @@ pub fn service_address(index: u32) -> Ipv4Addr {
 }
 
 pub fn service_is_tcp(index: u32) -> bool {
-    index % 2 == 0
+    index.is_multiple_of(2)
 }
 
 pub fn backend_address(ordinal: u32) -> Ipv4Addr {
@@ -77,7 +77,6 @@ pub fn sh(command: &str) -> Result<String> {
 
 /// A process the bench started; killed (and reaped) when dropped.
 pub struct Process {
-    pub name: String,
     pub child: Option<Child>,
     pub log: PathBuf,
     pub started: Instant,
@@ -124,7 +123,6 @@ impl Process {
             ))
         })?;
         Ok(Self {
-            name: name.to_string(),
             child: Some(child),
             log: log.to_path_buf(),
             started,
@@ -194,8 +192,6 @@ impl Drop for Process {
 
 /// One node namespace with its pods; everything removed on drop.
 pub struct Topology {
-    pub work: PathBuf,
-    pub backends: u32,
     servers: Vec<Process>,
     namespaces: Vec<String>,
 }
@@ -205,8 +201,6 @@ impl Topology {
     /// pod (serving as `marker`) and a client pod.
     pub fn build(work: &Path, backends: u32, bench_binary: &Path) -> Result<Self> {
         let mut topology = Self {
-            work: work.to_path_buf(),
-            backends,
             servers: Vec::new(),
             namespaces: Vec::new(),
         };
@@ -435,29 +429,6 @@ pub fn ask(target: SocketAddrV4, timeout: Duration) -> std::io::Result<String> {
     let mut line = String::new();
     BufReader::new(&mut stream).read_line(&mut line)?;
     Ok(line.trim().to_string())
-}
-
-/// GET `url` (plain HTTP) from inside `namespace`, with curl.
-pub fn http_get(namespace: &str, url: &str) -> Option<String> {
-    let output = Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            namespace,
-            "curl",
-            "-sf",
-            "--max-time",
-            "5",
-            url,
-        ])
-        .output()
-        .ok()?;
-    if !output.status.success() {
-        return None;
-    }
-    let mut text = String::new();
-    output.stdout.as_slice().read_to_string(&mut text).ok()?;
-    Some(text)
 }
 
 #[cfg(test)]

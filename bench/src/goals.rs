@@ -1,0 +1,279 @@
+//! The issue's goals, checked against what was measured: met, missed, or not
+//! measured at this size. Pure.
+
+use crate::report::{number, Summary, Table};
+
+const KUBE_PROXIES: [&str; 2] = ["kube-proxy-iptables-legacy", "kube-proxy-iptables-nft"];
+
+/// The better of the two kube-proxy backends for `metric` (higher or lower is better).
+fn best_kube_proxy(
+    summary: &Summary,
+    name: &str,
+    scale: u64,
+    metric: &str,
+    higher_is_better: bool,
+) -> Option<(f64, &'static str)> {
+    KUBE_PROXIES
+        .iter()
+        .filter_map(|system| {
+            summary
+                .find(name, system, scale, metric)
+                .map(|value| (value, *system))
+        })
+        .filter(|(value, _)| value.is_finite())
+        .reduce(|a, b| {
+            if (a.0 >= b.0) == higher_is_better {
+                a
+            } else {
+                b
+            }
+        })
+}
+
+fn verdict(met: Option<bool>) -> String {
+    match met {
+        Some(true) => "met".into(),
+        Some(false) => "MISSED".into(),
+        None => "not measured at this size".into(),
+    }
+}
+
+pub fn table(summary: &Summary, dataplane_scales: &[u32], node_counts: &[u32]) -> Table {
+    let mut table = Table::new(
+        "Goals of issue 7 against this run",
+        &["goal", "measured", "verdict"],
+    );
+    let mut row = |goal: &str, measured: String, met: Option<bool>| {
+        table.row(vec![goal.to_string(), measured, verdict(met)]);
+    };
+    let rate = "new-connections-per-second";
+    let data = "dataplane";
+    for (scale, factor) in [(10_000u64, 1.5), (30_000, 3.0)] {
+        let switchyard = summary.find(data, "switchyard", scale, rate);
+        let kube_proxy = best_kube_proxy(summary, data, scale, rate, true);
+        let (measured, met) = match (switchyard, kube_proxy) {
+            (Some(s), Some((k, which))) => (
+                format!(
+                    "{} vs {} ({which}): {:.2}x",
+                    number(s, 0),
+                    number(k, 0),
+                    s / k
+                ),
+                Some(s >= factor * k),
+            ),
+            _ => ("-".into(), None),
+        };
+        row(
+            &format!(
+                "{} Services: connection rate >= {factor}x kube-proxy",
+                number(scale as f64, 0)
+            ),
+            measured,
+            met,
+        );
+    }
+    let (measured, met) = match (
+        summary.find(data, "switchyard", 10_000, rate),
+        summary.find(data, "direct", 10_000, rate),
+    ) {
+        (Some(s), Some(d)) => (
+            format!(
+                "{} vs {} direct: {:.0}%",
+                number(s, 0),
+                number(d, 0),
+                100.0 * s / d
+            ),
+            Some(s >= 0.9 * d),
+        ),
+        _ => ("-".into(), None),
+    };
+    row(
+        "10,000 Services: connection rate within 10% of direct pod IP",
+        measured,
+        met,
+    );
+    let smallest = dataplane_scales.iter().min().copied().unwrap_or(0) as u64;
+    let largest = dataplane_scales.iter().max().copied().unwrap_or(0) as u64;
+    let p99 = "connect-latency-p99";
+    let (measured, met) = match (
+        summary.find(data, "switchyard", smallest, p99),
+        summary.find(data, "switchyard", largest, p99),
+    ) {
+        (Some(small), Some(large)) if largest == 30_000 && smallest == 100 => (
+            format!(
+                "{} µs at 100, {} µs at 30,000",
+                number(small, 0),
+                number(large, 0)
+            ),
+            Some(large <= 1.1 * small),
+        ),
+        _ => ("-".into(), None),
+    };
+    row(
+        "eBPF connect p99 at 30,000 Services within 10% of p99 at 100",
+        measured,
+        met,
+    );
+
+    let latency = "programming-latency";
+    let scale = 10_000;
+    let switchyard_p99 = summary.find(latency, "switchyard", scale, "p99");
+    let (measured, met) = match switchyard_p99 {
+        Some(p) if p.is_finite() => (format!("{p:.1} ms"), Some(p < 100.0)),
+        _ => ("-".into(), None),
+    };
+    row(
+        "programming latency p99 < 100 ms (10,000 Services)",
+        measured,
+        met,
+    );
+    let (measured, met) = match (
+        switchyard_p99,
+        best_kube_proxy(summary, latency, scale, "p99", false),
+    ) {
+        (Some(s), Some((k, which))) if s.is_finite() => (
+            format!("{s:.1} ms vs {k:.1} ms ({which}): {:.1}x", k / s),
+            Some(k >= 10.0 * s),
+        ),
+        _ => ("-".into(), None),
+    };
+    row(
+        "programming latency >= 10x faster than kube-proxy",
+        measured,
+        met,
+    );
+    let cold = "agent-cold-start";
+    let (measured, met) = match summary.find(cold, "switchyard", scale, "programmed-after-gate") {
+        Some(seconds) => (format!("{seconds:.2} s"), Some(seconds <= 2.0)),
+        None => ("-".into(), None),
+    };
+    row(
+        "cold start: all programmed within 2 s of gate open (10,000 Services)",
+        measured,
+        met,
+    );
+    let (measured, met) = match summary.find(cold, "switchyard", scale, "peak-rss") {
+        Some(mib) => (format!("{mib:.1} MiB peak"), Some(mib < 100.0)),
+        None => ("-".into(), None),
+    };
+    row("agent RSS < 100 MB", measured, met);
+    let restart = "restart-disruption";
+    let (measured, met) = match (
+        summary.find(restart, "switchyard", scale, "failed"),
+        summary.find(restart, "switchyard", scale, "p99-steady"),
+        summary.find(restart, "switchyard", scale, "p99-during-restart"),
+    ) {
+        (Some(failed), Some(steady), Some(during)) => (
+            format!("{failed:.0} failed; p99 {during:.2} ms during vs {steady:.2} ms steady"),
+            Some(failed == 0.0 && during <= 2.0 * steady),
+        ),
+        _ => ("-".into(), None),
+    };
+    row(
+        "agent restart at 2,000 conn/s: zero failed, p99 within 2x of steady",
+        measured,
+        met,
+    );
+
+    let operator = "operator-transition";
+    let system = "switchyard-operator";
+    let (measured, met) = match summary.find(operator, system, 5_000, "operator-time") {
+        Some(seconds) => (format!("{seconds:.1} s"), Some(seconds < 300.0)),
+        None => ("-".into(), None),
+    };
+    row(
+        "5,000 nodes: operator time beyond the agents' delays < 5 min",
+        measured,
+        met,
+    );
+    let largest_nodes = node_counts.iter().max().copied().unwrap_or(0) as u64;
+    let smallest_nodes = node_counts.iter().min().copied().unwrap_or(0) as u64;
+    let p99s: Vec<f64> = node_counts
+        .iter()
+        .filter_map(|nodes| summary.find(operator, system, *nodes as u64, "reconcile-p99"))
+        .collect();
+    let (measured, met) = if p99s.is_empty() {
+        ("-".into(), None)
+    } else {
+        let worst = p99s.iter().copied().fold(f64::NAN, f64::max);
+        (format!("worst {worst:.0} ms"), Some(worst < 200.0))
+    };
+    row("reconcile p99 < 200 ms", measured, met);
+    let peaks: Vec<f64> = node_counts
+        .iter()
+        .filter_map(|nodes| summary.find(operator, system, *nodes as u64, "peak-rss"))
+        .collect();
+    let (measured, met) = if peaks.is_empty() {
+        ("-".into(), None)
+    } else {
+        let worst = peaks.iter().copied().fold(f64::NAN, f64::max);
+        (format!("{worst:.0} MiB peak"), Some(worst < 200.0))
+    };
+    row("operator RSS < 200 MB", measured, met);
+    let per_node = |nodes: u64| summary.find(operator, system, nodes, "api-requests-per-node");
+    let (measured, met) = match (per_node(smallest_nodes), per_node(largest_nodes)) {
+        (Some(small), Some(large)) if largest_nodes > smallest_nodes => (
+            format!("{small:.2} per node at {smallest_nodes} nodes, {large:.2} at {largest_nodes}"),
+            Some(large <= small * 1.1),
+        ),
+        _ => ("-".into(), None),
+    };
+    row("API requests per node bounded by a constant", measured, met);
+    table
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_connection_rate_below_one_and_a_half_times_kube_proxy_is_a_miss() {
+        let mut summary = Summary::default();
+        summary.record(
+            "dataplane",
+            "switchyard",
+            10_000,
+            "new-connections-per-second",
+            20_000.0,
+            "1/s",
+        );
+        summary.record(
+            "dataplane",
+            "kube-proxy-iptables-legacy",
+            10_000,
+            "new-connections-per-second",
+            15_000.0,
+            "1/s",
+        );
+        summary.record(
+            "dataplane",
+            "kube-proxy-iptables-nft",
+            10_000,
+            "new-connections-per-second",
+            5_000.0,
+            "1/s",
+        );
+        summary.record(
+            "dataplane",
+            "direct",
+            10_000,
+            "new-connections-per-second",
+            21_000.0,
+            "1/s",
+        );
+        let text = table(&summary, &[100, 10_000], &[100]).render();
+        let line = |goal: &str| {
+            text.lines()
+                .find(|line| line.contains(goal))
+                .unwrap_or_default()
+                .to_string()
+        };
+        assert!(line(">= 1.5x kube-proxy").contains("MISSED"), "{text}");
+        assert!(
+            line(">= 1.5x kube-proxy").contains("kube-proxy-iptables-legacy"),
+            "{text}"
+        );
+        assert!(line("within 10% of direct").contains("met"), "{text}");
+        assert!(line(">= 3x kube-proxy").contains("not measured"), "{text}");
+    }
+}
