@@ -48,6 +48,10 @@ pub const FIELD_MANAGER: &str = "switchyard-operator";
 /// How often the DataplaneConfig is reconciled when nothing changes and no timeout is pending.
 const RESYNC_PERIOD: Duration = Duration::from_secs(300);
 
+/// How often the operator checks, without a DataplaneConfig named `default`, that every Node
+/// has its DataplaneNode (a retry of failed creations; triggers do it at once otherwise).
+const RESYNC_WITHOUT_CONFIG: Duration = Duration::from_secs(30);
+
 /// How long triggers are collected before one reconcile runs (many pods change at once).
 const DEBOUNCE: Duration = Duration::from_millis(500);
 
@@ -169,7 +173,8 @@ pub async fn run(context: Arc<Context>) {
     });
 
     let outcomes_context = context.clone();
-    controller
+    let periodic_context = context.clone();
+    let outcomes = controller
         .run(reconcile, error_policy, context)
         .for_each(move |outcome| {
             let context = outcomes_context.clone();
@@ -190,8 +195,28 @@ pub async fn run(context: Arc<Context>) {
                     Err(error) => tracing::warn!(error = %crate::error::describe(&error), "reconcile failed"),
                 }
             }
-        })
-        .await;
+        });
+    // Without a DataplaneConfig there is no object to requeue: a failed creation of
+    // DataplaneNodes is retried on the next trigger, or at the latest by this timer.
+    let periodic = async move {
+        let mut interval = tokio::time::interval(RESYNC_WITHOUT_CONFIG);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        loop {
+            interval.tick().await;
+            if let Err(error) = reconcile_without_config(&periodic_context).await {
+                periodic_context
+                    .metrics
+                    .reconcile_errors
+                    .with_label_values(&[error_policy::step(&error)])
+                    .inc();
+                tracing::warn!(error = %crate::error::describe(&error), "failed to reconcile without a DataplaneConfig");
+            }
+        }
+    };
+    tokio::select! {
+        () = outcomes => {}
+        () = periodic => {}
+    }
 }
 
 /// Reconciles one DataplaneConfig.
