@@ -94,6 +94,7 @@ pub struct Standalone<D: Datapath, H: HostView> {
     attached: BTreeMap<String, u32>,
     attachment: Attachment,
     socket_hooks: SocketHooks,
+    masquerade_rule_ensured: bool,
     gate_timeout_reported: bool,
     /// The inputs of the last successful sync, to plan only what changed.
     last_synced: Option<(
@@ -154,6 +155,7 @@ impl<D: Datapath, H: HostView> Standalone<D, H> {
             attached: BTreeMap::new(),
             attachment,
             socket_hooks: SocketHooks::Wanted,
+            masquerade_rule_ensured: false,
             gate_timeout_reported: false,
             last_synced: None,
         })
@@ -349,6 +351,20 @@ impl<D: Datapath, H: HostView> Standalone<D, H> {
         }
     }
 
+    /// The masquerade rule is checked once per process (a previous process may
+    /// have been started without it); a failure is logged and retried.
+    fn ensure_masquerade_rule(&mut self) {
+        if !self.options.manage_masquerade_rule || self.masquerade_rule_ensured {
+            return;
+        }
+        match masquerade::ensure(self.options.masquerade_mark) {
+            Ok(()) => self.masquerade_rule_ensured = true,
+            Err(error) => {
+                tracing::error!(%error, "NodePort traffic to other nodes is not masqueraded; retrying")
+            }
+        }
+    }
+
     /// Socket hooks are retried every round until attached, but a failure is
     /// logged once: interfaces work without them (only host processes lose
     /// Service translation).
@@ -391,9 +407,6 @@ impl<D: Datapath, H: HostView> Standalone<D, H> {
         );
         match action {
             Some(ModeAction::Activate) => {
-                if self.options.manage_masquerade_rule {
-                    masquerade::ensure(self.options.masquerade_mark)?;
-                }
                 self.write_mode(DATAPATH_MODE_ACTIVE)?;
                 self.socket_hooks = SocketHooks::Wanted;
                 self.attached.clear();
@@ -418,6 +431,7 @@ impl<D: Datapath, H: HostView> Standalone<D, H> {
         }
         self.attachment = next;
         if self.attachment != Attachment::Detached {
+            self.ensure_masquerade_rule();
             self.attach_new_interfaces(roles);
             self.attach_socket_hooks();
             if action == Some(ModeAction::Activate) {

@@ -60,6 +60,12 @@ wait_for_log() { # wait_for_log FILE PATTERN SECONDS
   return 1
 }
 
+wait_for_log_command() { # wait_for_log_command SECONDS COMMAND...: until COMMAND succeeds
+  local deadline=$((SECONDS + $1)); shift
+  while [ $SECONDS -lt $deadline ]; do "$@" >/dev/null 2>&1 && return 0; sleep 0.2; done
+  return 1
+}
+
 links() { ls "$PIN/links" 2>/dev/null | grep -c '^tcx-\|^clsact-' || true; }
 
 # The node.
@@ -115,7 +121,7 @@ write_mode() {
 start_agent() { # start_agent LOG [FLAGS...]
   local log=$1; shift
   "$AGENT" standalone --manifests "$WORK/manifests" --node-name node-a --bpf-pin-dir "$PIN" \
-    --cgroup "$CGROUP" --min-sync-period-ms 100 --no-masquerade-rule "$@" > "$log" 2>&1 &
+    --cgroup "$CGROUP" --min-sync-period-ms 100 "$@" > "$log" 2>&1 &
   AGENT_PID=$!
 }
 stop_agent() {
@@ -123,7 +129,7 @@ stop_agent() {
 }
 
 write_service 30080 10.0.0.1 10.0.0.2
-start_agent "$WORK/first.log"
+start_agent "$WORK/first.log" --no-masquerade-rule
 wait_for_log "$WORK/first.log" "socket hooks attached" 10 || true
 check "a pod reaches the ClusterIP and every backend" test "$(answers pod2 http://10.96.0.10/ 12)" = "pod1 pod2"
 check "a host process reaches the ClusterIP" test "$(answers host http://10.96.0.10/ 12)" = "pod1 pod2"
@@ -133,6 +139,7 @@ stop_agent
 check "Services keep working with the agent stopped by SIGTERM" test "$(answers client http://192.168.50.1:30080/ 6)" = "pod1 pod2"
 
 start_agent "$WORK/second.log" --detach-on-exit
+check "the masquerade rule is installed" wait_for_log_command 5 iptables -w -t nat -C SWITCHYARD-POSTROUTING -m mark --mark 0x4000/0x4000 -j MASQUERADE
 check "a restarted agent writes nothing" wait_for_log "$WORK/second.log" "synced the maps.*operations=0" 10
 sed -i 's/nodePort: 30080/nodePort: banana/' "$WORK/manifests/web.yaml"
 check "a bad manifest is reported by file, document and field" \
@@ -150,6 +157,7 @@ sleep 0.5
 check "and serves again" test "$(answers pod2 http://10.96.0.10/ 4)" = "pod1"
 stop_agent
 check "--detach-on-exit removes every pin" test ! -e "$PIN"
+check "--detach-on-exit removes the masquerade chain" bash -c '! iptables -w -t nat -S SWITCHYARD-POSTROUTING >/dev/null 2>&1'
 check "--detach-on-exit leaves Services untranslated" test "$(answers client http://192.168.50.1:30080/ 1 | cut -c1-3)" = "ERR"
 
 if [ $failures -gt 0 ]; then
