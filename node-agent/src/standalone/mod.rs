@@ -96,6 +96,9 @@ pub struct Standalone<D: Datapath, H: HostView> {
     socket_hooks: SocketHooks,
     masquerade_rule_ensured: bool,
     gate_timeout_reported: bool,
+    /// The last errors logged, so that a problem that lasts is logged once.
+    reported_manifest_error: Option<String>,
+    reported_host_error: Option<String>,
     /// The inputs of the last successful sync, to plan only what changed.
     last_synced: Option<(
         NodeView,
@@ -157,6 +160,8 @@ impl<D: Datapath, H: HostView> Standalone<D, H> {
             socket_hooks: SocketHooks::Wanted,
             masquerade_rule_ensured: false,
             gate_timeout_reported: false,
+            reported_manifest_error: None,
+            reported_host_error: None,
             last_synced: None,
         })
     }
@@ -191,9 +196,12 @@ impl<D: Datapath, H: HostView> Standalone<D, H> {
         let fingerprint = match manifests::fingerprint(&self.options.manifests) {
             Ok(fingerprint) => fingerprint,
             Err(error) => {
-                if self.fingerprint.take().is_some() || self.manifests.is_none() {
-                    tracing::error!(%error, "keeping the last good manifests");
-                }
+                self.fingerprint = None;
+                report_once(
+                    &mut self.reported_manifest_error,
+                    &error,
+                    "keeping the last good manifests",
+                );
                 return;
             }
         };
@@ -209,6 +217,7 @@ impl<D: Datapath, H: HostView> Standalone<D, H> {
                     dataplane_node = manifests.dataplane_node.is_some(),
                     "read the manifests"
                 );
+                self.reported_manifest_error = None;
                 if self.manifests.as_ref() != Some(&manifests) {
                     self.manifests = Some(manifests);
                     self.coalescer.changed();
@@ -221,7 +230,11 @@ impl<D: Datapath, H: HostView> Standalone<D, H> {
                     self.gate.receive(input, now);
                 }
             }
-            Err(error) => tracing::error!(%error, "keeping the last good manifests"),
+            Err(error) => report_once(
+                &mut self.reported_manifest_error,
+                &error,
+                "keeping the last good manifests",
+            ),
         }
     }
 
@@ -230,10 +243,15 @@ impl<D: Datapath, H: HostView> Standalone<D, H> {
         let interfaces = match self.host.interfaces() {
             Ok(interfaces) => interfaces,
             Err(error) => {
-                tracing::warn!(%error, "cannot read the host's interfaces");
+                report_once(
+                    &mut self.reported_host_error,
+                    &error,
+                    "cannot read the host's interfaces",
+                );
                 return BTreeMap::new();
             }
         };
+        self.reported_host_error = None;
         let pods = &self.options.pod_interfaces;
         let hosts = self.options.host_interfaces.as_ref();
         let addresses = if self.options.node_ips.is_empty() {
@@ -464,6 +482,15 @@ impl<D: Datapath, H: HostView> Standalone<D, H> {
             tracing::info!("exiting; programs and maps stay in place");
         }
         Ok(())
+    }
+}
+
+/// Logs `error` unless it is the one logged last time.
+fn report_once(last: &mut Option<String>, error: &Error, what: &str) {
+    let message = error.to_string();
+    if last.as_deref() != Some(message.as_str()) {
+        tracing::error!(error = %message, "{what}");
+        *last = Some(message);
     }
 }
 

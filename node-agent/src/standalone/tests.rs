@@ -321,3 +321,43 @@ fn a_restarted_agent_writes_nothing_and_detaches_only_when_asked() {
     second.shut_down().expect("shuts down");
     assert!(second.datapath.detached_everything);
 }
+
+#[test]
+fn manifests_that_appear_later_are_programmed_then() {
+    let directory = TempDirectory::new("later");
+    let manifests = directory.0.join("later.yaml");
+    let now = Instant::now();
+    let mut agent = Standalone::start(options(&manifests), FakeDatapath::default(), host(), now)
+        .expect("starts");
+    for tick in 0..3 {
+        agent.tick(now + Duration::from_millis(200 * tick));
+    }
+    assert_eq!(agent.datapath.maps.mutations_attempted, 0);
+    std::fs::write(&manifests, SERVICE).expect("write manifest");
+    agent.tick(now + Duration::from_secs(1));
+    assert!(agent.datapath.maps.state.frontends.contains_key(&node_port_key()));
+}
+
+#[test]
+fn a_new_node_address_adds_its_node_ports() {
+    let directory = TempDirectory::new("address");
+    write(&directory, "web.yaml", SERVICE);
+    let now = Instant::now();
+    let mut agent = Standalone::start(options(&directory.0), FakeDatapath::default(), host(), now)
+        .expect("starts");
+    agent.tick(now);
+    agent.host.0[1].addr_info.push(IpAddressInfo {
+        family: "inet".to_string(),
+        local: Some("192.168.1.11".to_string()),
+        scope: Some("global".to_string()),
+    });
+    agent.tick(now + Duration::from_secs(1));
+    let new_address = crate::desired::frontend_key(
+        &"192.168.1.11".parse().expect("valid"),
+        30080,
+        crate::model::Protocol::Tcp,
+        switchyard_common::SCOPE_EXTERNAL,
+    );
+    assert_eq!(agent.datapath.maps.state.frontends[&new_address].backend_count, 2);
+    assert!(agent.datapath.maps.state.frontends.contains_key(&node_port_key()));
+}
