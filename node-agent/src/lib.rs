@@ -8,6 +8,9 @@
 //!   in-memory fake with fault injection for tests.
 //! - `model`, `desired`, `diff`: Kubernetes objects -> internal model -> desired map
 //!   entries (pure) -> ordered update/delete/prune plan (pure).
+//! - `gate`: the start-of-day gate (nothing is written before every input is in).
+//! - `sync`: applying plans, the syncer (full and partial syncs), coalescing.
+//! - `cli`: the command line.
 //! - `loader`: aya loading, pinning, attaching, the real `ServiceMaps`.
 //! - `standalone`: `switchyard-agent standalone`.
 //! - `cluster`: `switchyard-agent run`, the agent in a cluster.
