@@ -9,6 +9,7 @@
 //! `e2e/cluster exec cargo test -p switchyard-e2e --test smoke -- --ignored`,
 //! then `e2e/cluster down` and checks nothing is left.
 
+use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::time::Duration;
 
@@ -21,7 +22,9 @@ use switchyard_e2e::netns::{run_in_namespace, TestNamespace};
 use switchyard_e2e::objects::{
     create_kube_proxy_daemonset, endpoint_slice_v1beta1, endpoint_slices_v1beta1, Endpoint,
 };
-use switchyard_e2e::pod_runner::events::{now_unix_ms, read_events, EventKind, RunnerEvent};
+use switchyard_e2e::pod_runner::events::{
+    find_replacement, now_unix_ms, read_events, running_processes, EventKind, RunnerEvent,
+};
 use switchyard_e2e::traffic::{
     EchoServer, Flow, FlowMode, Timeouts, TrafficGenerator, TrafficReport,
 };
@@ -39,21 +42,9 @@ fn kube_proxy_events(paths: &ClusterPaths) -> Vec<RunnerEvent> {
         .collect()
 }
 
-/// The pod UIDs whose kube-proxy process is running now, per node.
-fn running_kube_proxies(events: &[RunnerEvent]) -> std::collections::BTreeMap<String, RunnerEvent> {
-    let mut running = std::collections::BTreeMap::new();
-    for event in events {
-        match event.kind {
-            EventKind::Started => {
-                running.insert(event.pod_uid.clone(), event.clone());
-            }
-            EventKind::Exited => {
-                running.remove(&event.pod_uid);
-            }
-            _ => {}
-        }
-    }
-    running
+/// The kube-proxy process running now on each node.
+fn running_kube_proxies(events: &[RunnerEvent]) -> BTreeMap<String, RunnerEvent> {
+    running_processes(events, "kube-proxy")
         .into_values()
         .map(|event| (event.node.clone(), event))
         .collect()
@@ -318,25 +309,23 @@ async fn kube_proxy_serves_cluster_ip_and_node_port_and_is_replaced_after_its_po
         WaitOptions::new(Duration::from_secs(60)),
         || {
             let events = kube_proxy_events(&paths);
-            let old_uid = old.pod_uid.clone();
+            let found = find_replacement(
+                &events,
+                &old.pod_uid,
+                "kube-proxy",
+                Some("node-2"),
+                deleted_at,
+            );
+            let old_events: Vec<EventKind> = events
+                .iter()
+                .filter(|event| event.pod_uid == old.pod_uid)
+                .map(|event| event.kind)
+                .collect();
             async move {
-                let exited = events
-                    .iter()
-                    .find(|e| e.pod_uid == old_uid && e.kind == EventKind::Exited)
-                    .cloned();
-                let started = events
-                    .iter()
-                    .find(|e| {
-                        e.node == "node-2"
-                            && e.kind == EventKind::Started
-                            && e.pod_uid != old_uid
-                            && e.at_unix_ms >= deleted_at
-                    })
-                    .cloned();
-                Ok::<_, String>(match (exited, started) {
-                    (Some(exited), Some(started)) => Check::Ready((exited, started)),
-                    (exited, started) => {
-                        Check::NotYet(format!("old exited: {exited:?}, new started: {started:?}"))
+                Ok::<_, String>(match found {
+                    Some(replacement) => Check::Ready(replacement),
+                    None => {
+                        Check::NotYet(format!("events of the old process so far: {old_events:?}"))
                     }
                 })
             }
@@ -344,13 +333,13 @@ async fn kube_proxy_serves_cluster_ip_and_node_port_and_is_replaced_after_its_po
     )
     .await
     .unwrap();
-    let (exited, started) = replacement;
     assert!(
-        exited.at_unix_ms <= started.at_unix_ms,
+        replacement.is_ordered(),
         "the replacement started at {} before the old process exited at {}",
-        started.at_unix_ms,
-        exited.at_unix_ms
+        replacement.started.at_unix_ms,
+        replacement.exited.at_unix_ms
     );
+    let started = replacement.started;
     // The audit log shows the deletion the test made, before the new pod's
     // process started.
     let audit = read_audit_events(&paths.audit_log()).unwrap();
@@ -495,16 +484,20 @@ async fn a_deployment_process_gets_the_downward_api_and_credentials_and_its_repl
         .await
         .unwrap();
     let second = wait_for_probe(&paths, deleted_at, Some(&first.pod_uid)).await;
-    let events = probe_events(&paths);
-    let exited = events
-        .iter()
-        .find(|e| e.pod_uid == first.pod_uid && e.kind == EventKind::Exited)
-        .expect("the first probe process exited");
+    let replacement = find_replacement(
+        &probe_events(&paths),
+        &first.pod_uid,
+        "probe",
+        None,
+        deleted_at,
+    )
+    .expect("the first probe process exited and a new one started");
+    assert_eq!(replacement.started.pod_uid, second.pod_uid);
     assert!(
-        exited.at_unix_ms <= second.at_unix_ms,
+        replacement.is_ordered(),
         "the replacement started at {} before the old process exited at {}",
-        second.at_unix_ms,
-        exited.at_unix_ms
+        replacement.started.at_unix_ms,
+        replacement.exited.at_unix_ms
     );
     assert!(
         process_output(&paths, &first).contains("PROBE_TERMINATED"),

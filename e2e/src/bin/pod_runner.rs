@@ -206,7 +206,12 @@ impl Runner {
                         self.start(spec).await;
                     }
                 }
-                Action::Terminate(key) => self.signal(&key, libc::SIGTERM),
+                Action::Terminate(key, grace_period) => {
+                    if let Some(managed) = self.processes.get_mut(&key) {
+                        managed.tracked.grace_period = grace_period;
+                    }
+                    self.signal(&key, libc::SIGTERM)
+                }
                 Action::Kill(key) => self.signal(&key, libc::SIGKILL),
                 Action::Forget(key) => {
                     self.processes.remove(&key);

@@ -2,6 +2,7 @@
 //! process started, signalled or seen exiting, so tests can prove the order
 //! of what happened (e.g. that a replacement started after the old exited).
 
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -77,9 +78,116 @@ pub fn read_events(path: &Path) -> Result<Vec<RunnerEvent>> {
         .collect())
 }
 
+/// The processes that run now (started, not yet exited), keyed by pod UID,
+/// for events of one container name.
+pub fn running_processes(events: &[RunnerEvent], container: &str) -> BTreeMap<String, RunnerEvent> {
+    let mut running = BTreeMap::new();
+    for event in events.iter().filter(|event| event.container == container) {
+        match event.kind {
+            EventKind::Started => {
+                running.insert(event.pod_uid.clone(), event.clone());
+            }
+            EventKind::Exited | EventKind::StartFailed => {
+                running.remove(&event.pod_uid);
+            }
+            EventKind::Terminating | EventKind::Killed => {}
+        }
+    }
+    running
+}
+
+/// How a process was replaced: the old one's exit and the new one's start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Replacement {
+    pub exited: RunnerEvent,
+    pub started: RunnerEvent,
+}
+
+impl Replacement {
+    /// Whether the new process started only after the old one had exited.
+    pub fn is_ordered(&self) -> bool {
+        self.exited.at_unix_ms <= self.started.at_unix_ms
+    }
+}
+
+/// The replacement of the process of pod `old_uid`: its exit, and the first
+/// start of another pod's process of the same container on `node` (any node
+/// for `None`) at or after `since` (milliseconds since the epoch).
+pub fn find_replacement(
+    events: &[RunnerEvent],
+    old_uid: &str,
+    container: &str,
+    node: Option<&str>,
+    since: u64,
+) -> Option<Replacement> {
+    let exited = events.iter().find(|event| {
+        event.pod_uid == old_uid && event.container == container && event.kind == EventKind::Exited
+    })?;
+    let started = events.iter().find(|event| {
+        event.kind == EventKind::Started
+            && event.container == container
+            && event.pod_uid != old_uid
+            && event.at_unix_ms >= since
+            && node.is_none_or(|node| event.node == node)
+    })?;
+    Some(Replacement {
+        exited: exited.clone(),
+        started: started.clone(),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn event(at: u64, kind: EventKind, uid: &str, node: &str) -> RunnerEvent {
+        RunnerEvent {
+            at_unix_ms: at,
+            kind,
+            namespace: "kube-system".into(),
+            pod: format!("kube-proxy-{uid}"),
+            pod_uid: uid.into(),
+            container: "kube-proxy".into(),
+            node: node.into(),
+            pid: Some(1),
+            detail: None,
+        }
+    }
+
+    #[test]
+    fn running_processes_are_those_started_and_not_exited() {
+        let events = vec![
+            event(1, EventKind::Started, "a", "node-1"),
+            event(2, EventKind::Started, "b", "node-2"),
+            event(3, EventKind::Terminating, "a", "node-1"),
+            event(4, EventKind::Exited, "a", "node-1"),
+            event(5, EventKind::Started, "c", "node-1"),
+        ];
+        let running = running_processes(&events, "kube-proxy");
+        assert_eq!(running.keys().collect::<Vec<_>>(), vec!["b", "c"]);
+        assert!(running_processes(&events, "agent").is_empty());
+    }
+
+    #[test]
+    fn a_replacement_pairs_the_old_exit_with_the_next_start_on_the_node() {
+        let events = vec![
+            event(1, EventKind::Started, "old-on-2", "node-2"),
+            event(10, EventKind::Terminating, "a", "node-2"),
+            event(11, EventKind::Started, "other", "node-3"),
+            event(12, EventKind::Exited, "a", "node-2"),
+            event(15, EventKind::Started, "b", "node-2"),
+        ];
+        let replacement = find_replacement(&events, "a", "kube-proxy", Some("node-2"), 5).unwrap();
+        assert_eq!(replacement.started.pod_uid, "b");
+        assert!(replacement.is_ordered());
+        let anywhere = find_replacement(&events, "a", "kube-proxy", None, 5).unwrap();
+        assert_eq!(anywhere.started.pod_uid, "other");
+        assert!(
+            !anywhere.is_ordered(),
+            "started at 11, before the exit at 12"
+        );
+        assert!(find_replacement(&events, "b", "kube-proxy", Some("node-2"), 5).is_none());
+    }
 
     #[test]
     fn events_round_trip_through_the_log_and_a_torn_line_is_skipped() {

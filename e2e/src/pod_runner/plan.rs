@@ -3,7 +3,9 @@
 //!
 //! Rules (as a kubelet with one container runtime would behave):
 //! - A process whose pod is gone or being deleted gets SIGTERM, then SIGKILL
-//!   once its grace period has passed.
+//!   once its grace period has passed. The grace period is fixed when SIGTERM
+//!   is sent (as a kubelet does): later changes, such as the hollow kubelet's
+//!   final deletion with grace 0, do not shorten it.
 //! - A pod's process starts only when no other process with the same owner key
 //!   (the same DaemonSet on the same node, the same Deployment) is still
 //!   alive: a replacement never overlaps the process it replaces.
@@ -58,7 +60,8 @@ impl Tracked {
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Action {
     Start(ProcessKey),
-    Terminate(ProcessKey),
+    /// Send SIGTERM; SIGKILL follows after this grace period.
+    Terminate(ProcessKey, Duration),
     Kill(ProcessKey),
     /// Drop the record of an exited process whose pod is gone.
     Forget(ProcessKey),
@@ -92,13 +95,15 @@ pub fn plan(wanted: &[Wanted], tracked: &[Tracked], now: Duration) -> Vec<Action
         if still_wanted {
             continue;
         }
-        let grace_period = wanted_by_key
-            .get(&process.key)
-            .map(|item| item.grace_period.min(process.grace_period))
-            .unwrap_or(process.grace_period);
         match process.state {
-            ProcessState::Running => actions.push(Action::Terminate(process.key.clone())),
-            ProcessState::Terminating { since } if now >= since + grace_period => {
+            ProcessState::Running => {
+                let grace_period = wanted_by_key
+                    .get(&process.key)
+                    .map(|item| item.grace_period)
+                    .unwrap_or(process.grace_period);
+                actions.push(Action::Terminate(process.key.clone(), grace_period))
+            }
+            ProcessState::Terminating { since } if now >= since + process.grace_period => {
                 actions.push(Action::Kill(process.key.clone()))
             }
             ProcessState::Terminating { .. } | ProcessState::Killed => {}
@@ -193,7 +198,7 @@ mod tests {
                 &[tracked("a", "ds/node-1", ProcessState::Running)],
                 SECOND
             ),
-            vec![Action::Terminate(key("a"))]
+            vec![Action::Terminate(key("a"), 5 * SECOND)]
         );
         let terminating = tracked(
             "a",
@@ -213,6 +218,35 @@ mod tests {
         // Also when the pod object is already gone from the API.
         assert_eq!(
             plan(&[], &[terminating], 7 * SECOND),
+            vec![Action::Kill(key("a"))]
+        );
+    }
+
+    #[test]
+    fn the_grace_period_is_fixed_when_sigterm_is_sent() {
+        let mut deleting = wanted("a", "ds/node-1");
+        deleting.deleting = true;
+        deleting.grace_period = 2 * SECOND;
+        assert_eq!(
+            plan(
+                std::slice::from_ref(&deleting),
+                &[tracked("a", "ds/node-1", ProcessState::Running)],
+                SECOND
+            ),
+            vec![Action::Terminate(key("a"), 2 * SECOND)]
+        );
+        // The runner recorded 2 s when it sent SIGTERM at 1 s; a later grace of
+        // 0 (the hollow kubelet's final delete) does not bring SIGKILL sooner.
+        let mut terminating = tracked(
+            "a",
+            "ds/node-1",
+            ProcessState::Terminating { since: SECOND },
+        );
+        terminating.grace_period = 2 * SECOND;
+        deleting.grace_period = Duration::ZERO;
+        assert!(plan(&[deleting], std::slice::from_ref(&terminating), 2 * SECOND).is_empty());
+        assert_eq!(
+            plan(&[], &[terminating], 3 * SECOND),
             vec![Action::Kill(key("a"))]
         );
     }

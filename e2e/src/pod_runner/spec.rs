@@ -341,9 +341,13 @@ fn container_spec(
             .and_then(|secret| secret.secret_name.clone())
     };
 
+    // A deletion's grace period counts when it is positive; 0 is how the
+    // hollow kubelet finishes a deletion once its fake container is gone, so
+    // the pod's own grace period applies then.
     let grace_seconds = pod
         .metadata
         .deletion_grace_period_seconds
+        .filter(|seconds| *seconds > 0)
         .or(pod_spec.termination_grace_period_seconds)
         .map(|seconds| Duration::from_secs(seconds.max(0) as u64))
         .unwrap_or(DEFAULT_GRACE_PERIOD);
@@ -559,6 +563,21 @@ mod tests {
             "daemonset/kube-system/kube-proxy/node-2/kube-proxy"
         );
         assert!(!spec.deleting);
+    }
+
+    #[test]
+    fn a_positive_deletion_grace_period_counts_and_zero_falls_back_to_the_pods_own() {
+        let mut pod = kube_proxy_pod();
+        pod.metadata.deletion_grace_period_seconds = Some(2);
+        let spec = process_specs(&pod, &images(), &context(), &values())[0]
+            .clone()
+            .unwrap();
+        assert_eq!(spec.grace_period, Duration::from_secs(2));
+        pod.metadata.deletion_grace_period_seconds = Some(0);
+        let spec = process_specs(&pod, &images(), &context(), &values())[0]
+            .clone()
+            .unwrap();
+        assert_eq!(spec.grace_period, Duration::from_secs(5));
     }
 
     #[test]
