@@ -132,11 +132,13 @@ impl<D: Datapath, H: HostView> Standalone<D, H> {
         let attachment = if datapath.attached_interfaces()?.is_empty() {
             Attachment::Detached
         } else {
-            match datapath.maps().config()? {
-                Some(config) if config.mode == DATAPATH_MODE_DRAINING => {
-                    Attachment::Draining { since: now }
-                }
-                _ => Attachment::Attached,
+            match datapath.maps().config()?.map(|config| config.mode) {
+                Some(DATAPATH_MODE_ACTIVE) => Attachment::Attached,
+                Some(DATAPATH_MODE_DRAINING) => Attachment::Draining { since: now },
+                // Programs attached but never activated (a process that died
+                // in between): activate them as if nothing were attached
+                // (attaching again keeps the links).
+                _ => Attachment::Detached,
             }
         };
         tracing::info!(

@@ -335,7 +335,12 @@ fn manifests_that_appear_later_are_programmed_then() {
     assert_eq!(agent.datapath.maps.mutations_attempted, 0);
     std::fs::write(&manifests, SERVICE).expect("write manifest");
     agent.tick(now + Duration::from_secs(1));
-    assert!(agent.datapath.maps.state.frontends.contains_key(&node_port_key()));
+    assert!(agent
+        .datapath
+        .maps
+        .state
+        .frontends
+        .contains_key(&node_port_key()));
 }
 
 #[test]
@@ -358,6 +363,34 @@ fn a_new_node_address_adds_its_node_ports() {
         crate::model::Protocol::Tcp,
         switchyard_common::SCOPE_EXTERNAL,
     );
-    assert_eq!(agent.datapath.maps.state.frontends[&new_address].backend_count, 2);
-    assert!(agent.datapath.maps.state.frontends.contains_key(&node_port_key()));
+    assert_eq!(
+        agent.datapath.maps.state.frontends[&new_address].backend_count,
+        2
+    );
+    assert!(agent
+        .datapath
+        .maps
+        .state
+        .frontends
+        .contains_key(&node_port_key()));
+}
+
+#[test]
+fn programs_found_attached_but_never_activated_are_activated() {
+    let directory = TempDirectory::new("unactivated");
+    write(&directory, "web.yaml", SERVICE);
+    let mut datapath = FakeDatapath::default();
+    datapath
+        .attached
+        .insert("veth0".to_string(), InterfaceRole::Pod);
+    let now = Instant::now();
+    let mut agent =
+        Standalone::start(options(&directory.0), datapath, host(), now).expect("starts");
+    assert_eq!(agent.attachment(), Attachment::Detached);
+    agent.tick(now);
+    assert_eq!(agent.attachment(), Attachment::Attached);
+    assert_eq!(
+        agent.datapath.maps.config.map(|config| config.mode),
+        Some(DATAPATH_MODE_ACTIVE)
+    );
 }
