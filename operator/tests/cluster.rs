@@ -713,6 +713,50 @@ async fn a_transition_to_ebpf_and_back_disables_kube_proxy_and_restores_it_exact
     )
     .is_some_and(|count| count > 0.0));
 
+    // At rest (Ready, nothing changing) the operator does not keep itself busy: no status
+    // write feeds back into another reconcile.
+    let reconciles = |text: &str| {
+        metric_value(text, "switchyard_operator_reconcile_duration_seconds_count").unwrap_or(0.0)
+    };
+    let before = reconciles(&operator.metrics());
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let at_rest = reconciles(&operator.metrics()) - before;
+    println!("reconciles at rest: {at_rest} in 10 s");
+    assert!(
+        at_rest <= 10.0,
+        "{at_rest} reconciles in 10 s with nothing changing"
+    );
+
+    // Every write was made as Switchyard (the API server's audit log records the User-Agent).
+    let audit = std::fs::read_to_string(ClusterPaths::from_environment().audit_log())?;
+    let operator_writes: Vec<&str> = audit
+        .lines()
+        .filter(|line| {
+            line.contains(
+                "\"username\":\"system:serviceaccount:switchyard-system:switchyard-operator\"",
+            )
+        })
+        .filter(|line| line.contains("\"verb\":\"patch\""))
+        .collect();
+    assert!(
+        !operator_writes.is_empty(),
+        "no write of the operator in the audit log"
+    );
+    let user_agent = format!(
+        "\"userAgent\":\"switchyard-operator/{}\"",
+        env!("CARGO_PKG_VERSION")
+    );
+    for line in &operator_writes {
+        assert!(
+            line.contains(&user_agent),
+            "a write without Switchyard's User-Agent: {line}"
+        );
+    }
+    println!(
+        "{} writes of the operator in the audit log, all with {user_agent}",
+        operator_writes.len()
+    );
+
     // `kubeadm upgrade` resets the nodeSelector: Managed disables kube-proxy again, with an Event.
     let reset = json!({ "spec": { "template": { "spec": { "nodeSelector": { DISABLED_SELECTOR_KEY: null } } } } });
     daemon_sets
