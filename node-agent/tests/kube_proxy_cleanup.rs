@@ -282,3 +282,65 @@ fn an_established_connection_survives_deleting_kube_proxys_nftables_table() {
         },
     );
 }
+
+/// The real kube-proxy 1.20.2's rules (captured), an established connection through
+/// them (DNAT to a `default/web` endpoint and masquerade), the cleanup: the
+/// connection keeps working and only kubelet's mark chains and the keep-alive stay.
+fn real_kube_proxy_rules_cleaned_under_a_live_connection(backend: Backend, dump: &str) {
+    client_server_topology();
+    serve_captured_web_endpoints();
+    load(backend, Family::Ipv4, dump);
+    let _server = EchoServer::start();
+    let mut connection = LongLivedConnection::open();
+    assert_eq!(connection.round_trips(0, 10, Duration::from_millis(20)), 0);
+    let conntrack = sh("conntrack -L -p tcp 2>/dev/null");
+    assert!(
+        conntrack.contains("dst=10.96.0.20") && conntrack.contains("dst=10.0.2.1"),
+        "DNAT'd and masqueraded by kube-proxy's rules: {conntrack}"
+    );
+    let tools = Tools::new();
+    let rules = tools.read_node_rules(&[Family::Ipv4]).unwrap();
+    let before = footprint(&rules);
+    let plan = plan_node_cleanup(&rules);
+    assert!(plan.iptables[0].plan.keep_alive_added());
+    tools.apply_cleanup(&plan).unwrap();
+    let after = tools.read_node_rules(&[Family::Ipv4]).unwrap();
+    assert!(!footprint(&after).present());
+    let failed = connection.round_trips(100, 30, Duration::from_millis(100));
+    println!(
+        "{backend:?}: real kube-proxy 1.20.2 rules ({} rules in {} chains) removed; {failed} of 30 round trips failed after",
+        before.rules, before.chains
+    );
+    assert_eq!(failed, 0);
+    let text = save_text(backend, Family::Ipv4);
+    for name in KUBE_PROXY_NAMES {
+        assert!(!text.contains(name), "{name} survived:\n{text}");
+    }
+    assert!(
+        text.contains(":KUBE-MARK-MASQ") && text.contains(":KUBE-MARK-DROP"),
+        "{text}"
+    );
+}
+
+#[test]
+#[ignore = "privileged netns test: run by make coexist-test"]
+fn real_kube_proxy_1_20_rules_are_cleaned_under_a_live_connection_legacy() {
+    run_isolated(
+        "real_kube_proxy_1_20_rules_are_cleaned_under_a_live_connection_legacy",
+        || {
+            real_kube_proxy_rules_cleaned_under_a_live_connection(
+                Backend::Legacy,
+                CAPTURED_1_20_LEGACY,
+            )
+        },
+    );
+}
+
+#[test]
+#[ignore = "privileged netns test: run by make coexist-test"]
+fn real_kube_proxy_1_20_rules_are_cleaned_under_a_live_connection_nft() {
+    run_isolated(
+        "real_kube_proxy_1_20_rules_are_cleaned_under_a_live_connection_nft",
+        || real_kube_proxy_rules_cleaned_under_a_live_connection(Backend::Nft, CAPTURED_1_20_NFT),
+    );
+}

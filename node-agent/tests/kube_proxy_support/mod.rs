@@ -41,6 +41,11 @@ pub const ONLY_NAT: &str =
     include_str!("../../src/kube_proxy/tests/fixtures/kube-proxy-only-nat.txt");
 pub const NFTABLES_MODE: &str =
     include_str!("../../src/kube_proxy/tests/fixtures/nftables-mode.nft");
+/// What the real kube-proxy 1.20.2 wrote (see the fixture's capture script).
+pub const CAPTURED_1_20_LEGACY: &str =
+    include_str!("../../src/kube_proxy/tests/fixtures/kube-proxy-1.20.2-captured-legacy.txt");
+pub const CAPTURED_1_20_NFT: &str =
+    include_str!("../../src/kube_proxy/tests/fixtures/kube-proxy-1.20.2-captured-nft.txt");
 
 /// The Service of `ONLY_NAT`: 10.96.0.20:80 -> 10.0.2.2:8080.
 pub const SERVICE: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(10, 96, 0, 20), 80);
@@ -172,7 +177,15 @@ pub fn in_namespace<T: Send + 'static>(
     })
 }
 
-/// An echo server on `SERVER_IP:BACKEND_PORT` in the server namespace, serving
+/// Gives the server namespace the addresses of the captured dumps' `default/web`
+/// endpoints (10.244.1.5 and 10.244.2.7), routed through the node.
+pub fn serve_captured_web_endpoints() {
+    sh("ip -n server addr add 10.244.1.5/32 dev eth0
+        ip -n server addr add 10.244.2.7/32 dev eth0
+        ip route add 10.244.0.0/16 via 10.0.2.2");
+}
+
+/// An echo server on port `BACKEND_PORT` of every server address, serving
 /// every connection until stopped.
 pub struct EchoServer {
     stop: Arc<AtomicBool>,
@@ -185,7 +198,8 @@ impl EchoServer {
         let flag = Arc::clone(&stop);
         let (ready_sender, ready) = std::sync::mpsc::channel();
         let thread = in_namespace("server", move || {
-            let listener = TcpListener::bind((SERVER_IP, BACKEND_PORT)).expect("bind the server");
+            let listener =
+                TcpListener::bind((Ipv4Addr::UNSPECIFIED, BACKEND_PORT)).expect("bind the server");
             listener.set_nonblocking(true).expect("nonblocking");
             ready_sender.send(()).expect("signal ready");
             while !flag.load(Ordering::Relaxed) {

@@ -8,8 +8,10 @@ use crate::kube_proxy::{
     ruleset::{SavedRule, SavedRuleset},
 };
 
-const ALL_DUMPS: [(&str, &str); 4] = [
+const ALL_DUMPS: [(&str, &str); 6] = [
     ("1.20 legacy IPv4", LEGACY_1_20_IPV4),
+    ("captured 1.20.2 legacy", CAPTURED_1_20_LEGACY),
+    ("captured 1.20.2 nft", CAPTURED_1_20_NFT),
     ("current nft IPv4", NFT_1_33_IPV4),
     ("current nft IPv6", NFT_1_33_IPV6),
     ("nat only kube-proxy's", ONLY_NAT),
@@ -380,4 +382,30 @@ fn ipv6_cleanup_keeps_the_cni_masquerade_and_needs_no_keep_alive() {
         ]
     );
     assert!(!plan_iptables_cleanup(&parse(NFT_1_33_IPV6)).keep_alive_added());
+}
+
+#[test]
+fn the_real_kube_proxy_1_20_dumps_clean_down_to_the_mark_chains_and_the_keep_alive() {
+    for text in [CAPTURED_1_20_LEGACY, CAPTURED_1_20_NFT] {
+        let before = parse(text);
+        let plan = plan_iptables_cleanup(&before);
+        assert_eq!(plan.removed_rules(), 45 + 8);
+        // Without kubelet or a CNI, kube-proxy's were the only nat rules: the
+        // cleanup would leave the nat table without conntrack.
+        assert!(plan.keep_alive_added());
+        let after = apply_restore(&before, &plan.restore_input()).unwrap();
+        let mut nat = rule_lines(&after, "nat");
+        nat.sort();
+        assert_eq!(
+            nat,
+            [
+                "KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000".to_string(),
+                format!("POSTROUTING {KEEP_ALIVE_SPEC}"),
+            ]
+        );
+        // kube-proxy 1.20 creates KUBE-MARK-DROP empty for kubelet to fill: kept.
+        assert!(after.table("nat").unwrap().has_chain("KUBE-MARK-DROP"));
+        assert!(rule_lines(&after, "filter").is_empty());
+        assert_eq!(chain_names(&after, "mangle").len(), 5, "only the built-in chains");
+    }
 }

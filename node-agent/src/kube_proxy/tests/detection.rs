@@ -65,6 +65,8 @@ fn the_footprint_counts_kube_proxys_chains_and_rules_in_every_dump() {
         (NFT_1_33_IPV4, 22, 53),
         (NFT_1_33_IPV6, 14, 27),
         (ONLY_NAT, 9, 13),
+        (CAPTURED_1_20_LEGACY, 19, 49),
+        (CAPTURED_1_20_NFT, 19, 49),
     ] {
         let found = footprint(&rules_of(&[(Backend::Nft, Family::Ipv4, text)]));
         assert_eq!((found.chains, found.rules), (chains, rules));

@@ -2,7 +2,8 @@
 //! 1.20 (legacy backend, with kubelet 1.20, Docker and flannel rules) and current
 //! kube-proxy (nft backend, IPv4 and IPv6) write them, an IPVS-mode dump, a node
 //! whose nat rules are all kube-proxy's, and an `nft -j list ruleset` of
-//! kube-proxy's nftables mode (produced by nft 1.0.6 from kube-proxy's table).
+//! kube-proxy's nftables mode (produced by nft 1.0.6 from kube-proxy's table); and
+//! what the real kube-proxy 1.20.2 binary wrote, captured from both backends.
 //!
 //! Plans are checked by applying them to the parsed dump with a small model of
 //! `iptables-restore --noflush` ([`apply_restore`]), which fails where the real
@@ -24,6 +25,9 @@ pub const NFT_1_33_IPV6: &str = include_str!("fixtures/kube-proxy-1.33-nft-ipv6.
 pub const ONLY_NAT: &str = include_str!("fixtures/kube-proxy-only-nat.txt");
 pub const IPVS_1_20_IPV4: &str = include_str!("fixtures/kube-proxy-1.20-ipvs-ipv4.txt");
 pub const NFTABLES_MODE_JSON: &str = include_str!("fixtures/nftables-mode-ruleset.json");
+/// What the real kube-proxy 1.20.2 binary wrote (`fixtures/capture-kube-proxy-1.20.sh`).
+pub const CAPTURED_1_20_LEGACY: &str = include_str!("fixtures/kube-proxy-1.20.2-captured-legacy.txt");
+pub const CAPTURED_1_20_NFT: &str = include_str!("fixtures/kube-proxy-1.20.2-captured-nft.txt");
 
 pub fn parse(text: &str) -> SavedRuleset {
     match SavedRuleset::parse(text) {
