@@ -406,6 +406,10 @@ fn the_real_kube_proxy_1_20_dumps_clean_down_to_the_mark_chains_and_the_keep_ali
         // kube-proxy 1.20 creates KUBE-MARK-DROP empty for kubelet to fill: kept.
         assert!(after.table("nat").unwrap().has_chain("KUBE-MARK-DROP"));
         assert!(rule_lines(&after, "filter").is_empty());
-        assert_eq!(chain_names(&after, "mangle").len(), 5, "only the built-in chains");
+        assert_eq!(
+            chain_names(&after, "mangle").len(),
+            5,
+            "only the built-in chains"
+        );
     }
 }

@@ -26,7 +26,8 @@ pub const ONLY_NAT: &str = include_str!("fixtures/kube-proxy-only-nat.txt");
 pub const IPVS_1_20_IPV4: &str = include_str!("fixtures/kube-proxy-1.20-ipvs-ipv4.txt");
 pub const NFTABLES_MODE_JSON: &str = include_str!("fixtures/nftables-mode-ruleset.json");
 /// What the real kube-proxy 1.20.2 binary wrote (`fixtures/capture-kube-proxy-1.20.sh`).
-pub const CAPTURED_1_20_LEGACY: &str = include_str!("fixtures/kube-proxy-1.20.2-captured-legacy.txt");
+pub const CAPTURED_1_20_LEGACY: &str =
+    include_str!("fixtures/kube-proxy-1.20.2-captured-legacy.txt");
 pub const CAPTURED_1_20_NFT: &str = include_str!("fixtures/kube-proxy-1.20.2-captured-nft.txt");
 
 pub fn parse(text: &str) -> SavedRuleset {
