@@ -3,7 +3,7 @@
 # each re-executes itself under `unshare` in private network, mount and PID
 # namespaces (see node-agent/tests/kube_proxy_support), so the rules it loads into
 # both iptables backends and nftables are its own; needs root. Serial, like the
-# datapath tests, to keep the machine's two CPUs for the others (12 tests, about 21 s).
+# datapath tests, to keep the machine's two CPUs for the others (14 tests, about 28 s).
 .PHONY: coexist-test
 
 coexist-test: setup
