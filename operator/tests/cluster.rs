@@ -1470,3 +1470,152 @@ async fn external_management_waits_for_kube_proxy_to_go_and_reports_its_return()
     configs.delete("default", &DeleteParams::default()).await?;
     Ok(())
 }
+
+#[tokio::test]
+#[ignore = "needs the e2e cluster: make e2e-operator-smoke"]
+async fn an_operator_killed_mid_transition_is_replaced_by_one_that_neither_repeats_nor_skips_a_step(
+) -> TestResult {
+    let client = admin_client(&ClusterPaths::from_environment()).await?;
+    prepare(&client).await?;
+    let kubeconfig = chart_operator_kubeconfig(&client).await?;
+    let mut first = Operator::start_with(
+        "operator-f",
+        18188,
+        &["--api-server-address=10.99.0.1:6443"],
+        kubeconfig.clone(),
+    );
+    let dataplane_nodes: Api<DataplaneNode> = Api::all(client.clone());
+    // Agents report Ready, then fall silent: the first node asked for eBPF stays in flight.
+    let agents = simulate_agents(client.clone());
+    wait_for(
+        "see 3 DataplaneNodes reported Ready",
+        WaitOptions::new(Duration::from_secs(60)),
+        || async {
+            let ready = dataplane_nodes
+                .list(&ListParams::default())
+                .await?
+                .items
+                .iter()
+                .filter(|node| {
+                    node.status.as_ref().is_some_and(|status| {
+                        status.observed_generation == node.metadata.generation
+                            && status.condition_is_true(condition_types::READY)
+                    })
+                })
+                .count();
+            Ok::<_, kube::Error>(if ready == 3 {
+                Check::Ready(())
+            } else {
+                Check::NotYet(format!("{ready} Ready"))
+            })
+        },
+    )
+    .await?;
+    agents.abort();
+    let configs: Api<DataplaneConfig> = Api::all(client.clone());
+    let config: DataplaneConfig = serde_json::from_value(json!({
+        "apiVersion": "switchyard.dev/v1alpha1",
+        "kind": "DataplaneConfig",
+        "metadata": { "name": "default" },
+        "spec": { "mode": "Ebpf", "rollout": { "maxUnavailable": 1, "nodeReadyTimeoutSeconds": 120 } },
+    }))?;
+    configs.create(&PostParams::default(), &config).await?;
+    let asked = wait_for(
+        "see one node asked for eBPF",
+        WaitOptions::new(Duration::from_secs(30)),
+        || async {
+            let asked: Vec<DataplaneNode> = dataplane_nodes
+                .list(&ListParams::default())
+                .await?
+                .items
+                .into_iter()
+                .filter(|node| node.spec.mode == DataplaneMode::Ebpf)
+                .collect();
+            Ok::<_, kube::Error>(if asked.is_empty() {
+                Check::NotYet("none asked yet".into())
+            } else {
+                Check::Ready(asked)
+            })
+        },
+    )
+    .await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(asked.len(), 1, "more than maxUnavailable nodes in flight");
+    let in_flight = asked[0].name_any();
+    let requested_at = asked[0].spec.requested_at;
+    assert_eq!(
+        configs
+            .get("default")
+            .await?
+            .status
+            .unwrap_or_default()
+            .phase,
+        DataplanePhase::ActivatingNodes
+    );
+
+    // Killed: no Lease release, no goodbye. The replacement waits out the Lease, then goes on.
+    first.kill();
+    let second = Operator::start_with(
+        "operator-g",
+        18189,
+        &["--api-server-address=10.99.0.1:6443"],
+        kubeconfig,
+    );
+    wait_for(
+        "see operator-g lead",
+        WaitOptions::new(Duration::from_secs(40)),
+        || async {
+            Ok::<_, String>(
+                if metric_value(&second.metrics(), "switchyard_operator_leader") == Some(1.0) {
+                    Check::Ready(())
+                } else {
+                    Check::NotYet("not leading".into())
+                },
+            )
+        },
+    )
+    .await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Nothing repeated: the node in flight was not asked again, no other node was asked.
+    let after: Vec<DataplaneNode> = dataplane_nodes.list(&ListParams::default()).await?.items;
+    for node in &after {
+        if node.name_any() == in_flight {
+            assert_eq!(node.spec.mode, DataplaneMode::Ebpf);
+            assert_eq!(
+                node.spec.requested_at, requested_at,
+                "the node in flight was asked again"
+            );
+        } else {
+            assert_eq!(
+                node.spec.mode,
+                DataplaneMode::KubeProxy,
+                "{} asked while {in_flight} is in flight",
+                node.name_any()
+            );
+        }
+    }
+    // The agents speak again: the transition finishes from where it stood.
+    let agents = simulate_agents(client.clone());
+    let phases = wait_until_ready(&client, &second, DataplaneMode::Ebpf).await?;
+    println!("after the replacement took over: phases seen {phases:?}");
+    assert!(
+        !phases.contains(&DataplanePhase::Preflight),
+        "the replacement went back to Preflight: {phases:?}"
+    );
+    let daemon_sets: Api<DaemonSet> = Api::namespaced(client.clone(), "kube-system");
+    assert!(
+        node_selector(&daemon_sets.get("kube-proxy").await?).contains_key(DISABLED_SELECTOR_KEY)
+    );
+
+    agents.abort();
+    // Back to kube-proxy for the next test.
+    let rollback = json!({ "spec": { "mode": "KubeProxy" } });
+    configs
+        .patch("default", &PatchParams::default(), &Patch::Merge(&rollback))
+        .await?;
+    let agents = simulate_agents(client.clone());
+    wait_until_ready(&client, &second, DataplaneMode::KubeProxy).await?;
+    agents.abort();
+    configs.delete("default", &DeleteParams::default()).await?;
+    Ok(())
+}
