@@ -37,7 +37,9 @@
 //!   and that RST kills the client's connection (kubernetes/kubernetes#74839,
 //!   which is why kube-proxy drops INVALID). Dropping it lets TCP retransmit. The
 //!   privileged test `marked_packets_whose_conntrack_state_is_lost_are_dropped_not_leaked`
-//!   shows the lost-state case: a masqueraded flow cannot be saved by accepting.
+//!   measures the lost-state case: with this chain first nothing reaches the
+//!   server; with an accept instead, the packets reach it with the client's own
+//!   address (a masqueraded flow cannot be saved by accepting).
 //!   Flows the programs translate without masquerade carry no mark and are not
 //!   touched here; netfilter tracks them as plain client <-> backend flows.
 //! - **nat POSTROUTING -> `SWITCHYARD-POSTROUTING`**, holding `-m mark --mark M/M
