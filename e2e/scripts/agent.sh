@@ -38,6 +38,8 @@ step "kubernetes components"
 "$CARGO" build --locked --quiet -p switchyard-e2e --bins --tests
 step "agent and e2e crate"
 echo "switchyard/agent:* $target_directory/debug/switchyard-agent" > "$images"
+# A cluster an interrupted run of this suite left behind (own state directory).
+e2e/cluster down >/dev/null 2>&1 || true
 SWITCHYARD_E2E_IMAGES=$images e2e/cluster up --nodes 3
 step "cluster up (3 nodes)"
 e2e/cluster exec "$CARGO" test --locked --offline --quiet -p switchyard-e2e --test agent_scenarios \
