@@ -233,6 +233,41 @@ pub fn run_in_namespace(name: &str, program: &str, arguments: &[&str]) -> Result
     Ok(String::from_utf8_lossy(&output.stdout).into_owned())
 }
 
+/// Runs a command inside a node's network and mount namespaces (where its
+/// processes run: its own bpffs at /sys/fs/bpf, /run, hosts file) and returns
+/// its standard output. Must be called from inside the cluster.
+pub fn run_in_node(
+    paths: &ClusterPaths,
+    node: &str,
+    program: &str,
+    arguments: &[&str],
+) -> Result<String> {
+    let holder = crate::cluster::read_trimmed(&paths.node_holder_pid_file(node))?;
+    let command = format!(
+        "nsenter -t {holder} -n -m -- {program} {}",
+        arguments.join(" ")
+    );
+    let output = Command::new("nsenter")
+        .args(["-t", &holder, "-n", "-m", "--", program])
+        .args(arguments)
+        .output()
+        .map_err(|error| E2eError::RunCommand {
+            command: command.clone(),
+            message: error.to_string(),
+        })?;
+    if !output.status.success() {
+        return Err(E2eError::RunCommand {
+            command,
+            message: format!(
+                "{}: {}",
+                output.status,
+                String::from_utf8_lossy(&output.stderr).trim()
+            ),
+        });
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -18,7 +18,7 @@ use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client};
 use switchyard_e2e::audit::read_audit_events;
 use switchyard_e2e::cluster::{admin_client, ClusterPaths};
-use switchyard_e2e::netns::{run_in_namespace, TestNamespace};
+use switchyard_e2e::netns::{run_in_namespace, run_in_node, TestNamespace};
 use switchyard_e2e::objects::{
     create_kube_proxy_daemonset, endpoint_slice_v1beta1, endpoint_slices_v1beta1, Endpoint,
 };
@@ -527,4 +527,48 @@ async fn a_deployment_process_gets_the_downward_api_and_credentials_and_its_repl
     )
     .await
     .unwrap();
+}
+
+/// The name of the BPF map the smoke test pins; `e2e/cluster verify-clean`
+/// fails while a map of this name exists, so the teardown proves the pin died
+/// with the node's bpffs.
+const PROBE_MAP: &str = "sye2e_probe";
+
+#[tokio::test]
+#[ignore = "needs a running e2e cluster: run by `make e2e-smoke` inside `e2e/cluster exec`"]
+async fn every_node_has_a_bpf_filesystem_of_its_own() {
+    let paths = ClusterPaths::from_environment();
+    let pin = format!("/sys/fs/bpf/{PROBE_MAP}");
+    run_in_node(
+        &paths,
+        "node-1",
+        "bpftool",
+        &[
+            "map", "create", &pin, "type", "array", "key", "4", "value", "4", "entries", "1",
+            "name", PROBE_MAP,
+        ],
+    )
+    .unwrap();
+    let listing = |node: &str| run_in_node(&paths, node, "ls", &["/sys/fs/bpf"]).unwrap();
+    assert!(
+        listing("node-1").contains(PROBE_MAP),
+        "node-1 must see its own pin"
+    );
+    assert!(
+        !listing("node-2").contains(PROBE_MAP),
+        "node-2 must not see node-1's pin"
+    );
+    let cluster_listing = std::fs::read_dir("/sys/fs/bpf")
+        .map(|entries| {
+            entries
+                .flatten()
+                .map(|entry| entry.file_name().to_string_lossy().into_owned())
+                .collect::<Vec<_>>()
+        })
+        .unwrap_or_default();
+    assert!(
+        !cluster_listing.iter().any(|name| name == PROBE_MAP),
+        "the host's bpffs must not see node-1's pin: {cluster_listing:?}"
+    );
+    // The pin stays: the teardown must free it (checked by verify-clean).
 }
