@@ -57,7 +57,7 @@ pub async fn data_and_control_plane(
             let mut rows = Vec::new();
             for system in &plan.systems {
                 println!("data plane: {} with {scale} Services", system.label());
-                let row = tokio::task::block_in_place(|| {
+                let measured = tokio::task::block_in_place(|| {
                     dataplane::measure(
                         *system,
                         scale,
@@ -67,8 +67,22 @@ pub async fn data_and_control_plane(
                         &plan.dataplane,
                         summary,
                     )
-                })?;
-                rows.push(row);
+                });
+                match measured {
+                    Ok(row) => rows.push(row),
+                    Err(error) => {
+                        eprintln!("bench: {} with {scale} Services: {error}", system.label());
+                        summary.record(
+                            dataplane::NAME,
+                            system.label(),
+                            scale as u64,
+                            "failed-to-measure",
+                            1.0,
+                            "configurations",
+                        );
+                        rows.push(dataplane::Row::failed(*system, &error));
+                    }
+                }
             }
             let table = dataplane::table(scale, &rows);
             print!("{}", table.render());
@@ -150,7 +164,7 @@ async fn control_plane_suite(
             "programming latency: {} ({changes} changes)",
             system.label()
         );
-        let (samples, missed) = programming_latency(
+        let measured = programming_latency(
             system,
             scale,
             changes,
@@ -161,7 +175,18 @@ async fn control_plane_suite(
             manifests_directory,
             changed,
         )
-        .await?;
+        .await;
+        let (samples, missed) = match measured {
+            Ok(measured) => measured,
+            Err(error) => {
+                eprintln!("bench: programming latency of {}: {error}", system.label());
+                failed(summary, "programming-latency", system.label(), scale);
+                let mut cells = vec![system.label().to_string()];
+                cells.push(format!("FAILED: {}", first_line(&error)));
+                latency_table.row(cells);
+                continue;
+            }
+        };
         let mut sorted: Vec<u32> = samples.iter().map(|d| d.as_micros() as u32).collect();
         sorted.sort_unstable();
         let ms = |q: f64| {
@@ -215,8 +240,22 @@ async fn control_plane_suite(
     // Cold start.
     println!("agent cold start with {scale} Services");
     let cold =
-        tokio::task::block_in_place(|| cold_start(scale, binaries, work, manifests_directory))?;
+        tokio::task::block_in_place(|| cold_start(scale, binaries, work, manifests_directory));
     let name = "agent-cold-start";
+    let cold = match cold {
+        Ok(cold) => cold,
+        Err(error) => {
+            eprintln!("bench: agent cold start: {error}");
+            failed(summary, name, "switchyard", scale);
+            ColdStart {
+                gate_open: f64::NAN,
+                programmed: f64::NAN,
+                serving: f64::NAN,
+                rss_mib: f64::NAN,
+                peak_rss_mib: f64::NAN,
+            }
+        }
+    };
     summary.record(
         name,
         "switchyard",
@@ -308,8 +347,20 @@ async fn control_plane_suite(
         println!("restart disruption: {}", system.label());
         let figures = tokio::task::block_in_place(|| {
             restart_disruption(system, scale, plan, binaries, work, manifests_directory)
-        })?;
+        });
         let name = "restart-disruption";
+        let figures = match figures {
+            Ok(figures) => figures,
+            Err(error) => {
+                eprintln!("bench: restart disruption of {}: {error}", system.label());
+                failed(summary, name, system.label(), scale);
+                restart_table.row(vec![
+                    system.label().to_string(),
+                    format!("FAILED: {}", first_line(&error)),
+                ]);
+                continue;
+            }
+        };
         let label = system.label();
         summary.record(
             name,
@@ -379,6 +430,27 @@ async fn control_plane_suite(
     print!("{}", restart_table.render());
     tables.push(restart_table);
     Ok(())
+}
+
+/// Records that a measurement could not be taken (the tables say why).
+fn failed(summary: &mut Summary, name: &str, system: &str, scale: u32) {
+    summary.record(
+        name,
+        system,
+        scale as u64,
+        "failed-to-measure",
+        1.0,
+        "configurations",
+    );
+}
+
+fn first_line(error: &Error) -> String {
+    error
+        .to_string()
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_string()
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -90,6 +90,26 @@ pub struct Row {
     pub failures: u64,
     pub time_to_serve: Option<f64>,
     pub kube_proxy_sync: Option<(f64, f64, f64)>,
+    /// Why this configuration could not be measured.
+    pub error: Option<String>,
+}
+
+impl Row {
+    /// A configuration that could not be measured, with the first line of why.
+    pub fn failed(system: System, error: &Error) -> Self {
+        Self {
+            system: system.label().to_string(),
+            error: Some(
+                error
+                    .to_string()
+                    .lines()
+                    .next()
+                    .unwrap_or_default()
+                    .to_string(),
+            ),
+            ..Self::default()
+        }
+    }
 }
 
 pub fn measure(
@@ -278,6 +298,13 @@ pub fn table(services: u32, rows: &[Row]) -> Table {
             .unwrap_or_else(|| "-".into())
     };
     for row in rows {
+        if let Some(error) = &row.error {
+            let mut cells = vec![row.system.clone()];
+            cells.extend(std::iter::repeat_n("-".to_string(), 6));
+            cells.push(format!("FAILED: {error}"));
+            table.row(cells);
+            continue;
+        }
         let serving = match (row.time_to_serve, row.kube_proxy_sync) {
             (Some(time), Some((syncs, mean, _))) => {
                 format!("{time:.1} s ({syncs:.0} syncs, mean {mean:.2} s)")

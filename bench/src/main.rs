@@ -89,6 +89,9 @@ struct RunArguments {
     /// Override the number of programming-latency changes.
     #[arg(long)]
     changes: Option<usize>,
+    /// Only these systems in the data plane (comma-separated labels, e.g. `switchyard,direct`).
+    #[arg(long)]
+    systems: Option<String>,
     /// Override the operator scale node counts (comma-separated).
     #[arg(long)]
     nodes: Option<String>,
@@ -278,12 +281,21 @@ impl Plan {
         Self {
             quick,
             scales,
-            systems: vec![
+            systems: [
                 System::Direct,
                 System::Switchyard,
                 System::KubeProxyLegacy,
                 System::KubeProxyNft,
-            ],
+            ]
+            .into_iter()
+            .filter(|system| {
+                arguments.systems.as_ref().is_none_or(|wanted| {
+                    wanted
+                        .split(',')
+                        .any(|label| label.trim() == system.label())
+                })
+            })
+            .collect(),
             dataplane: if quick {
                 dataplane::DataplaneSettings {
                     runs: 3,
@@ -302,11 +314,7 @@ impl Plan {
             control_scale,
             changes: arguments.changes.unwrap_or(if quick { 3 } else { 200 }),
             nft_changes: if quick { 2 } else { 10 },
-            change_spacing: if quick {
-                Duration::from_millis(500)
-            } else {
-                Duration::from_millis(1500)
-            },
+            change_spacing: Duration::from_millis(1500),
             restart_rate: 2_000.0,
             restart_duration: if quick {
                 Duration::from_secs(3)

@@ -58,9 +58,30 @@ pub async fn run(
     );
     for (round, nodes) in plan.node_counts.iter().copied().enumerate() {
         println!("operator scale: {nodes} nodes");
-        let figures = transition(nodes, round, binaries, work).await?;
         let scale = nodes as u64;
         let system = "switchyard-operator";
+        let figures = match transition(nodes, round, binaries, work).await {
+            Ok(figures) => figures,
+            Err(error) => {
+                eprintln!("bench: operator transition with {nodes} nodes: {error}");
+                summary.record(
+                    NAME,
+                    system,
+                    scale,
+                    "failed-to-measure",
+                    1.0,
+                    "configurations",
+                );
+                table.row(vec![
+                    number(nodes as f64, 0),
+                    format!(
+                        "FAILED: {}",
+                        error.to_string().lines().next().unwrap_or_default()
+                    ),
+                ]);
+                continue;
+            }
+        };
         summary.record(NAME, system, scale, "total-time", figures.total, "s");
         summary.record(
             NAME,

@@ -196,22 +196,47 @@ impl Running {
             .as_ref()
             .map(|p| p.started)
             .unwrap_or_else(Instant::now);
-        for target in targets {
-            let remaining = timeout.saturating_sub(since.elapsed());
+        let mut next = 0;
+        while next < targets.len() {
             if prober
-                .wait_for_answer(*target, None, Instant::now(), remaining)
-                .is_none()
+                .wait_for_answer(
+                    targets[next],
+                    None,
+                    Instant::now(),
+                    Duration::from_millis(500),
+                )
+                .is_some()
             {
-                let log = self
-                    .process
-                    .as_ref()
-                    .map(Process::log_text)
-                    .unwrap_or_default();
-                let tail: Vec<&str> = log.lines().rev().take(20).collect();
+                next += 1;
+                continue;
+            }
+            let log = self
+                .process
+                .as_ref()
+                .map(Process::log_text)
+                .unwrap_or_default();
+            // The agent says when it cannot program its maps: no point waiting.
+            let sync_failures: Vec<&str> = log
+                .lines()
+                .filter(|line| line.contains("sync failed"))
+                .collect();
+            let exited = self
+                .process
+                .as_mut()
+                .is_some_and(|process| !process.is_running());
+            if sync_failures.len() >= 3 || exited || since.elapsed() > timeout {
+                let reason = if let Some(line) = sync_failures.last() {
+                    format!("its sync keeps failing: {}", line.trim())
+                } else if exited {
+                    "it exited".to_string()
+                } else {
+                    format!("nothing within {} s", timeout.as_secs())
+                };
+                let tail: Vec<&str> = log.lines().rev().take(10).collect();
                 return Err(Error::System(format!(
-                    "failed to see {} serve {target} within {} s; last lines of its log:\n{}",
+                    "failed to see {} serve {}: {reason}; last lines of its log:\n{}",
                     self.system.label(),
-                    timeout.as_secs(),
+                    targets[next],
                     tail.into_iter().rev().collect::<Vec<_>>().join("\n")
                 )));
             }
