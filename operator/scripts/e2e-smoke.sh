@@ -16,9 +16,18 @@ step() {
   step_started=$(milliseconds)
 }
 
+# `e2e/cluster down` without a state directory falls back to the namespace list kept
+# beside the last logs; once those namespaces are gone their inode numbers can be reused
+# by another cluster on this machine (other suites run clusters with their own state
+# directories), so a stale list must never be acted on: remove it before `up`, and run
+# `down` on failure only while this run's cluster is up.
+last_logs=${SWITCHYARD_E2E_LAST_LOGS:-/tmp/switchyard-e2e-last-logs}
+cluster_is_up=0
 cleanup() {
   local status=$?
-  e2e/cluster down >/dev/null 2>&1 || true
+  if [ "$cluster_is_up" -eq 1 ]; then
+    e2e/cluster down >/dev/null 2>&1 || true
+  fi
   if [ "$status" -ne 0 ]; then
     echo "e2e-operator-smoke: FAILED (cluster logs: ${SWITCHYARD_E2E_LAST_LOGS:-/tmp/switchyard-e2e-last-logs}; operator logs: ${TMPDIR:-/tmp}/switchyard-operator-test-*.log)" >&2
   fi
@@ -30,11 +39,15 @@ step "kubernetes components"
 "$CARGO" build --locked --quiet -p switchyard-e2e --bins
 "$CARGO" test --locked --quiet --no-run -p switchyard-operator --test cluster 2>/dev/null
 step "pod runner, operator and its test"
+rm -f "$last_logs/namespaces"
+cluster_is_up=1
 e2e/cluster up --nodes 3
 step "cluster up (3 nodes)"
 e2e/cluster exec "$CARGO" test --locked --offline --quiet -p switchyard-operator --test cluster -- --ignored --test-threads=1 --nocapture
 step "operator tests"
 e2e/cluster down
+cluster_is_up=0
+rm -f "$last_logs/namespaces"
 e2e/cluster verify-clean
 step "cluster down, verified clean"
 printf 'e2e-operator-smoke: %-34s %6s s\n' "total" "$(seconds_since "$started")" >&2
