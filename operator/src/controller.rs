@@ -277,7 +277,9 @@ async fn reconcile_ignored(
     let plan = plan(Some(config), &observed);
     if let Some(status) = &plan.status {
         publish_refusals(config, status, context).await;
-        apply_status(config, status, &context.client).await?;
+        if config.status.as_ref() != Some(status) {
+            apply_status(config, status, &context.client).await?;
+        }
     }
     Ok(None)
 }
