@@ -1,0 +1,405 @@
+//! `make bench-datapath`: issue 3's benchmark. Not a test (it asserts only that
+//! the measurements ran); it prints a table. Same private topology as the tests.
+//!
+//! 1. Programming: 10,000 Services x 10 endpoints into empty maps through the
+//!    agent's real pipeline (desired state -> layout -> plan -> apply), and a
+//!    single-Service update with 10,000 present.
+//! 2. New connections to a ClusterIP with 10,000 Services present, from a pod:
+//!    Switchyard's TC programs; kube-proxy-style iptables rules for the same
+//!    Services (KUBE-SERVICES -> KUBE-SVC-* -> KUBE-SEP-* with statistic random,
+//!    loaded by iptables-restore, load time reported); the pod IP with no NAT.
+
+mod datapath_support;
+
+use std::{
+    net::{IpAddr, Ipv4Addr, SocketAddrV4, TcpListener, TcpStream},
+    os::fd::AsRawFd as _,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    time::{Duration, Instant},
+};
+
+use datapath_support::*;
+use switchyard_agent::{
+    desired::{desired_services, lay_out, NodeView},
+    diff::plan,
+    gate::{Gate, GateInput},
+    loader::{self, Datapath, InterfaceKind, LoaderSettings, MapSizes},
+    maps::ServiceMaps,
+    model::{
+        AddressFamily, EndpointModel, EndpointPortModel, EndpointSliceModel, Protocol,
+        ServiceModel, ServiceName, ServicePortModel, TargetPort, TrafficPolicy,
+    },
+    sync::{apply, Syncer},
+};
+
+const SERVICES: usize = 10_000;
+const ENDPOINTS: usize = 10;
+const MEASURED_SERVICE: usize = SERVICES / 2;
+const CONNECT_SECONDS: u64 = 5;
+const CLIENT_THREADS: usize = 2;
+const NODE_NAME: &str = "node-a";
+
+fn cluster_ip(index: usize) -> Ipv4Addr {
+    Ipv4Addr::new(10, 96, (index / 250) as u8, (index % 250 + 1) as u8)
+}
+
+fn models(
+    pods: &[Pod],
+    skip_endpoint_of: Option<usize>,
+) -> (Vec<ServiceModel>, Vec<EndpointSliceModel>) {
+    let mut services = Vec::with_capacity(SERVICES);
+    let mut slices = Vec::with_capacity(SERVICES);
+    for index in 0..SERVICES {
+        let name = ServiceName::new("bench", format!("service-{index}"));
+        services.push(ServiceModel {
+            name: name.clone(),
+            cluster_ips: vec![IpAddr::V4(cluster_ip(index))],
+            external_ips: Vec::new(),
+            load_balancer_ips: Vec::new(),
+            ports: vec![ServicePortModel {
+                name: String::new(),
+                protocol: Protocol::Tcp,
+                port: 80,
+                node_port: None,
+                target_port: TargetPort::Number(8080),
+            }],
+            external_traffic_policy: TrafficPolicy::Cluster,
+            internal_traffic_policy: TrafficPolicy::Cluster,
+            session_affinity_timeout_seconds: None,
+        });
+        let endpoints = pods
+            .iter()
+            .take(ENDPOINTS)
+            .enumerate()
+            .filter(|(ordinal, _)| skip_endpoint_of != Some(index) || *ordinal != 0)
+            .map(|(_, pod)| EndpointModel {
+                address: IpAddr::V4(pod.ip),
+                ready: true,
+                serving: true,
+                terminating: false,
+                node_name: Some(NODE_NAME.to_string()),
+            })
+            .collect();
+        slices.push(EndpointSliceModel {
+            slice_name: ServiceName::new("bench", format!("service-{index}-1")),
+            service: name,
+            family: AddressFamily::Ipv4,
+            ports: vec![EndpointPortModel {
+                name: String::new(),
+                protocol: Protocol::Tcp,
+                port: 8080,
+            }],
+            endpoints,
+        });
+    }
+    (services, slices)
+}
+
+/// kube-proxy's iptables mode for the same Services, as iptables-restore input.
+fn kube_proxy_rules(pods: &[Pod]) -> String {
+    let mut chains = String::new();
+    let mut rules = String::new();
+    chains.push_str("*nat\n:PREROUTING ACCEPT [0:0]\n:INPUT ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:POSTROUTING ACCEPT [0:0]\n:KUBE-SERVICES - [0:0]\n:KUBE-NODEPORTS - [0:0]\n:KUBE-MARK-MASQ - [0:0]\n:KUBE-POSTROUTING - [0:0]\n");
+    rules.push_str(
+        "-A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n",
+    );
+    rules.push_str(
+        "-A OUTPUT -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n",
+    );
+    rules.push_str("-A POSTROUTING -m comment --comment \"kubernetes postrouting rules\" -j KUBE-POSTROUTING\n");
+    rules.push_str("-A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000\n");
+    rules.push_str("-A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN\n");
+    rules.push_str("-A KUBE-POSTROUTING -j MARK --set-xmark 0x4000/0x0\n");
+    rules.push_str("-A KUBE-POSTROUTING -j MASQUERADE\n");
+    for index in 0..SERVICES {
+        let service_chain = format!("KUBE-SVC-{index:016X}");
+        chains.push_str(&format!(":{service_chain} - [0:0]\n"));
+        rules.push_str(&format!(
+            "-A KUBE-SERVICES -d {}/32 -p tcp -m comment --comment \"bench/service-{index} cluster IP\" -m tcp --dport 80 -j {service_chain}\n",
+            cluster_ip(index)
+        ));
+        for (ordinal, pod) in pods.iter().take(ENDPOINTS).enumerate() {
+            let endpoint_chain = format!("KUBE-SEP-{:016X}", index * ENDPOINTS + ordinal);
+            chains.push_str(&format!(":{endpoint_chain} - [0:0]\n"));
+            let remaining = ENDPOINTS - ordinal;
+            if remaining > 1 {
+                rules.push_str(&format!(
+                    "-A {service_chain} -m comment --comment \"bench/service-{index} -> {}:8080\" -m statistic --mode random --probability {:.11} -j {endpoint_chain}\n",
+                    pod.ip,
+                    1.0 / remaining as f64
+                ));
+            } else {
+                rules.push_str(&format!(
+                    "-A {service_chain} -m comment --comment \"bench/service-{index} -> {}:8080\" -j {endpoint_chain}\n",
+                    pod.ip
+                ));
+            }
+            rules.push_str(&format!(
+                "-A {endpoint_chain} -s {}/32 -m comment --comment \"bench/service-{index}\" -j KUBE-MARK-MASQ\n",
+                pod.ip
+            ));
+            rules.push_str(&format!(
+                "-A {endpoint_chain} -p tcp -m comment --comment \"bench/service-{index}\" -m tcp -j DNAT --to-destination {}:8080\n",
+                pod.ip
+            ));
+        }
+    }
+    rules.push_str("-A KUBE-SERVICES -m comment --comment \"kubernetes service nodeports\" -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS\n");
+    chains + &rules + "COMMIT\n"
+}
+
+/// Accepts and drops connections on 8080 in a pod, as fast as it can.
+fn start_accept_server(pod: &Pod) {
+    let (ready_sender, ready) = std::sync::mpsc::channel();
+    in_namespace(Some(&pod.name), move || {
+        let listener = TcpListener::bind(("0.0.0.0", TCP_PORT)).expect("bind");
+        // A deep accept queue, as a real server has: connects complete in the
+        // kernel, and a full queue would drop SYNs (1 s retransmits).
+        // SAFETY: listen(2) on our own listening socket only changes its backlog.
+        unsafe { libc::listen(listener.as_raw_fd(), 4096) };
+        ready_sender.send(()).expect("ready");
+        for stream in listener.incoming() {
+            drop(stream);
+        }
+    });
+    ready.recv().expect("server ready");
+}
+
+struct ConnectResult {
+    rate: f64,
+    p50_microseconds: f64,
+    p99_microseconds: f64,
+    failures: usize,
+}
+
+fn measure_connects(namespace: &str, address: SocketAddrV4) -> ConnectResult {
+    measure_connects_to(namespace, vec![address])
+}
+
+/// Closed-loop connects from `namespace` for CONNECT_SECONDS, round-robin over
+/// `targets`: each connection is reset right after it is established (SO_LINGER
+/// 0), so no TIME_WAIT piles up.
+fn measure_connects_to(namespace: &str, targets: Vec<SocketAddrV4>) -> ConnectResult {
+    let stop = Arc::new(AtomicBool::new(false));
+    let workers: Vec<_> = (0..CLIENT_THREADS)
+        .map(|_| {
+            let stop = stop.clone();
+            let targets = targets.clone();
+            in_namespace(Some(namespace), move || {
+                let mut latencies = Vec::new();
+                let mut failures = 0;
+                let mut next = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    let address = targets[next % targets.len()];
+                    next += 1;
+                    let started = Instant::now();
+                    match TcpStream::connect_timeout(&address.into(), Duration::from_secs(2)) {
+                        Ok(stream) => {
+                            latencies.push(started.elapsed().as_nanos() as u64);
+                            let linger = libc::linger {
+                                l_onoff: 1,
+                                l_linger: 0,
+                            };
+                            // SAFETY: valid socket and option of the size passed.
+                            unsafe {
+                                libc::setsockopt(
+                                    stream.as_raw_fd(),
+                                    libc::SOL_SOCKET,
+                                    libc::SO_LINGER,
+                                    (&linger as *const libc::linger).cast(),
+                                    std::mem::size_of::<libc::linger>() as u32,
+                                );
+                            }
+                        }
+                        Err(_) => failures += 1,
+                    }
+                }
+                (latencies, failures)
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs(CONNECT_SECONDS));
+    stop.store(true, Ordering::Relaxed);
+    let mut latencies = Vec::new();
+    let mut failures = 0;
+    for worker in workers {
+        let (worker_latencies, worker_failures) = worker.join().expect("client");
+        latencies.extend(worker_latencies);
+        failures += worker_failures;
+    }
+    latencies.sort_unstable();
+    let percentile = |fraction: f64| {
+        if latencies.is_empty() {
+            return f64::NAN;
+        }
+        let index = ((latencies.len() as f64 * fraction) as usize).min(latencies.len() - 1);
+        latencies[index] as f64 / 1000.0
+    };
+    ConnectResult {
+        rate: latencies.len() as f64 / CONNECT_SECONDS as f64,
+        p50_microseconds: percentile(0.50),
+        p99_microseconds: percentile(0.99),
+        failures,
+    }
+}
+
+fn open_gate() -> switchyard_agent::gate::GateOpen {
+    let now = Instant::now();
+    let mut gate = Gate::new(now, Duration::from_secs(30));
+    for input in [
+        GateInput::RestoredMaps,
+        GateInput::HostAddresses,
+        GateInput::Node,
+        GateInput::Services,
+        GateInput::EndpointSlices,
+        GateInput::DataplaneNode,
+    ] {
+        gate.receive(input, now);
+    }
+    gate.open().expect("the gate opens with every input")
+}
+
+#[test]
+#[ignore = "benchmark: run by make bench-datapath"]
+fn benchmark_datapath_against_iptables_and_direct() {
+    run_isolated("benchmark_datapath_against_iptables_and_direct", |node| {
+        let pods = standard_topology(11);
+        for pod in &pods[..ENDPOINTS] {
+            start_accept_server(pod);
+        }
+        let client = pods[ENDPOINTS].name.clone();
+        sh(&format!(
+            "ip netns exec {client} sh -c 'echo 1024 65535 > /proc/sys/net/ipv4/ip_local_port_range'"
+        ));
+
+        let settings = LoaderSettings {
+            map_sizes: MapSizes::default(),
+            ..node.loader_settings()
+        };
+        let mut datapath = Datapath::load(settings).expect("load");
+        for pod in &pods {
+            datapath
+                .attach_interface(&pod.host_interface(), InterfaceKind::Pod)
+                .expect("attach");
+        }
+        let mut maps = datapath.service_maps().expect("maps");
+        maps.write_config(&active_config()).expect("config");
+
+        // 1. Programming through the agent's pipeline.
+        let node_view = NodeView {
+            name: NODE_NAME.to_string(),
+            addresses: vec![IpAddr::V4(NODE_IP)],
+        };
+        let (services, slices) = models(&pods, None);
+        let gate = open_gate();
+        let mut syncer = Syncer::restore(&maps).expect("restore");
+        let started = Instant::now();
+        let desired = desired_services(&services, &slices, &node_view);
+        let report = syncer.sync(gate, &desired, &mut maps).expect("sync");
+        let full_program = started.elapsed();
+        // A single Service changes (one endpoint leaves or comes back), timed by
+        // stage: the agent recomputes the whole desired state, lays it out
+        // against the current entries, diffs, and applies only the difference.
+        let mut current = syncer.current().clone();
+        let mut single_updates = Vec::new();
+        let mut stages = [Duration::ZERO; 4];
+        let mut operations = 0;
+        for round in 0..20 {
+            let skip = (round % 2 == 0).then_some(MEASURED_SERVICE + 1);
+            let (services, slices) = models(&pods, skip);
+            let started = Instant::now();
+            let desired = desired_services(&services, &slices, &node_view);
+            let desired_at = started.elapsed();
+            let entries = lay_out(&desired, &current);
+            let laid_out_at = started.elapsed();
+            let update = plan(&current, &entries);
+            let planned_at = started.elapsed();
+            let applied = apply(&update, &mut maps, &mut current).expect("apply");
+            let total = started.elapsed();
+            operations = applied.operation_count();
+            single_updates.push(total);
+            stages[0] += desired_at;
+            stages[1] += laid_out_at - desired_at;
+            stages[2] += planned_at - laid_out_at;
+            stages[3] += total - planned_at;
+        }
+        single_updates.sort();
+        let stage_milliseconds: Vec<f64> = stages
+            .iter()
+            .map(|stage| stage.as_secs_f64() * 1000.0 / 20.0)
+            .collect();
+
+        // 2. Connections. Switchyard first (no iptables rules at all).
+        let target = SocketAddrV4::new(cluster_ip(MEASURED_SERVICE), 80);
+        let switchyard = measure_connects(&client, target);
+        let counters = maps.counters().expect("counters");
+        drop(maps);
+        drop(datapath);
+        loader::detach_everything(&node.pin_directory).expect("detach");
+        // The same ten backends, addressed directly: each client thread goes
+        // round-robin over the pod IPs (one server alone would be the bottleneck).
+        let direct_targets: Vec<SocketAddrV4> = pods[..ENDPOINTS]
+            .iter()
+            .map(|pod| SocketAddrV4::new(pod.ip, TCP_PORT))
+            .collect();
+        let direct = measure_connects_to(&client, direct_targets);
+
+        let rules = kube_proxy_rules(&pods);
+        let rules_path = node.work.join("kube-proxy-rules");
+        std::fs::write(&rules_path, &rules).expect("write rules");
+        let backend = sh("iptables --version").trim().to_string();
+        let started = Instant::now();
+        sh(&format!("iptables-restore < {}", rules_path.display()));
+        let iptables_load = started.elapsed();
+        let rule_count = rules.lines().filter(|line| line.starts_with("-A")).count();
+        let iptables = measure_connects(&client, target);
+
+        println!();
+        println!("Switchyard datapath benchmark ({SERVICES} Services x {ENDPOINTS} endpoints, {CLIENT_THREADS} client threads, {CONNECT_SECONDS} s per row, 2 shared vCPUs)");
+        println!();
+        println!("| programming | time | target |");
+        println!("|---|---|---|");
+        println!(
+            "| {SERVICES} x {ENDPOINTS} into empty maps ({} map operations) | {:.1} ms | < 1000 ms |",
+            report.operation_count(),
+            full_program.as_secs_f64() * 1000.0
+        );
+        println!(
+            "| one Service's endpoints changed, {SERVICES} present (median / max of 20) | {:.2} ms / {:.2} ms | < 5 ms |",
+            single_updates[single_updates.len() / 2].as_secs_f64() * 1000.0,
+            single_updates[single_updates.len() - 1].as_secs_f64() * 1000.0
+        );
+        println!(
+            "| ... of which: desired state {:.1} ms, layout {:.1} ms, diff {:.1} ms, map writes ({operations} operations) {:.3} ms | | |",
+            stage_milliseconds[0], stage_milliseconds[1], stage_milliseconds[2], stage_milliseconds[3]
+        );
+        println!(
+            "| iptables-restore of the kube-proxy rules ({rule_count} rules, {backend}) | {:.1} ms | |",
+            iptables_load.as_secs_f64() * 1000.0
+        );
+        println!();
+        println!("| new connections to ClusterIP #{MEASURED_SERVICE} | connections/s | p50 connect | p99 connect | failures |");
+        println!("|---|---|---|---|---|");
+        for (name, result) in [
+            ("Switchyard TC programs", &switchyard),
+            ("kube-proxy-style iptables rules", &iptables),
+            ("pod IPs directly, no NAT", &direct),
+        ] {
+            println!(
+                "| {name} | {:.0} | {:.1} us | {:.1} us | {} |",
+                result.rate, result.p50_microseconds, result.p99_microseconds, result.failures
+            );
+        }
+        println!();
+        println!(
+            "Switchyard / iptables: {:.2}x (target >= 1.5x); Switchyard / direct: {:.1}% (target >= 90%)",
+            switchyard.rate / iptables.rate,
+            100.0 * switchyard.rate / direct.rate
+        );
+        println!("datapath counters after the Switchyard row: {counters:?}");
+        assert!(switchyard.rate > 0.0 && iptables.rate > 0.0 && direct.rate > 0.0);
+    });
+}
