@@ -123,48 +123,165 @@ fn string_field<'a>(value: &'a serde_yaml::Value, name: &str) -> Result<&'a str,
     }
 }
 
-/// Where an object was read, to name both places when it is defined twice.
-type Origin = (PathBuf, usize);
+/// One object the agent uses, as read from one document.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ManifestObject {
+    Service(ServiceModel),
+    EndpointSlice(EndpointSliceModel),
+    DataplaneNode {
+        name: String,
+        spec: DataplaneNodeSpec,
+    },
+}
 
-#[derive(Default)]
-struct Collected {
-    manifests: Manifests,
-    services: BTreeMap<ServiceName, Origin>,
-    slices: BTreeMap<ServiceName, Origin>,
-    dataplane_node: Option<Origin>,
+/// An object and where it is in its file.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Located {
+    /// Position of the document in the file, from 1.
+    pub document: usize,
+    /// `items[3].` for an item of a `kind: List`, empty otherwise.
+    pub field_prefix: String,
+    pub object: ManifestObject,
+}
+
+/// Interprets one file's documents; pure.
+pub fn parse_file(file: &Path, text: &str) -> Result<Vec<Located>, Error> {
+    let mut objects = Vec::new();
+    for (index, document) in serde_yaml::Deserializer::from_str(text).enumerate() {
+        let number = index + 1;
+        let value =
+            <serde_yaml::Value as serde::Deserialize>::deserialize(document).map_err(|error| {
+                invalid(
+                    file,
+                    number,
+                    FieldError {
+                        field: "(document)".to_string(),
+                        reason: format!("is not valid YAML: {error}"),
+                    },
+                )
+            })?;
+        collect_object(&mut objects, value, file, number, "")?;
+    }
+    Ok(objects)
 }
 
 /// Interprets already-read files (`(path, contents)`); pure.
 pub fn parse(files: &[(PathBuf, String)], node_name: &str) -> Result<Manifests, Error> {
-    let mut collected = Collected::default();
-    for (file, text) in files {
-        for (index, document) in serde_yaml::Deserializer::from_str(text).enumerate() {
-            let number = index + 1;
-            let value = <serde_yaml::Value as serde::Deserialize>::deserialize(document).map_err(
-                |error| {
-                    invalid(
-                        file,
-                        number,
-                        FieldError {
-                            field: "(document)".to_string(),
-                            reason: format!("is not valid YAML: {error}"),
-                        },
-                    )
-                },
-            )?;
-            add_object(&mut collected, value, file, number, "", node_name)?;
-        }
-    }
-    Ok(collected.manifests)
+    let parsed = files
+        .iter()
+        .map(|(file, text)| Ok((file.clone(), parse_file(file, text)?)))
+        .collect::<Result<Vec<_>, Error>>()?;
+    combine(
+        parsed
+            .iter()
+            .map(|(file, objects)| (file.as_path(), objects.as_slice())),
+        node_name,
+    )
 }
 
-fn add_object(
-    collected: &mut Collected,
+/// Where an object was read, to name both places when it is defined twice.
+type Origin<'a> = (&'a Path, usize);
+
+/// The objects of several files as one set: a Service, EndpointSlice or this
+/// node's DataplaneNode defined twice is an error naming both places.
+pub fn combine<'a>(
+    files: impl IntoIterator<Item = (&'a Path, &'a [Located])>,
+    node_name: &str,
+) -> Result<Manifests, Error> {
+    let mut manifests = Manifests::default();
+    let mut services: BTreeMap<ServiceName, Origin<'a>> = BTreeMap::new();
+    let mut slices: BTreeMap<ServiceName, Origin<'a>> = BTreeMap::new();
+    let mut dataplane_node: Option<Origin<'a>> = None;
+    for (file, objects) in files {
+        for located in objects {
+            let duplicate = |what: String, first: &Origin<'_>| Error::InvalidManifest {
+                path: file.to_path_buf(),
+                document: located.document,
+                field: format!("{}metadata.name", located.field_prefix),
+                reason: format!(
+                    "{what} is also defined in {}, document {}",
+                    first.0.display(),
+                    first.1
+                ),
+            };
+            let origin = (file, located.document);
+            match &located.object {
+                ManifestObject::Service(model) => {
+                    if let Some(first) = services.get(&model.name) {
+                        return Err(duplicate(format!("Service {}", model.name), first));
+                    }
+                    services.insert(model.name.clone(), origin);
+                    manifests.services.push(model.clone());
+                }
+                ManifestObject::EndpointSlice(model) => {
+                    if let Some(first) = slices.get(&model.slice_name) {
+                        return Err(duplicate(
+                            format!("EndpointSlice {}", model.slice_name),
+                            first,
+                        ));
+                    }
+                    slices.insert(model.slice_name.clone(), origin);
+                    manifests.endpoint_slices.push(model.clone());
+                }
+                ManifestObject::DataplaneNode { name, spec } => {
+                    if name != node_name {
+                        continue;
+                    }
+                    if let Some(first) = &dataplane_node {
+                        return Err(duplicate(format!("DataplaneNode {node_name}"), first));
+                    }
+                    dataplane_node = Some(origin);
+                    manifests.dataplane_node = Some(spec.clone());
+                }
+            }
+        }
+    }
+    Ok(manifests)
+}
+
+/// Parsed files by path, reused while a file's size and modification time stay
+/// the same: a change to one file of a directory re-reads only that file.
+#[derive(Clone, Debug, Default)]
+pub struct ManifestCache {
+    files: BTreeMap<PathBuf, (u64, Option<SystemTime>, Vec<Located>)>,
+}
+
+impl ManifestCache {
+    /// Reads the manifests under `path`, parsing only files that changed.
+    pub fn load(&mut self, path: &Path, node_name: &str) -> Result<Manifests, Error> {
+        let files = manifest_files(path)?;
+        self.files.retain(|cached, _| files.contains(cached));
+        for file in &files {
+            let read_error = |source| Error::ReadManifest {
+                path: file.clone(),
+                source,
+            };
+            let metadata = std::fs::metadata(file).map_err(read_error)?;
+            let stamp = (metadata.len(), metadata.modified().ok());
+            if let Some((length, modified, _)) = self.files.get(file) {
+                if (*length, *modified) == stamp {
+                    continue;
+                }
+            }
+            let text = std::fs::read_to_string(file).map_err(read_error)?;
+            let objects = parse_file(file, &text)?;
+            self.files.insert(file.clone(), (stamp.0, stamp.1, objects));
+        }
+        combine(
+            self.files
+                .iter()
+                .map(|(file, (_, _, objects))| (file.as_path(), objects.as_slice())),
+            node_name,
+        )
+    }
+}
+
+fn collect_object(
+    objects: &mut Vec<Located>,
     value: serde_yaml::Value,
     file: &Path,
     document: usize,
     field_prefix: &str,
-    node_name: &str,
 ) -> Result<(), Error> {
     if value.is_null() {
         return Ok(());
@@ -183,16 +300,12 @@ fn add_object(
         .map_err(fail)?
         .to_string();
     let kind = string_field(&value, "kind").map_err(fail)?.to_string();
-    let origin = (file.to_path_buf(), document);
-    let duplicate = |what: String, first: &Origin| Error::InvalidManifest {
-        path: file.to_path_buf(),
-        document,
-        field: format!("{field_prefix}metadata.name"),
-        reason: format!(
-            "{what} is also defined in {}, document {}",
-            first.0.display(),
-            first.1
-        ),
+    let mut push = |object: ManifestObject| {
+        objects.push(Located {
+            document,
+            field_prefix: field_prefix.to_string(),
+            object,
+        })
     };
     match (api_version.as_str(), kind.as_str()) {
         ("v1", "List") => {
@@ -207,47 +320,39 @@ fn add_object(
                 }
             };
             for (index, item) in items.into_iter().enumerate() {
-                add_object(
-                    collected,
+                collect_object(
+                    objects,
                     item,
                     file,
                     document,
                     &format!("{field_prefix}items[{index}]."),
-                    node_name,
                 )?;
             }
         }
         ("v1", "Service") => {
             let service: Service = typed(value).map_err(fail)?;
             if let Some(model) = model::service_from_v1(&service).map_err(fail)? {
-                if let Some(first) = collected.services.get(&model.name) {
-                    return Err(duplicate(format!("Service {}", model.name), first));
-                }
-                collected.services.insert(model.name.clone(), origin);
-                collected.manifests.services.push(model);
+                push(ManifestObject::Service(model));
             }
         }
         ("discovery.k8s.io/v1", "EndpointSlice") => {
             let slice: EndpointSlice = typed(value).map_err(fail)?;
             if let Some(model) = model::endpoint_slice_from_v1(&slice).map_err(fail)? {
-                add_slice(collected, model, origin, duplicate)?;
+                push(ManifestObject::EndpointSlice(model));
             }
         }
         (v1beta1::API_VERSION, "EndpointSlice") => {
             let slice: v1beta1::EndpointSlice = typed(value).map_err(fail)?;
             if let Some(model) = v1beta1::endpoint_slice_from_v1beta1(&slice).map_err(fail)? {
-                add_slice(collected, model, origin, duplicate)?;
+                push(ManifestObject::EndpointSlice(model));
             }
         }
         ("switchyard.dev/v1alpha1", "DataplaneNode") => {
             let node: DataplaneNode = typed(value).map_err(fail)?;
-            if node.metadata.name.as_deref() == Some(node_name) {
-                if let Some(first) = &collected.dataplane_node {
-                    return Err(duplicate(format!("DataplaneNode {node_name}"), first));
-                }
-                collected.dataplane_node = Some(origin);
-                collected.manifests.dataplane_node = Some(node.spec);
-            }
+            push(ManifestObject::DataplaneNode {
+                name: node.metadata.name.unwrap_or_default(),
+                spec: node.spec,
+            });
         }
         _ => {
             tracing::debug!(
@@ -259,23 +364,6 @@ fn add_object(
             );
         }
     }
-    Ok(())
-}
-
-fn add_slice(
-    collected: &mut Collected,
-    model: EndpointSliceModel,
-    origin: Origin,
-    duplicate: impl Fn(String, &Origin) -> Error,
-) -> Result<(), Error> {
-    if let Some(first) = collected.slices.get(&model.slice_name) {
-        return Err(duplicate(
-            format!("EndpointSlice {}", model.slice_name),
-            first,
-        ));
-    }
-    collected.slices.insert(model.slice_name.clone(), origin);
-    collected.manifests.endpoint_slices.push(model);
     Ok(())
 }
 
@@ -462,5 +550,51 @@ items:
             .collect();
         assert_eq!(names, vec!["a", "b"]);
         assert_eq!(print.expect("fingerprints").len(), 2);
+    }
+
+    #[test]
+    fn the_cache_follows_changed_added_and_removed_files() {
+        let directory = std::env::temp_dir().join(format!(
+            "switchyard-manifest-cache-test-{}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&directory).expect("temp dir");
+        let service = |name: &str, ip: &str| {
+            format!("apiVersion: v1\nkind: Service\nmetadata: {{name: {name}}}\nspec: {{clusterIP: {ip}}}\n")
+        };
+        let names = |manifests: Manifests| -> Vec<String> {
+            manifests
+                .services
+                .iter()
+                .map(|service| format!("{}={}", service.name.name, service.cluster_ips[0]))
+                .collect()
+        };
+        let mut cache = ManifestCache::default();
+        std::fs::write(directory.join("a.yaml"), service("a", "10.96.0.1")).expect("write");
+        std::fs::write(directory.join("b.yaml"), service("b", "10.96.0.2")).expect("write");
+        let first = cache.load(&directory, "node-a");
+        std::fs::write(directory.join("a.yaml"), service("a", "10.96.0.11")).expect("write");
+        std::fs::remove_file(directory.join("b.yaml")).expect("remove");
+        std::fs::write(directory.join("c.yaml"), service("c", "10.96.0.3")).expect("write");
+        let second = cache.load(&directory, "node-a");
+        // A Service moved into a second file is a duplicate naming both files.
+        std::fs::write(directory.join("d.yaml"), service("c", "10.96.0.4")).expect("write");
+        let duplicate = cache.load(&directory, "node-a");
+        std::fs::remove_dir_all(&directory).expect("cleanup");
+        assert_eq!(
+            names(first.expect("loads")),
+            vec!["a=10.96.0.1", "b=10.96.0.2"]
+        );
+        assert_eq!(
+            names(second.expect("loads")),
+            vec!["a=10.96.0.11", "c=10.96.0.3"]
+        );
+        match duplicate {
+            Err(Error::InvalidManifest { path, reason, .. }) => {
+                assert!(path.ends_with("d.yaml"), "{path:?}");
+                assert!(reason.contains("c.yaml"), "{reason}");
+            }
+            other => panic!("expected a duplicate error, got {other:?}"),
+        }
     }
 }

@@ -89,6 +89,7 @@ pub struct Standalone<D: Datapath, H: HostView> {
     fingerprint: Option<Fingerprint>,
     /// The last good manifests.
     manifests: Option<Manifests>,
+    manifest_cache: manifests::ManifestCache,
     node_addresses: Option<Vec<IpAddr>>,
     /// Interfaces with programs, by name, with the index they had.
     attached: BTreeMap<String, u32>,
@@ -156,6 +157,7 @@ impl<D: Datapath, H: HostView> Standalone<D, H> {
             gate,
             fingerprint: None,
             manifests: None,
+            manifest_cache: manifests::ManifestCache::default(),
             node_addresses: None,
             attached: BTreeMap::new(),
             attachment,
@@ -211,7 +213,10 @@ impl<D: Datapath, H: HostView> Standalone<D, H> {
             return;
         }
         self.fingerprint = Some(fingerprint);
-        match manifests::load(&self.options.manifests, &self.options.node_name) {
+        match self
+            .manifest_cache
+            .load(&self.options.manifests, &self.options.node_name)
+        {
             Ok(manifests) => {
                 tracing::info!(
                     services = manifests.services.len(),
