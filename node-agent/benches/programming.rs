@@ -326,9 +326,52 @@ fn real_maps(rows: &mut Vec<Row>) {
     }
 }
 
+/// Standalone mode's share: reading 10,000 Services and their slices from YAML.
+fn manifests(rows: &mut Vec<Row>) {
+    use std::fmt::Write as _;
+    let mut text = String::new();
+    for index in 0..SERVICES {
+        let _ = write!(
+            text,
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: service-{index}, namespace: bench}}\n\
+             spec: {{clusterIP: {}, ports: [{{name: http, port: 80, targetPort: 8080}}]}}\n---\n\
+             apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+             metadata: {{name: service-{index}-slice, namespace: bench, labels: {{kubernetes.io/service-name: service-{index}}}}}\n\
+             addressType: IPv4\nports: [{{name: http, port: 8080}}]\nendpoints:\n",
+            Ipv4Addr::from(0x0a60_0000 + index)
+        );
+        for endpoint in 0..ENDPOINTS {
+            let _ = writeln!(
+                text,
+                "- {{addresses: [{}], nodeName: node-{}}}",
+                Ipv4Addr::from(0x0a00_0000 + index * 16 + endpoint),
+                endpoint % 50
+            );
+        }
+        text.push_str("---\n");
+    }
+    let started = Instant::now();
+    let parsed = switchyard_agent::standalone::manifests::parse(
+        &[(PathBuf::from("bench.yaml"), text)],
+        "node-0",
+    );
+    let elapsed = started.elapsed();
+    let services = parsed
+        .map(|manifests| manifests.services.len())
+        .unwrap_or(0);
+    rows.push(Row {
+        scenario: format!("YAML: parse {services} Services and their EndpointSlices (standalone)"),
+        compute: elapsed,
+        plan: Duration::ZERO,
+        apply: Duration::ZERO,
+        operations: 0,
+    });
+}
+
 fn main() {
     // `cargo bench` passes `--bench`; nothing else is accepted.
     let mut rows = Vec::new();
+    manifests(&mut rows);
     run("fake maps", FakeServiceMaps::default, &mut rows);
     real_maps(&mut rows);
     println!();
