@@ -343,6 +343,19 @@ pub(crate) fn attach_socket_hooks(
     Ok(outcomes)
 }
 
+/// Detaches the link pinned at `path` (if it is one and is still attached), then
+/// removes the pin.
+fn detach_and_remove_pin(path: &Path) -> Result<(), Error> {
+    if let Ok(link) = system::open_pinned(path) {
+        let is_link = system::link_info(link.as_fd()).is_ok();
+        if is_link {
+            // ENOLINK/EINVAL: already detached (defunct), which is what we want.
+            let _ = system::link_detach(link.as_fd());
+        }
+    }
+    remove_pin(path)
+}
+
 fn remove_pin(path: &Path) -> Result<(), Error> {
     match std::fs::remove_file(path) {
         Ok(()) => Ok(()),
@@ -388,8 +401,7 @@ pub(crate) fn detach_interface(settings: &LoaderSettings, interface: &str) -> Re
             remove_clsact_filters(ifindex, direction)?;
             remove_pin(&marker)?;
         }
-        // Removing the last reference to a TCX link detaches it.
-        remove_pin(&tcx_link_path(&settings.pin_directory, ifindex, direction))?;
+        detach_and_remove_pin(&tcx_link_path(&settings.pin_directory, ifindex, direction))?;
     }
     Ok(())
 }
@@ -450,8 +462,10 @@ pub(crate) fn detach_all_links(pin_directory: &Path) -> Result<(), Error> {
         let name = entry.file_name().to_string_lossy().into_owned();
         if let Some((true, ifindex, direction)) = parse_link_name(&name) {
             remove_clsact_filters(ifindex, direction)?;
+            remove_pin(&entry.path())?;
+        } else {
+            detach_and_remove_pin(&entry.path())?;
         }
-        remove_pin(&entry.path())?;
     }
     Ok(())
 }

@@ -13,6 +13,7 @@ const BPF_PROG_GET_FD_BY_ID: libc::c_long = 13;
 const BPF_OBJ_GET: libc::c_long = 7;
 const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
 const BPF_LINK_UPDATE: libc::c_long = 29;
+const BPF_LINK_DETACH: libc::c_long = 34;
 /// `bpf_link_type`: the two kinds of link the agent pins.
 pub const LINK_TYPE_CGROUP: u32 = 3;
 pub const LINK_TYPE_TCX: u32 = 11;
@@ -97,6 +98,15 @@ pub fn link_update(link: BorrowedFd<'_>, program: BorrowedFd<'_>) -> io::Result<
     put_u32(&mut attribute, 0, link.as_raw_fd() as u32);
     put_u32(&mut attribute, 4, program.as_raw_fd() as u32);
     bpf(BPF_LINK_UPDATE, &mut attribute).map(|_| ())
+}
+
+/// Detaches a link at once. Removing a link's last pin also detaches it, but the
+/// kernel does that from a work queue, a moment later; callers that promise
+/// "nothing is attached any more" detach explicitly first.
+pub fn link_detach(link: BorrowedFd<'_>) -> io::Result<()> {
+    let mut attribute = [0u8; 16];
+    put_u32(&mut attribute, 0, link.as_raw_fd() as u32);
+    bpf(BPF_LINK_DETACH, &mut attribute).map(|_| ())
 }
 
 /// The shape of a map: what must match for a map to be reused by another
