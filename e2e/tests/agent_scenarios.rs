@@ -248,7 +248,45 @@ async fn an_agent_restarted_five_times_twice_killed_drops_no_connection() {
     let attaches = metrics.required("switchyard_agent_program_attach_total");
     let writes = metrics.required("switchyard_agent_map_operations_total");
     println!("last agent: program attaches {attaches}, map operations {writes}");
+    let dataplane_node = cluster.dataplane_node("node-1").await;
+    let status = dataplane_node.status.clone().unwrap_or_default();
+    println!(
+        "node-1's DataplaneNode status: {}",
+        serde_json::to_string_pretty(&status).unwrap_or_default()
+    );
     assert_no_failures(&report, "five restarts of node-1's agent");
+    assert_eq!(
+        status.observed_generation,
+        dataplane_node.metadata.generation
+    );
+    assert_eq!(status.agent_version.as_deref(), Some("0.1.0"));
+    assert!(status
+        .agent_revision
+        .as_deref()
+        .is_some_and(|revision| !revision.is_empty()));
+    assert!(status.services_programmed.unwrap_or(0) >= 4, "{status:?}");
+    assert!(status.last_sync_time.is_some());
+    for type_ in [
+        condition_types::HOST_METADATA_READY,
+        condition_types::PROGRAMS_ATTACHED,
+        condition_types::SERVICES_SYNCED,
+        condition_types::CHAIN_ORDER_SAFE,
+        condition_types::READY,
+    ] {
+        assert!(
+            status.condition_is_true(type_),
+            "{type_} is not True: {status:?}"
+        );
+    }
+    for type_ in [
+        condition_types::DRAINING,
+        condition_types::KUBE_PROXY_RULES_PRESENT,
+    ] {
+        assert!(
+            switchyard_crds::condition_is_false(&status.conditions, type_),
+            "{type_} is not False: {status:?}"
+        );
+    }
     assert_eq!(attaches, 0.0, "a restarted agent re-attached programs");
     assert_eq!(writes, 0.0, "a restarted agent rewrote its maps");
     world.finish().await;
@@ -427,7 +465,12 @@ async fn node_churn_is_ignored_and_a_new_node_address_is_served_within_two_secon
     let ignored = delta("switchyard_agent_node_updates_ignored_total");
     let attaches = delta("switchyard_agent_program_attach_total");
     let writes = delta("switchyard_agent_map_operations_total");
-    println!("{patches} Node patches: {ignored} ignored updates, {attaches} attaches, {writes} map operations");
+    let status_writes = delta("switchyard_agent_status_writes_total");
+    println!("{patches} Node patches: {ignored} ignored updates, {attaches} attaches, {writes} map operations, {status_writes} status writes");
+    assert_eq!(
+        status_writes, 0.0,
+        "the status was rewritten without a change"
+    );
     assert!(ignored >= 150.0, "only {ignored} Node updates ignored");
     assert_eq!(attaches, 0.0);
     assert_eq!(writes, 0.0);
@@ -675,5 +718,106 @@ async fn kube_proxy_started_after_the_agent_breaks_nothing_and_is_cleaned_only_o
         "kube-proxy rules left: {remaining:#?}"
     );
     assert_no_failures(&report, "cleanup refused, then done");
+    world.finish().await;
+}
+
+/// Issue 8's draining, as the agent does it: told `KubeProxy` after `Ebpf`,
+/// node-1 keeps translating the connections it carries (`Draining` True,
+/// `liveFlows` counted), and detaches within 5 s of the last one closing.
+#[tokio::test]
+#[ignore = "needs the e2e cluster: make e2e-agent"]
+async fn told_kube_proxy_after_ebpf_the_agent_drains_live_flows_then_detaches() {
+    let world = World::new("dr", 6).await;
+    let cluster = &world.cluster;
+    let long_lived = TrafficGenerator::start(
+        vec![Flow {
+            name: "client pod -> ClusterIP, long-lived".into(),
+            source: world.client_pod.thread().unwrap(),
+            destination: world.cluster_ip_address(),
+            mode: FlowMode::LongLived {
+                connections: 3,
+                message_interval: Duration::from_millis(200),
+            },
+        }],
+        Timeouts::default(),
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    cluster
+        .patch_spec(
+            "node-1",
+            serde_json::json!({"mode": "KubeProxy", "drainTimeoutSeconds": 60}),
+        )
+        .await;
+    cluster
+        .wait_condition(
+            "node-1",
+            condition_types::DRAINING,
+            ConditionStatus::True,
+            Some(reasons::DRAINING_FLOWS),
+            Duration::from_secs(10),
+        )
+        .await;
+    // The agent reads live flows every second.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let status = cluster
+        .dataplane_node("node-1")
+        .await
+        .status
+        .unwrap_or_default();
+    let live_flows = status.live_flows;
+    let report = long_lived.stop().await;
+    let closed = Instant::now();
+    cluster
+        .wait_condition(
+            "node-1",
+            condition_types::DRAINING,
+            ConditionStatus::False,
+            Some(reasons::DRAIN_COMPLETE),
+            Duration::from_secs(20),
+        )
+        .await;
+    let detached_after = closed.elapsed();
+    let detached = cluster
+        .dataplane_node("node-1")
+        .await
+        .status
+        .unwrap_or_default();
+    // Back to eBPF for the other scenarios.
+    cluster
+        .patch_spec("node-1", serde_json::json!({"mode": "Ebpf"}))
+        .await;
+    cluster
+        .wait_condition(
+            "node-1",
+            condition_types::PROGRAMS_ATTACHED,
+            ConditionStatus::True,
+            Some(reasons::ATTACHED),
+            Duration::from_secs(10),
+        )
+        .await;
+    cluster
+        .wait_agent_ready("node-1", Duration::from_secs(10))
+        .await;
+    println!(
+        "draining: liveFlows {live_flows:?} while 3 long-lived connections were open; detached {detached_after:.2?} after they closed\n{report}"
+    );
+    assert_eq!(
+        report.failure_count(),
+        0,
+        "a live connection broke while draining\n{report}"
+    );
+    let flow = report.flows.values().next().expect("one flow");
+    assert_eq!(
+        flow.connections_opened, 3,
+        "a connection was reopened\n{report}"
+    );
+    assert!(flow.successes >= 30, "too few messages\n{report}");
+    assert!(live_flows.unwrap_or(0) >= 3, "liveFlows {live_flows:?}");
+    assert!(
+        detached_after <= Duration::from_secs(5),
+        "detached after {detached_after:?}"
+    );
+    assert!(!detached.condition_is_true(condition_types::PROGRAMS_ATTACHED));
+    assert_eq!(detached.live_flows, None);
     world.finish().await;
 }

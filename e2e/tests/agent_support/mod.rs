@@ -251,12 +251,12 @@ impl AgentCluster {
         {
             match event.kind {
                 EventKind::Started => running = Some(event),
-                EventKind::Exited => {
+                EventKind::Exited
                     if running.as_ref().is_some_and(|current| {
                         current.pod_uid == event.pod_uid && current.pid == event.pid
-                    }) {
-                        running = None;
-                    }
+                    }) =>
+                {
+                    running = None;
                 }
                 _ => {}
             }
