@@ -213,6 +213,15 @@ async fn an_agent_restarted_five_times_twice_killed_drops_no_connection() {
     let world = World::new("rs", 1).await;
     let cluster = &world.cluster;
     let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), "kube-system");
+    let ready_since = |status: &switchyard_crds::DataplaneNodeStatus| {
+        switchyard_crds::find_condition(&status.conditions, condition_types::READY)
+            .map(|condition| condition.last_transition_time)
+    };
+    let before = cluster
+        .dataplane_node("node-1")
+        .await
+        .status
+        .unwrap_or_default();
     let generator = world.traffic();
     tokio::time::sleep(Duration::from_secs(1)).await;
     for round in 1..=5 {
@@ -255,6 +264,11 @@ async fn an_agent_restarted_five_times_twice_killed_drops_no_connection() {
         serde_json::to_string_pretty(&status).unwrap_or_default()
     );
     assert_no_failures(&report, "five restarts of node-1's agent");
+    assert_eq!(
+        ready_since(&status),
+        ready_since(&before),
+        "Ready changed during the restarts"
+    );
     assert_eq!(
         status.observed_generation,
         dataplane_node.metadata.generation

@@ -241,8 +241,12 @@ pub async fn run(options: ClusterOptions, shutdown: impl Future<Output = ()>) ->
             changed
         });
 
-        // Status: only with a DataplaneNode to write it to, only on change.
-        if let Some(view) = agent.dataplane_node() {
+        // Status: only with a DataplaneNode to write it to, only on change, not
+        // while the gate waits within its timeout.
+        if let Some(view) = agent
+            .dataplane_node()
+            .filter(|_| status::worth_reporting(&inputs.gate))
+        {
             let previous = last_conditions.clone().unwrap_or_else(|| {
                 view.status
                     .as_ref()

@@ -113,6 +113,14 @@ pub struct StatusInputs {
     pub last_sync_time: Option<DateTime<Utc>>,
 }
 
+/// Whether the status is worth reporting yet. While the gate waits within its
+/// timeout (the first fraction of a second of every start) nothing is written: a
+/// restarted agent would otherwise flip `Ready` to False and back on every
+/// restart, while the previous process's programs serve throughout.
+pub fn worth_reporting(gate: &GateStatus) -> bool {
+    !matches!(gate, GateStatus::Waiting { .. })
+}
+
 fn as_count(value: usize) -> i64 {
     i64::try_from(value).unwrap_or(i64::MAX)
 }
@@ -426,6 +434,20 @@ mod tests {
             status,
             "nothing in the status grows while the agent waits"
         );
+    }
+
+    #[test]
+    fn a_start_is_reported_once_the_gate_opens_or_times_out_not_while_it_waits() {
+        assert!(!worth_reporting(&GateStatus::Waiting {
+            missing: vec![GateInput::Services]
+        }));
+        assert!(worth_reporting(&GateStatus::TimedOut {
+            missing: vec![GateInput::Services],
+            waited: Duration::from_secs(31)
+        }));
+        assert!(worth_reporting(&GateStatus::Open {
+            waited: Duration::from_millis(80)
+        }));
     }
 
     #[test]
