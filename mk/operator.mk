@@ -5,6 +5,7 @@
 e2e-operator-smoke: setup
 	bash operator/scripts/e2e-smoke.sh
 
-# About 4.5 minutes (builds ~35 s, cluster up ~25 s, eight scenarios ~210 s); passed
-# five full runs (one more was killed from outside by another suite's teardown, fixed in e2e/cluster).
+# About 4.5 minutes (builds ~35 s, cluster up ~25 s, eight scenarios ~210 s). Passed its
+# last four full runs (as it grew from six to eight scenarios); one other run was killed from
+# outside by another suite's teardown (a stale namespace list, fixed in e2e/cluster).
 TEST_SUITES += e2e-operator-smoke
