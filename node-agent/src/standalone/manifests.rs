@@ -96,6 +96,11 @@ fn invalid(file: &Path, document: usize, error: FieldError) -> Error {
 
 /// Deserializes `value` as `T`, naming the failing field.
 fn typed<T: DeserializeOwned>(value: serde_yaml::Value) -> Result<T, FieldError> {
+    // The plain deserializer is faster; the path is only worth tracking once we
+    // know there is an error to report.
+    if let Ok(typed) = T::deserialize(&value) {
+        return Ok(typed);
+    }
     serde_path_to_error::deserialize(value).map_err(|error| {
         let path = error.path().to_string();
         FieldError {
