@@ -19,9 +19,10 @@ use crate::topology::{
 pub const SECURE_PORT: u16 = 6443;
 /// Bearer tokens of the API server's clients (all `system:masters`; separate
 /// users so the audit log tells their requests apart).
-pub const USERS: [&str; 4] = [
+pub const USERS: [&str; 5] = [
     "bench",
     "kube-proxy",
+    "switchyard-agent",
     "switchyard-operator",
     "simulated-agents",
 ];
@@ -231,7 +232,7 @@ pub fn service_name(index: u32) -> String {
     format!("bench-{index}")
 }
 
-/// The Service with index `index`, as a JSON object (API and manifests alike).
+/// The Service with index `index`, as a JSON object.
 pub fn service_object(index: u32) -> serde_json::Value {
     let (protocol, port, target) = if service_is_tcp(index) {
         ("TCP", SERVICE_TCP_PORT, BACKEND_TCP_PORT)
@@ -364,51 +365,76 @@ pub async fn set_endpoints(client: &Client, index: u32, addresses: &[Ipv4Addr]) 
     Ok(())
 }
 
-/// The manifests `standalone` reads: one document per object, as JSON (which is YAML).
-pub struct Manifests {
-    pub path: PathBuf,
-    documents: Vec<String>,
-}
-
-impl Manifests {
-    pub fn new(directory: &Path, services: u32, backends: u32) -> Result<Self> {
-        std::fs::create_dir_all(directory).map_err(|error| Error::Output {
-            path: directory.display().to_string(),
-            detail: error.to_string(),
-        })?;
-        let addresses = backend_addresses(backends);
-        let mut documents = Vec::with_capacity(2 * services as usize);
-        for index in 0..services {
-            documents.push(service_object(index).to_string());
-            documents.push(endpoint_slice_object(index, &addresses).to_string());
+/// The node the data plane is measured on, as the agent's cluster mode needs it:
+/// the CRDs, a Ready Node with the node's address, and its DataplaneNode in mode
+/// `Ebpf` (what the operator would have written).
+pub async fn prepare_node(client: &Client, node_name: &str, address: Ipv4Addr) -> Result<()> {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    use switchyard_crds::{DataplaneMode, DataplaneNode, DataplaneNodeSpec};
+    let failed = |what: &str, error: kube::Error| {
+        Error::Populate(format!("failed to create {what}: {error}"))
+    };
+    let definitions: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for definition in switchyard_crds::crds() {
+        match definitions
+            .create(&PostParams::default(), &definition)
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 409 => {}
+            Err(error) => return Err(failed("the CustomResourceDefinitions", error)),
         }
-        let manifests = Self {
-            path: directory.join("services.yaml"),
-            documents,
-        };
-        manifests.write()?;
-        Ok(manifests)
-    }
-
-    pub fn set_endpoints(&mut self, index: u32, addresses: &[Ipv4Addr]) -> Result<()> {
-        let position = 2 * index as usize + 1;
-        if position < self.documents.len() {
-            self.documents[position] = endpoint_slice_object(index, addresses).to_string();
+        let name = definition.metadata.name.clone().unwrap_or_default();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let established = definitions.get(&name).await.ok().is_some_and(|definition| {
+                definition
+                    .status
+                    .and_then(|status| status.conditions)
+                    .is_some_and(|conditions| {
+                        conditions
+                            .iter()
+                            .any(|c| c.type_ == "Established" && c.status == "True")
+                    })
+            });
+            if established {
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err(Error::Populate(format!(
+                    "failed to see {name} established within 30 s"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        self.write()
     }
-
-    /// Written beside and renamed into place, so the agent never reads half a file.
-    pub fn write(&self) -> Result<()> {
-        let temporary = self.path.with_extension("tmp");
-        let text = self.documents.join("\n---\n");
-        std::fs::write(&temporary, text)
-            .and_then(|()| std::fs::rename(&temporary, &self.path))
-            .map_err(|error| Error::Output {
-                path: self.path.display().to_string(),
-                detail: error.to_string(),
-            })
-    }
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+    let node = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": node_name, "labels": {"kubernetes.io/hostname": node_name}},
+    }))
+    .map_err(|error| Error::Populate(error.to_string()))?;
+    nodes
+        .create(&PostParams::default(), &node)
+        .await
+        .map_err(|error| failed("the Node", error))?;
+    let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let status = serde_json::json!({"status": {
+        "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                        "message": "bench", "lastHeartbeatTime": now, "lastTransitionTime": now}],
+        "addresses": [{"type": "InternalIP", "address": address.to_string()},
+                      {"type": "Hostname", "address": node_name}],
+    }});
+    nodes
+        .patch_status(node_name, &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .map_err(|error| failed("the Node's status", error))?;
+    let dataplane_nodes: Api<DataplaneNode> = Api::all(client.clone());
+    let dataplane_node = DataplaneNode::new(node_name, DataplaneNodeSpec::new(DataplaneMode::Ebpf));
+    dataplane_nodes
+        .create(&PostParams::default(), &dataplane_node)
+        .await
+        .map_err(|error| failed("the DataplaneNode", error))?;
+    Ok(())
 }
 
 #[cfg(test)]

@@ -6,14 +6,14 @@ use std::net::SocketAddrV4;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use crate::apiserver::{self, ControlPlane, Manifests};
+use crate::apiserver::{self, ControlPlane};
 use crate::dataplane::{self, BACKENDS};
 use crate::error::{Error, Result};
 use crate::load::{self, LoadOptions, LoadReport, Workload};
 use crate::report::{number, percentile, Summary, Table};
-use crate::systems::{probe_targets, Binaries, Running, System};
+use crate::systems::{probe_targets, Binaries, Running, System, NODE_NAME};
 use crate::topology::{
-    service_address, Prober, Topology, CLIENT_NAMESPACE, MARKER_ADDRESS, MARKER_POD,
+    service_address, Prober, Topology, CLIENT_NAMESPACE, MARKER_ADDRESS, MARKER_POD, NODE_ADDRESS,
     SERVICE_TCP_PORT,
 };
 use crate::Plan;
@@ -27,6 +27,7 @@ pub async fn data_and_control_plane(
     tables: &mut Vec<Table>,
 ) -> Result<()> {
     let control_plane = ControlPlane::start(&binaries.kubernetes, work, "apiserver").await?;
+    apiserver::prepare_node(&control_plane.client, NODE_NAME, NODE_ADDRESS).await?;
     println!(
         "API server ready in {:.1} s",
         control_plane.started_in.as_secs_f64()
@@ -39,7 +40,6 @@ pub async fn data_and_control_plane(
     }
     scales.sort_unstable();
     scales.dedup();
-    let manifests_directory = work.join("manifests");
     let mut changed = ChangeCounter::default();
     for scale in scales {
         if scale > populated {
@@ -52,21 +52,12 @@ pub async fn data_and_control_plane(
             );
             populated = scale;
         }
-        let manifests = Manifests::new(&manifests_directory, scale, BACKENDS)?;
         if parts.contains(&"dataplane") && plan.scales.contains(&scale) {
             let mut rows = Vec::new();
             for system in &plan.systems {
                 println!("data plane: {} with {scale} Services", system.label());
                 let measured = tokio::task::block_in_place(|| {
-                    dataplane::measure(
-                        *system,
-                        scale,
-                        binaries,
-                        work,
-                        &manifests.path,
-                        &plan.dataplane,
-                        summary,
-                    )
+                    dataplane::measure(*system, scale, binaries, work, &plan.dataplane, summary)
                 });
                 match measured {
                     Ok(row) => rows.push(row),
@@ -89,17 +80,8 @@ pub async fn data_and_control_plane(
             tables.push(table);
         }
         if parts.contains(&"control") && scale == plan.control_scale {
-            control_plane_suite(
-                plan,
-                binaries,
-                work,
-                &client,
-                &manifests_directory,
-                &mut changed,
-                summary,
-                tables,
-            )
-            .await?;
+            control_plane_suite(plan, binaries, work, &client, &mut changed, summary, tables)
+                .await?;
         }
     }
     control_plane.stop();
@@ -127,7 +109,6 @@ async fn control_plane_suite(
     binaries: &Binaries,
     work: &Path,
     client: &kube::Client,
-    manifests_directory: &Path,
     changed: &mut ChangeCounter,
     summary: &mut Summary,
     tables: &mut Vec<Table>,
@@ -147,7 +128,6 @@ async fn control_plane_suite(
             "p99 ms",
             "max ms",
             "missed (>30 s)",
-            "input",
         ],
     );
     for system in [
@@ -172,7 +152,6 @@ async fn control_plane_suite(
             binaries,
             work,
             client,
-            manifests_directory,
             changed,
         )
         .await;
@@ -221,26 +200,21 @@ async fn control_plane_suite(
             number(ms(0.99), 1),
             number(ms(1.0), 1),
             missed.to_string(),
-            if system == System::Switchyard {
-                "manifest file (standalone, polled every 20 ms)".into()
-            } else {
-                "EndpointSlice patch in the API server".into()
-            },
         ]);
     }
     latency_table.note(
-        "Switchyard is measured through `switchyard-agent standalone` (the change is a rewrite of its \
-         manifest file, which it re-reads and re-parses whole), not through the API server: cluster mode \
-         (`switchyard-agent run`) was not available to the bench. kube-proxy 1.20 rewrites every rule on \
-         each sync; current kube-proxy (1.28+) syncs only the changed Services.",
+        "A change replaces one TCP Service's EndpointSlice endpoints with the marker pod (a patch in the \
+         API server); measured until a new connection from the client pod is answered by the marker. \
+         Both systems watch the same API server (`switchyard-agent run`, kube-proxy with the default \
+         --iptables-min-sync-period 1s and sync period 30s). kube-proxy 1.20 rewrites every rule on each \
+         sync; current kube-proxy (1.28+) syncs only the changed Services.",
     );
     print!("{}", latency_table.render());
     tables.push(latency_table);
 
     // Cold start.
     println!("agent cold start with {scale} Services");
-    let cold =
-        tokio::task::block_in_place(|| cold_start(scale, binaries, work, manifests_directory));
+    let cold = tokio::task::block_in_place(|| cold_start(scale, binaries, work));
     let name = "agent-cold-start";
     let cold = match cold {
         Ok(cold) => cold,
@@ -320,8 +294,9 @@ async fn control_plane_suite(
         format!("{:.1} MiB", cold.peak_rss_mib),
     ]);
     cold_table.note(
-        "Standalone mode: the gate opens when the manifests are read (cluster mode waits for the API \
-         server's lists); \"all programmed\" is the end of the first sync as the agent logs it.",
+        "`switchyard-agent run`: \"gate open\" is when the agent logs its start-of-day gate open (Services, \
+         EndpointSlices, its Node and DataplaneNode listed, pinned maps restored); \"all programmed\" is \
+         the end of its first sync (\"synced the maps\").",
     );
     print!("{}", cold_table.render());
     tables.push(cold_table);
@@ -345,9 +320,8 @@ async fn control_plane_suite(
     );
     for system in [System::Switchyard, System::KubeProxyLegacy] {
         println!("restart disruption: {}", system.label());
-        let figures = tokio::task::block_in_place(|| {
-            restart_disruption(system, scale, plan, binaries, work, manifests_directory)
-        });
+        let figures =
+            tokio::task::block_in_place(|| restart_disruption(system, scale, plan, binaries, work));
         let name = "restart-disruption";
         let figures = match figures {
             Ok(figures) => figures,
@@ -462,15 +436,13 @@ async fn programming_latency(
     binaries: &Binaries,
     work: &Path,
     client: &kube::Client,
-    manifests_directory: &Path,
     counter: &mut ChangeCounter,
 ) -> Result<(Vec<Duration>, usize)> {
-    let mut manifests = Manifests::new(manifests_directory, scale, BACKENDS)?;
     let topology =
         tokio::task::block_in_place(|| Topology::build(work, BACKENDS, &binaries.bench))?;
     let prober = Prober::new(CLIENT_NAMESPACE)?;
     // The default periodic resync of kube-proxy 1.20 (30 s): this is its normal operation.
-    let mut running = Running::start(system, binaries, work, &manifests.path, "30s")?;
+    let mut running = Running::start(system, binaries, work, "30s")?;
     tokio::task::block_in_place(|| {
         running.wait_serving(&prober, &probe_targets(scale), Duration::from_secs(900))
     })?;
@@ -483,11 +455,7 @@ async fn programming_latency(
         touched.push(index);
         let target = SocketAddrV4::new(service_address(index), SERVICE_TCP_PORT);
         let changed_at = Instant::now();
-        if system == System::Switchyard {
-            manifests.set_endpoints(index, &[MARKER_ADDRESS])?;
-        } else {
-            apiserver::set_endpoints(client, index, &[MARKER_ADDRESS]).await?;
-        }
+        apiserver::set_endpoints(client, index, &[MARKER_ADDRESS]).await?;
         let observed = tokio::task::block_in_place(|| {
             prober.wait_for_answer(
                 target,
@@ -508,10 +476,8 @@ async fn programming_latency(
     running.stop();
     drop(topology);
     // Put the API back as it was for the measurements that follow.
-    if system != System::Switchyard {
-        for index in touched {
-            apiserver::set_endpoints(client, index, &original).await?;
-        }
+    for index in touched {
+        apiserver::set_endpoints(client, index, &original).await?;
     }
     Ok((samples, missed))
 }
@@ -524,16 +490,10 @@ struct ColdStart {
     peak_rss_mib: f64,
 }
 
-fn cold_start(
-    scale: u32,
-    binaries: &Binaries,
-    work: &Path,
-    manifests_directory: &Path,
-) -> Result<ColdStart> {
-    let manifests = Manifests::new(manifests_directory, scale, BACKENDS)?;
+fn cold_start(scale: u32, binaries: &Binaries, work: &Path) -> Result<ColdStart> {
     let topology = Topology::build(work, BACKENDS, &binaries.bench)?;
     let prober = Prober::new(CLIENT_NAMESPACE)?;
-    let mut running = Running::start(System::Switchyard, binaries, work, &manifests.path, "30s")?;
+    let mut running = Running::start(System::Switchyard, binaries, work, "30s")?;
     let (process_started, log) = match &running.process {
         Some(process) => (process.started, process.log.clone()),
         None => return Err(Error::System("failed to start the agent".into())),
@@ -542,8 +502,15 @@ fn cold_start(
     let mut programmed = None;
     let deadline = process_started + Duration::from_secs(300);
     while programmed.is_none() && Instant::now() < deadline {
+        let exited = running
+            .process
+            .as_mut()
+            .is_some_and(|process| !process.is_running());
+        if exited {
+            break;
+        }
         let text = std::fs::read_to_string(&log).unwrap_or_default();
-        if gate_open.is_none() && text.contains("read the manifests") {
+        if gate_open.is_none() && text.contains("start-of-day gate open") {
             gate_open = Some(process_started.elapsed());
         }
         if text.contains("synced the maps") {
@@ -553,7 +520,7 @@ fn cold_start(
     }
     let (Some(gate_open), Some(programmed)) = (gate_open, programmed) else {
         return Err(Error::System(format!(
-            "failed to see the agent read its manifests and sync within 300 s:\n{}",
+            "failed to see the agent open its gate and sync within 300 s:\n{}",
             std::fs::read_to_string(&log).unwrap_or_default()
         )));
     };
@@ -601,12 +568,10 @@ fn restart_disruption(
     plan: &Plan,
     binaries: &Binaries,
     work: &Path,
-    manifests_directory: &Path,
 ) -> Result<RestartFigures> {
-    let manifests = Manifests::new(manifests_directory, scale, BACKENDS)?;
     let topology = Topology::build(work, BACKENDS, &binaries.bench)?;
     let prober = Prober::new(CLIENT_NAMESPACE)?;
-    let mut running = Running::start(system, binaries, work, &manifests.path, "30s")?;
+    let mut running = Running::start(system, binaries, work, "30s")?;
     running.wait_serving(&prober, &probe_targets(scale), Duration::from_secs(900))?;
     let (tcp, _) = dataplane::targets(system, scale);
     let options = LoadOptions {

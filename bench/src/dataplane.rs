@@ -45,7 +45,8 @@ pub fn run_load(bench: &Path, work: &Path, options: &LoadOptions) -> Result<Load
         .map_err(|error| Error::Load(format!("failed to start the load generator: {error}")))?;
     if !output.status.success() {
         return Err(Error::Load(format!(
-            "failed to run the load generator: {}",
+            "failed to run the load generator ({}): {}",
+            output.status,
             String::from_utf8_lossy(&output.stderr)
         )));
     }
@@ -117,13 +118,12 @@ pub fn measure(
     services: u32,
     binaries: &Binaries,
     work: &Path,
-    manifests: &Path,
     settings: &DataplaneSettings,
     summary: &mut Summary,
 ) -> Result<Row> {
     let topology = Topology::build(work, BACKENDS, &binaries.bench)?;
     let prober = Prober::new(CLIENT_NAMESPACE)?;
-    let mut running = Running::start(system, binaries, work, manifests, "1h")?;
+    let mut running = Running::start(system, binaries, work, "1h")?;
     let mut row = Row {
         system: system.label().to_string(),
         ..Row::default()

@@ -37,6 +37,9 @@ impl System {
     }
 }
 
+/// The node's name in the API server (Node, DataplaneNode, kube-proxy's hostname).
+pub const NODE_NAME: &str = "bench-node";
+
 /// Where the programs are.
 #[derive(Clone, Debug)]
 pub struct Binaries {
@@ -56,18 +59,16 @@ pub struct Running {
     configuration: usize,
     work: PathBuf,
     binaries: Binaries,
-    manifests: PathBuf,
     sync_period: String,
 }
 
 impl Running {
-    /// Starts `system` in the node namespace. `manifests`: the agent's input;
+    /// Starts `system` in the node namespace (both read the API server);
     /// `sync_period`: kube-proxy's periodic full resync (`--iptables-sync-period`).
     pub fn start(
         system: System,
         binaries: &Binaries,
         work: &Path,
-        manifests: &Path,
         sync_period: &str,
     ) -> Result<Self> {
         let configuration = CONFIGURATION.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -84,7 +85,6 @@ impl Running {
             generation: 0,
             work: work.to_path_buf(),
             binaries: binaries.clone(),
-            manifests: manifests.to_path_buf(),
             sync_period: sync_period.to_string(),
         };
         if system == System::KubeProxyLegacy || system == System::KubeProxyNft {
@@ -109,27 +109,34 @@ impl Running {
                 Some(NODE_NAMESPACE),
                 &self.binaries.agent,
                 &[
-                    "standalone".into(),
-                    "--manifests".into(),
-                    self.manifests.display().to_string(),
+                    "run".into(),
+                    "--node-name".into(),
+                    NODE_NAME.into(),
                     "--pod-interfaces".into(),
                     "veth-*".into(),
                     "--host-interfaces".into(),
                     "up0".into(),
-                    "--node-ip".into(),
-                    NODE_ADDRESS.to_string(),
-                    "--node-name".into(),
-                    "bench-node".into(),
                     "--bpf-pin-dir".into(),
                     self.pin_directory.display().to_string(),
+                    "--metrics-address".into(),
+                    "127.0.0.1:9964".into(),
                     // The client is a pod: TC programs carry its traffic. Socket hooks
                     // would go on the machine's cgroup root; the bench leaves that alone.
                     "--no-socket-hooks".into(),
-                    // Manifest files are polled (cluster mode watches the API server).
-                    "--poll-interval-ms".into(),
-                    "20".into(),
+                    // 30,000 Services x 10 endpoints need 300,000 backend slots
+                    // (the default is 262,144).
+                    "--backends-map-size".into(),
+                    "524288".into(),
                 ],
-                &[("RUST_LOG".into(), "info".into())],
+                &[
+                    ("RUST_LOG".into(), "info".into()),
+                    (
+                        "KUBECONFIG".into(),
+                        kubeconfig_path(&self.work, "switchyard-agent", "-node")
+                            .display()
+                            .to_string(),
+                    ),
+                ],
                 &self.log,
             )?),
             System::KubeProxyLegacy | System::KubeProxyNft => {
@@ -150,7 +157,7 @@ impl Running {
                             kubeconfig_path(&self.work, "kube-proxy", "-node").display()
                         ),
                         "--proxy-mode=iptables".into(),
-                        "--hostname-override=bench-node".into(),
+                        format!("--hostname-override={NODE_NAME}"),
                         format!("--bind-address={NODE_ADDRESS}"),
                         "--cluster-cidr=10.244.0.0/16".into(),
                         // Leave the machine-wide conntrack settings alone.
