@@ -470,7 +470,7 @@ fn a_udp_flow_keeps_its_backend_until_its_idle_timeout_then_chooses_again() {
                     answer_sender.send(backend).expect("report");
                 }
             });
-            let mut ask = |pause: Duration| {
+            let ask = |pause: Duration| {
                 sender.send(pause).expect("instruct");
                 answers.recv().expect("answer")
             };
@@ -486,7 +486,6 @@ fn a_udp_flow_keeps_its_backend_until_its_idle_timeout_then_chooses_again() {
             }
             // Idle past the timeout: the next datagram is a new flow.
             assert_eq!(ask(Duration::from_millis(2500)), "pod2");
-            drop(ask);
             drop(sender);
             client.join().expect("client");
         },
