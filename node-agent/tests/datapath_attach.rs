@@ -344,6 +344,22 @@ fn a_new_pod_interface_is_attached_within_a_second_of_appearing() {
                 tcx_programs(&new_pod.host_interface(), TcAttachType::Egress),
                 ["sy_egress"]
             );
+            // The pod goes away: its links become defunct and are pruned.
+            let index = system::interface_index(&new_pod.host_interface()).expect("index");
+            assert!(datapath
+                .attached_interfaces()
+                .expect("list")
+                .contains(&index));
+            sh(&format!("ip link del {}", new_pod.host_interface()));
+            assert!(
+                wait_until(Duration::from_secs(2), || !datapath
+                    .attached_interfaces()
+                    .expect("list")
+                    .contains(&index)),
+                "the removed interface's links were pruned"
+            );
+            let remaining = datapath.attached_interfaces().expect("list");
+            assert_eq!(remaining.len(), 2, "veth-pod1 and ext0 stay: {remaining:?}");
         },
     );
 }

@@ -436,10 +436,25 @@ pub(crate) fn attached_interface_indexes(pin_directory: &Path) -> Result<Vec<u32
         }
     };
     for entry in entries.flatten() {
-        if let Some((_, index, _)) = parse_link_name(&entry.file_name().to_string_lossy()) {
-            if !indexes.contains(&index) {
-                indexes.push(index);
-            }
+        let Some((clsact, index, _)) = parse_link_name(&entry.file_name().to_string_lossy()) else {
+            continue;
+        };
+        // Links of interfaces that are gone are defunct (a TCX link then reports
+        // interface 0); their pins are pruned here so the list tells the truth.
+        let gone = if clsact {
+            system::interface_name(index).is_none()
+        } else {
+            system::open_pinned(&entry.path())
+                .and_then(|link| system::link_info(link.as_fd()))
+                .map(|info| info.tcx_ifindex == 0)
+                .unwrap_or(true)
+        };
+        if gone {
+            remove_pin(&entry.path())?;
+            continue;
+        }
+        if !indexes.contains(&index) {
+            indexes.push(index);
         }
     }
     indexes.sort_unstable();

@@ -227,7 +227,8 @@ impl Datapath {
         Ok(())
     }
 
-    /// Interfaces with a pinned link of this agent, by interface index.
+    /// Interfaces with a pinned link of this agent, by interface index. Pins of
+    /// links whose interface has disappeared are removed on the way.
     pub fn attached_interfaces(&self) -> Result<Vec<u32>, Error> {
         attach::attached_interface_indexes(&self.settings.pin_directory)
     }
