@@ -226,7 +226,13 @@ pub async fn reconcile(
 ) -> Result<Action, Error> {
     let timer = context.metrics.reconcile_duration.start_timer();
     let outcome = if config.name_any() == DEFAULT_CONFIG_NAME {
-        reconcile_default(Some(&config), &context).await
+        // The controller's cache may not hold the status this operator wrote a moment ago:
+        // decide from the object as the API server has it now.
+        match read_default_config(&context.client).await {
+            Ok(Some(fresh)) => reconcile_default(Some(&fresh), &context).await,
+            Ok(None) => reconcile_default(None, &context).await,
+            Err(error) => Err(error),
+        }
     } else {
         reconcile_ignored(&config, &context).await
     };
@@ -284,18 +290,21 @@ async fn reconcile_ignored(
     Ok(None)
 }
 
-/// No DataplaneConfig named `default`: create missing DataplaneNodes, change nothing else.
-async fn reconcile_without_config(context: &Context) -> Result<(), Error> {
-    // The controller's store may lag: confirm with the API before acting as if there were none.
-    let configs: Api<DataplaneConfig> = Api::all(context.client.clone());
-    let existing = configs
+/// The DataplaneConfig named `default` as the API server has it now.
+async fn read_default_config(client: &Client) -> Result<Option<DataplaneConfig>, Error> {
+    Api::<DataplaneConfig>::all(client.clone())
         .get_opt(DEFAULT_CONFIG_NAME)
         .await
         .map_err(|source| Error::ReadSnapshot {
             what: "the DataplaneConfig default",
             source: source.into(),
-        })?;
-    if existing.is_some() {
+        })
+}
+
+/// No DataplaneConfig named `default`: create missing DataplaneNodes, change nothing else.
+async fn reconcile_without_config(context: &Context) -> Result<(), Error> {
+    // The controller's store may lag: confirm with the API before acting as if there were none.
+    if read_default_config(&context.client).await?.is_some() {
         return Ok(());
     }
     let timer = context.metrics.reconcile_duration.start_timer();
