@@ -438,6 +438,8 @@ async fn node_churn_is_ignored_and_a_new_node_address_is_served_within_two_secon
     let world = World::new("nc", 3).await;
     let cluster = &world.cluster;
     let nodes: Api<Node> = Api::all(cluster.client.clone());
+    // The status write of the setup's last sync lands, and is counted, first.
+    tokio::time::sleep(Duration::from_secs(2)).await;
     let before = cluster.metrics("node-1").await.unwrap();
     let generator = world.traffic();
     let patches = 160;
