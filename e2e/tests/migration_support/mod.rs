@@ -1,0 +1,648 @@
+//! The migration world shared by `make demo` (`src/bin/switchyard-demo.rs`) and the
+//! migration scenarios (`tests/migration_scenarios.rs`): real kube-proxy on every node,
+//! a NodePort Service whose backends are echo servers in pod namespaces on node-2 and
+//! node-3, a client pod on node-1 and an outside namespace on the bridge, the chart
+//! installed by helm (its images mapped by the pod runner's image table to the local
+//! binaries), and a recorder of every version of the objects a transition touches, so
+//! that orderings are proved by etcd revision (one etcd: one revision counter for every
+//! resource), not by the timing of polls.
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Pod, Service};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::watcher;
+use kube::{Api, Client, Resource};
+use switchyard_crds::{
+    condition_types, find_condition, ConditionStatus, DataplaneConfig, DataplaneMode,
+    DataplaneNode, DataplanePhase,
+};
+use switchyard_e2e::cluster::{admin_client, ClusterPaths};
+use switchyard_e2e::netns::TestNamespace;
+use switchyard_e2e::objects::{
+    create_kube_proxy_daemonset, endpoint_slice_v1beta1, endpoint_slices_v1beta1, Endpoint,
+};
+use switchyard_e2e::traffic::{
+    exchange_once, EchoServer, Flow, FlowMode, Timeouts, TrafficGenerator,
+};
+
+pub const NODES: [&str; 3] = ["node-1", "node-2", "node-3"];
+pub const BACKEND_PORT: u16 = 8080;
+pub const SERVICE_PORT: u16 = 80;
+pub const NODE_PORT: u16 = 30080;
+pub const SERVICE_NAME: &str = "demo";
+pub const RELEASE: &str = "switchyard";
+pub const RELEASE_NAMESPACE: &str = "switchyard-system";
+/// The nodeSelector key the operator adds to disable kube-proxy.
+pub const KUBE_PROXY_DISABLED_KEY: &str = "switchyard.dev/kube-proxy";
+pub const AGENT_SERVICE_ACCOUNT: &str = "system:serviceaccount:switchyard-system:switchyard-agent";
+pub const OPERATOR_SERVICE_ACCOUNT: &str =
+    "system:serviceaccount:switchyard-system:switchyard-operator";
+
+pub type Failure = Box<dyn std::error::Error + Send + Sync>;
+pub type Outcome<T> = Result<T, Failure>;
+
+fn repository_root() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(std::path::Path::to_path_buf)
+        .unwrap_or_default()
+}
+
+/// Runs a command from the repository root; its standard output, or an error with its
+/// standard error.
+pub fn run(program: &str, arguments: &[&str]) -> Outcome<String> {
+    let output = Command::new(program)
+        .args(arguments)
+        .current_dir(repository_root())
+        .output()
+        .map_err(|error| format!("failed to run {program} {arguments:?}: {error}"))?;
+    if !output.status.success() {
+        return Err(format!(
+            "failed to run {program} {arguments:?}: {}: {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        )
+        .into());
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+/// The API server's real address: the `server` of the admin kubeconfig (the bridge
+/// address every node routes to), which the agents use instead of the `kubernetes`
+/// Service they take over.
+pub fn api_server_host(paths: &ClusterPaths) -> Outcome<String> {
+    let kubeconfig = std::fs::read_to_string(paths.admin_kubeconfig())?;
+    kubeconfig
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("server: https://"))
+        .and_then(|address| address.rsplit_once(':'))
+        .map(|(host, _port)| host.to_string())
+        .ok_or_else(|| "failed to find the API server's address in the admin kubeconfig".into())
+}
+
+/// Whether a DataplaneNode serves Services from eBPF: told `Ebpf`, and its agent reports
+/// Ready and ProgramsAttached about that very spec.
+pub fn is_serving(dataplane_node: &DataplaneNode) -> bool {
+    let Some(status) = &dataplane_node.status else {
+        return false;
+    };
+    let current = status.observed_generation >= dataplane_node.metadata.generation
+        && dataplane_node.metadata.generation.is_some();
+    let condition_true = |type_: &str| {
+        find_condition(&status.conditions, type_)
+            .is_some_and(|condition| condition.status == ConditionStatus::True)
+    };
+    dataplane_node.spec.mode == DataplaneMode::Ebpf
+        && current
+        && condition_true(condition_types::READY)
+        && condition_true(condition_types::PROGRAMS_ATTACHED)
+}
+
+/// Whether the node's programs are detached (its agent says so about the current spec).
+pub fn is_detached(dataplane_node: &DataplaneNode) -> bool {
+    let Some(status) = &dataplane_node.status else {
+        return false;
+    };
+    status.observed_generation >= dataplane_node.metadata.generation
+        && find_condition(&status.conditions, condition_types::PROGRAMS_ATTACHED)
+            .is_some_and(|condition| condition.status == ConditionStatus::False)
+}
+
+pub fn is_draining(dataplane_node: &DataplaneNode) -> bool {
+    dataplane_node.status.as_ref().is_some_and(|status| {
+        find_condition(&status.conditions, condition_types::DRAINING)
+            .is_some_and(|condition| condition.status == ConditionStatus::True)
+    })
+}
+
+pub fn live_flows(dataplane_node: &DataplaneNode) -> i64 {
+    dataplane_node
+        .status
+        .as_ref()
+        .and_then(|status| status.live_flows)
+        .unwrap_or(0)
+}
+
+pub fn kube_proxy_disabled(daemon_set: &DaemonSet) -> bool {
+    daemon_set
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.template.spec.as_ref())
+        .and_then(|spec| spec.node_selector.as_ref())
+        .is_some_and(|selector| selector.contains_key(KUBE_PROXY_DISABLED_KEY))
+}
+
+/// Whether the DataplaneConfig is Ready in `mode` about its current generation.
+pub fn config_ready(config: &DataplaneConfig, mode: DataplaneMode) -> bool {
+    let Some(status) = &config.status else {
+        return false;
+    };
+    config.spec.mode == mode
+        && status.phase == DataplanePhase::Ready
+        && status.observed_generation == config.metadata.generation
+        && find_condition(&status.conditions, condition_types::READY)
+            .is_some_and(|condition| condition.status == ConditionStatus::True)
+}
+
+// ---------------------------------------------------------------------------
+// The recorder: every version of the watched objects, with its etcd revision.
+// ---------------------------------------------------------------------------
+
+#[derive(Clone, Debug)]
+pub struct Version<K> {
+    /// The object's resourceVersion: its etcd revision (for a deletion, the deletion's).
+    pub revision: u64,
+    pub received: SystemTime,
+    pub deleted: bool,
+    pub object: K,
+}
+
+pub type History<K> = Arc<Mutex<Vec<Version<K>>>>;
+
+/// Records every version of the objects of `api` (list, then watch) until dropped.
+pub struct Recorder<K: Clone> {
+    pub history: History<K>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl<K> Recorder<K>
+where
+    K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+{
+    pub fn start(api: Api<K>) -> Self {
+        let history: History<K> = Arc::new(Mutex::new(Vec::new()));
+        let shared = history.clone();
+        let task = tokio::spawn(async move {
+            let mut events = watcher(api, watcher::Config::default()).boxed();
+            while let Some(event) = events.next().await {
+                let (object, deleted) = match event {
+                    Ok(watcher::Event::Apply(object)) | Ok(watcher::Event::InitApply(object)) => {
+                        (object, false)
+                    }
+                    Ok(watcher::Event::Delete(object)) => (object, true),
+                    _ => continue,
+                };
+                let revision = object
+                    .meta()
+                    .resource_version
+                    .as_deref()
+                    .and_then(|version| version.parse().ok())
+                    .unwrap_or(0);
+                if let Ok(mut history) = shared.lock() {
+                    history.push(Version {
+                        revision,
+                        received: SystemTime::now(),
+                        deleted,
+                        object,
+                    });
+                }
+            }
+        });
+        Self { history, task }
+    }
+
+    pub fn versions(&self) -> Vec<Version<K>> {
+        self.history
+            .lock()
+            .map(|history| history.clone())
+            .unwrap_or_default()
+    }
+
+    /// The highest revision recorded so far (a marker: what happens later has a higher one).
+    pub fn latest_revision(&self) -> u64 {
+        self.versions()
+            .iter()
+            .map(|version| version.revision)
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+impl<K: Clone> Drop for Recorder<K> {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The first version after `after` for which `test` holds, per object name.
+pub fn first_revision_where<K: Resource + Clone>(
+    versions: &[Version<K>],
+    after: u64,
+    name: &str,
+    test: impl Fn(&Version<K>) -> bool,
+) -> Option<u64> {
+    versions
+        .iter()
+        .filter(|version| version.revision > after)
+        .filter(|version| version.object.meta().name.as_deref() == Some(name))
+        .filter(|version| test(version))
+        .map(|version| version.revision)
+        .min()
+}
+
+// ---------------------------------------------------------------------------
+// The world
+// ---------------------------------------------------------------------------
+
+pub struct World {
+    pub paths: ClusterPaths,
+    pub client: Client,
+    pub client_pod: TestNamespace,
+    pub backend_2: TestNamespace,
+    pub backend_3: TestNamespace,
+    pub outside: TestNamespace,
+    pub servers: Vec<EchoServer>,
+    pub cluster_ip: Ipv4Addr,
+    pub api_server_host: String,
+}
+
+impl World {
+    /// kube-proxy on every node, the demo Service and its backends, both clients; returns
+    /// once both paths answer through kube-proxy.
+    pub async fn new() -> Outcome<World> {
+        let paths = ClusterPaths::from_environment();
+        let client = admin_client(&paths).await?;
+        let api_server_host = api_server_host(&paths)?;
+        create_kube_proxy_daemonset(&client).await?;
+        let client_pod = TestNamespace::pod(1, "demo-client", 10)?;
+        let backend_2 = TestNamespace::pod(2, "demo-b2", 10)?;
+        let backend_3 = TestNamespace::pod(3, "demo-b3", 10)?;
+        let outside = TestNamespace::external("demo-outside", 110)?;
+        let any = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, BACKEND_PORT));
+        let servers = vec![
+            EchoServer::start(&backend_2.thread()?, any, "backend-2").await?,
+            EchoServer::start(&backend_3.thread()?, any, "backend-3").await?,
+        ];
+        let cluster_ip = create_service(&client).await?;
+        let endpoints = [
+            Endpoint {
+                address: backend_2.address,
+                node: "node-2".into(),
+            },
+            Endpoint {
+                address: backend_3.address,
+                node: "node-3".into(),
+            },
+        ];
+        let slice_name = format!("{SERVICE_NAME}-1");
+        let slice = endpoint_slice_v1beta1(
+            "default",
+            &slice_name,
+            SERVICE_NAME,
+            "http",
+            BACKEND_PORT,
+            &endpoints,
+        )?;
+        endpoint_slices_v1beta1(&client, "default")
+            .patch(
+                &slice_name,
+                &PatchParams::apply("switchyard-demo").force(),
+                &Patch::Apply(&slice),
+            )
+            .await?;
+        let world = World {
+            paths,
+            client,
+            client_pod,
+            backend_2,
+            backend_3,
+            outside,
+            servers,
+            cluster_ip,
+            api_server_host,
+        };
+        for (source, destination) in [
+            (world.client_pod.thread()?, world.cluster_ip_address()),
+            (world.outside.thread()?, world.node_port_address()),
+        ] {
+            let started = Instant::now();
+            loop {
+                let timeouts = Timeouts {
+                    connect: Duration::from_millis(300),
+                    reply: Duration::from_millis(500),
+                };
+                match exchange_once(&source, destination, timeouts).await {
+                    Ok(_) => break,
+                    Err(cause) if started.elapsed() > Duration::from_secs(60) => {
+                        return Err(format!(
+                            "failed to reach {destination} through kube-proxy within 60 s: {cause}"
+                        )
+                        .into())
+                    }
+                    Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+                }
+            }
+        }
+        Ok(world)
+    }
+
+    pub fn node_address(&self, node: &str) -> Ipv4Addr {
+        self.paths
+            .node_address(node)
+            .ok()
+            .and_then(|address| address.trim().parse().ok())
+            .unwrap_or(Ipv4Addr::UNSPECIFIED)
+    }
+
+    pub fn cluster_ip_address(&self) -> SocketAddr {
+        SocketAddr::V4(SocketAddrV4::new(self.cluster_ip, SERVICE_PORT))
+    }
+
+    pub fn node_port_address(&self) -> SocketAddr {
+        SocketAddr::V4(SocketAddrV4::new(self.node_address("node-1"), NODE_PORT))
+    }
+
+    /// New connections all the time: the client pod to the ClusterIP, outside to node-1's
+    /// NodePort (each ~100 a second).
+    pub fn short_traffic(&self) -> Outcome<TrafficGenerator> {
+        let short = FlowMode::ShortConnections {
+            interval: Duration::from_millis(20),
+            workers: 2,
+        };
+        Ok(TrafficGenerator::start(
+            vec![
+                Flow {
+                    name: "client pod -> ClusterIP".into(),
+                    source: self.client_pod.thread()?,
+                    destination: self.cluster_ip_address(),
+                    mode: short,
+                },
+                Flow {
+                    name: "outside -> NodePort".into(),
+                    source: self.outside.thread()?,
+                    destination: self.node_port_address(),
+                    mode: short,
+                },
+            ],
+            Timeouts::default(),
+        ))
+    }
+
+    /// `count` long-lived connections from each client, a line every 200 ms; a broken one
+    /// is counted as a failure and reopened (so `connections_opened` above `count` means
+    /// some broke).
+    pub fn long_lived_traffic(&self, count: usize) -> Outcome<TrafficGenerator> {
+        let long = FlowMode::LongLived {
+            connections: count,
+            message_interval: Duration::from_millis(200),
+        };
+        Ok(TrafficGenerator::start(
+            vec![
+                Flow {
+                    name: "long-lived client pod -> ClusterIP".into(),
+                    source: self.client_pod.thread()?,
+                    destination: self.cluster_ip_address(),
+                    mode: long,
+                },
+                Flow {
+                    name: "long-lived outside -> NodePort".into(),
+                    source: self.outside.thread()?,
+                    destination: self.node_port_address(),
+                    mode: long,
+                },
+            ],
+            Timeouts::default(),
+        ))
+    }
+
+    /// `helm upgrade --install` of `charts/switchyard`, sized and wired for the local
+    /// cluster: the API server's real address, pod veths `p-*`, `eth0` facing outside, no
+    /// socket hooks (every hollow node shares the machine's cgroup tree), one operator
+    /// replica (operator pods run in their node's network namespace, where two on one
+    /// node would share the metrics port).
+    pub fn helm_install(&self, extra: &[&str]) -> Outcome<String> {
+        let host = format!("apiServer.host={}", self.api_server_host);
+        let mut arguments = vec![
+            "upgrade",
+            "--install",
+            RELEASE,
+            "charts/switchyard",
+            "--namespace",
+            RELEASE_NAMESPACE,
+            "--create-namespace",
+            "--set",
+            &host,
+            "--set",
+            "operator.replicas=1",
+            "--set",
+            "agent.podInterfaces=p-*",
+            "--set",
+            "agent.hostInterfaces=eth0",
+            "--set",
+            "agent.maps.frontends=4096",
+            "--set",
+            "agent.maps.backends=16384",
+            "--set",
+            "agent.maps.conntrack=65536",
+            "--set-json",
+            r#"agent.extraArgs=["--no-socket-hooks","--gate-timeout=10s"]"#,
+        ];
+        arguments.extend_from_slice(extra);
+        run("helm", &arguments)
+    }
+
+    /// Waits until every node has a DataplaneNode whose agent reported about its spec.
+    pub async fn wait_agents_reporting(&self, timeout: Duration) -> Outcome<()> {
+        let api: Api<DataplaneNode> = Api::all(self.client.clone());
+        let started = Instant::now();
+        loop {
+            let list = api.list(&ListParams::default()).await;
+            let reporting = list
+                .as_ref()
+                .map(|list| {
+                    list.items
+                        .iter()
+                        .filter(|node| {
+                            node.status.as_ref().is_some_and(|status| {
+                                status.observed_generation >= node.metadata.generation
+                                    && find_condition(&status.conditions, condition_types::READY)
+                                        .is_some()
+                            })
+                        })
+                        .count()
+                })
+                .unwrap_or(0);
+            if reporting == NODES.len() {
+                return Ok(());
+            }
+            if started.elapsed() > timeout {
+                return Err(format!(
+                    "failed to see an agent report on every node within {timeout:?}: {reporting} of {} ({list:?})",
+                    NODES.len()
+                )
+                .into());
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    /// Creates or updates the DataplaneConfig `default` (Server-Side Apply).
+    pub async fn apply_config(
+        &self,
+        mode: DataplaneMode,
+        rollout: serde_json::Value,
+    ) -> Outcome<()> {
+        let config = serde_json::json!({
+            "apiVersion": "switchyard.dev/v1alpha1",
+            "kind": "DataplaneConfig",
+            "metadata": {"name": "default"},
+            "spec": {"mode": mode.to_string(), "rollout": rollout},
+        });
+        Api::<DataplaneConfig>::all(self.client.clone())
+            .patch(
+                "default",
+                &PatchParams::apply("switchyard-demo").force(),
+                &Patch::Apply(&config),
+            )
+            .await?;
+        Ok(())
+    }
+
+    pub async fn config(&self) -> Outcome<Option<DataplaneConfig>> {
+        Ok(Api::<DataplaneConfig>::all(self.client.clone())
+            .get_opt("default")
+            .await?)
+    }
+
+    pub async fn dataplane_nodes(&self) -> Outcome<BTreeMap<String, DataplaneNode>> {
+        let list = Api::<DataplaneNode>::all(self.client.clone())
+            .list(&ListParams::default())
+            .await?;
+        Ok(list
+            .items
+            .into_iter()
+            .map(|node| (node.metadata.name.clone().unwrap_or_default(), node))
+            .collect())
+    }
+
+    /// kube-proxy's Service chains (`KUBE-SVC-*`) and its rules naming the demo Service in
+    /// a node's nat table.
+    pub fn kube_proxy_rules(&self, node: &str) -> Outcome<KubeProxyRules> {
+        let dump = switchyard_e2e::netns::run_in_namespace(node, "iptables-save", &["-t", "nat"])?;
+        Ok(KubeProxyRules::parse(&dump))
+    }
+
+    pub fn kube_proxy_pods(&self) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), "kube-system")
+    }
+
+    pub fn kube_proxy_daemon_set(&self) -> Api<DaemonSet> {
+        Api::namespaced(self.client.clone(), "kube-system")
+    }
+}
+
+async fn create_service(client: &Client) -> Outcome<Ipv4Addr> {
+    let service: Service = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": SERVICE_NAME, "namespace": "default"},
+        "spec": {"type": "NodePort", "ports": [{
+            "name": "http", "port": SERVICE_PORT, "targetPort": BACKEND_PORT,
+            "protocol": "TCP", "nodePort": NODE_PORT,
+        }]},
+    }))?;
+    let services: Api<Service> = Api::namespaced(client.clone(), "default");
+    let existing = services.get_opt(SERVICE_NAME).await?;
+    let service = match existing {
+        Some(existing) => existing,
+        None => services.create(&PostParams::default(), &service).await?,
+    };
+    service
+        .spec
+        .and_then(|spec| spec.cluster_ip)
+        .and_then(|ip| ip.parse().ok())
+        .ok_or_else(|| "failed to get a ClusterIP for the demo Service".into())
+}
+
+/// What kube-proxy left in a nat table.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KubeProxyRules {
+    /// `:KUBE-SVC-…` chains.
+    pub service_chains: usize,
+    /// Rules (`-A`) in chains named `KUBE-*`.
+    pub kube_rules: usize,
+    /// Whether the demo Service's rules are there (its comment `default/demo:http`).
+    pub demo_service: bool,
+}
+
+impl KubeProxyRules {
+    pub fn parse(dump: &str) -> Self {
+        let mut rules = KubeProxyRules::default();
+        for line in dump.lines() {
+            if line.starts_with(":KUBE-SVC-") {
+                rules.service_chains += 1;
+            }
+            if line.starts_with("-A KUBE-") {
+                rules.kube_rules += 1;
+            }
+            if line.starts_with("-A KUBE-SVC-") && line.contains("default/demo:http") {
+                rules.demo_service = true;
+            }
+        }
+        rules
+    }
+}
+
+/// A one-line view of a transition: phase, a progress bar, every node's state.
+pub fn progress_line(
+    config: Option<&DataplaneConfig>,
+    nodes: &BTreeMap<String, DataplaneNode>,
+    target: DataplaneMode,
+) -> String {
+    let phase = config
+        .and_then(|config| config.status.as_ref())
+        .map(|status| status.phase.to_string())
+        .unwrap_or_else(|| "-".into());
+    // Two steps a node: Ebpf serving, then cleaned (or told KubeProxy, then detached).
+    let steps: usize = nodes
+        .values()
+        .map(|node| match target {
+            DataplaneMode::Ebpf => {
+                usize::from(is_serving(node))
+                    + usize::from(is_serving(node) && node.spec.iptables_cleanup)
+            }
+            DataplaneMode::KubeProxy => {
+                let told = node.spec.mode == DataplaneMode::KubeProxy;
+                usize::from(told) + usize::from(told && is_detached(node))
+            }
+        })
+        .sum();
+    let serving = nodes.values().filter(|node| is_serving(node)).count();
+    let total = nodes.len().max(1);
+    let width = 24;
+    let filled = steps * width / (2 * total);
+    let bar: String = "#".repeat(filled) + &"-".repeat(width - filled);
+    let per_node: Vec<String> = nodes
+        .iter()
+        .map(|(name, node)| {
+            let state = if is_draining(node) {
+                format!("draining({} flows)", live_flows(node))
+            } else if is_serving(node) {
+                if node.spec.iptables_cleanup {
+                    "eBPF+cleaned".to_string()
+                } else {
+                    "eBPF".to_string()
+                }
+            } else if node.spec.mode == DataplaneMode::Ebpf {
+                "activating".to_string()
+            } else if is_detached(node) {
+                "kube-proxy".to_string()
+            } else {
+                "switching".to_string()
+            };
+            format!("{name}={state}")
+        })
+        .collect();
+    format!(
+        "[{bar}] {phase:<19} serving {serving}/{total}  {}",
+        per_node.join(" ")
+    )
+}
