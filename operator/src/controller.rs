@@ -20,7 +20,7 @@ use std::time::Duration;
 use chrono::Utc;
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
-use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, Preconditions};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::ObjectRef;
@@ -841,10 +841,6 @@ async fn delete_agent_pod(
     }
 }
 
-/// A reference to the DataplaneConfig, for Events about it.
-pub fn config_reference(config: &DataplaneConfig) -> ObjectReference {
-    reference_to(config)
-}
 
 #[cfg(test)]
 mod tests {

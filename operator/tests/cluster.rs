@@ -682,6 +682,38 @@ async fn a_transition_to_ebpf_and_back_disables_kube_proxy_and_restores_it_exact
     assert_eq!(status.nodes.serving, 3);
     assert_eq!(status.nodes.kube_proxy_running, 0);
     assert_eq!(status.serving_summary.as_deref(), Some("3/3"));
+    // What users type: the Ready condition works with kubectl wait, the columns show.
+    let waited = Command::new("kubectl")
+        .args([
+            "wait",
+            "--for=condition=Ready",
+            "dpc/default",
+            "--timeout=10s",
+        ])
+        .output()?;
+    assert!(
+        waited.status.success(),
+        "kubectl wait: {}",
+        String::from_utf8_lossy(&waited.stderr)
+    );
+    let table = Command::new("kubectl").args(["get", "dpc,dpn"]).output()?;
+    let table = String::from_utf8_lossy(&table.stdout).to_string();
+    println!("{table}");
+    for expected in [
+        "MODE",
+        "PHASE",
+        "SERVING",
+        "3/3",
+        "READY",
+        "CLEANUP",
+        "AGENT",
+        "simulated",
+    ] {
+        assert!(
+            table.contains(expected),
+            "kubectl get dpc,dpn lacks {expected}:\n{table}"
+        );
+    }
     for reason in ["PhaseChanged", "NodesInstructed", "KubeProxyDisabled"] {
         wait_for_event(&client, "default", "DataplaneConfig", "default", reason).await?;
     }
