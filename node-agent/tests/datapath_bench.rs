@@ -175,19 +175,47 @@ struct ConnectResult {
     failures: usize,
 }
 
-fn measure_connects(namespace: &str, address: SocketAddrV4) -> ConnectResult {
-    measure_connects_to(namespace, vec![address])
+/// Connect latencies (nanoseconds) and failures of one measurement slice.
+struct Sample {
+    latencies: Vec<u64>,
+    failures: usize,
+    seconds: f64,
 }
 
-/// Closed-loop connects from `namespace` for CONNECT_SECONDS, round-robin over
+impl ConnectResult {
+    fn of(samples: Vec<Sample>) -> Self {
+        let seconds: f64 = samples.iter().map(|sample| sample.seconds).sum();
+        let failures = samples.iter().map(|sample| sample.failures).sum();
+        let mut latencies: Vec<u64> = samples
+            .into_iter()
+            .flat_map(|sample| sample.latencies)
+            .collect();
+        latencies.sort_unstable();
+        let percentile = |fraction: f64| {
+            if latencies.is_empty() {
+                return f64::NAN;
+            }
+            let index = ((latencies.len() as f64 * fraction) as usize).min(latencies.len() - 1);
+            latencies[index] as f64 / 1000.0
+        };
+        Self {
+            rate: latencies.len() as f64 / seconds,
+            p50_microseconds: percentile(0.50),
+            p99_microseconds: percentile(0.99),
+            failures,
+        }
+    }
+}
+
+/// Closed-loop connects from `namespace` for `duration`, round-robin over
 /// `targets`: each connection is reset right after it is established (SO_LINGER
 /// 0), so no TIME_WAIT piles up.
-fn measure_connects_to(namespace: &str, targets: Vec<SocketAddrV4>) -> ConnectResult {
+fn sample_connects(namespace: &str, targets: &[SocketAddrV4], duration: Duration) -> Sample {
     let stop = Arc::new(AtomicBool::new(false));
     let workers: Vec<_> = (0..CLIENT_THREADS)
         .map(|_| {
             let stop = stop.clone();
-            let targets = targets.clone();
+            let targets = targets.to_vec();
             in_namespace(Some(namespace), move || {
                 let mut latencies = Vec::new();
                 let mut failures = 0;
@@ -221,29 +249,21 @@ fn measure_connects_to(namespace: &str, targets: Vec<SocketAddrV4>) -> ConnectRe
             })
         })
         .collect();
-    std::thread::sleep(Duration::from_secs(CONNECT_SECONDS));
+    let started = Instant::now();
+    std::thread::sleep(duration);
     stop.store(true, Ordering::Relaxed);
-    let mut latencies = Vec::new();
-    let mut failures = 0;
-    for worker in workers {
-        let (worker_latencies, worker_failures) = worker.join().expect("client");
-        latencies.extend(worker_latencies);
-        failures += worker_failures;
-    }
-    latencies.sort_unstable();
-    let percentile = |fraction: f64| {
-        if latencies.is_empty() {
-            return f64::NAN;
-        }
-        let index = ((latencies.len() as f64 * fraction) as usize).min(latencies.len() - 1);
-        latencies[index] as f64 / 1000.0
+    let mut sample = Sample {
+        latencies: Vec::new(),
+        failures: 0,
+        seconds: 0.0,
     };
-    ConnectResult {
-        rate: latencies.len() as f64 / CONNECT_SECONDS as f64,
-        p50_microseconds: percentile(0.50),
-        p99_microseconds: percentile(0.99),
-        failures,
+    for worker in workers {
+        let (latencies, failures) = worker.join().expect("client");
+        sample.latencies.extend(latencies);
+        sample.failures += failures;
     }
+    sample.seconds = started.elapsed().as_secs_f64();
+    sample
 }
 
 fn open_gate() -> switchyard_agent::gate::GateOpen {
@@ -332,20 +352,37 @@ fn benchmark_datapath_against_iptables_and_direct() {
             .map(|stage| stage.as_secs_f64() * 1000.0 / 20.0)
             .collect();
 
-        // 2. Connections. Switchyard first (no iptables rules at all).
+        // 2. Connections.
         let target = SocketAddrV4::new(cluster_ip(MEASURED_SERVICE), 80);
-        let switchyard = measure_connects(&client, target);
-        let counters = maps.counters().expect("counters");
-        drop(maps);
-        drop(datapath);
-        loader::detach_everything(&node.pin_directory).expect("detach");
-        // The same ten backends, addressed directly: each client thread goes
-        // round-robin over the pod IPs (one server alone would be the bottleneck).
+        // Switchyard and the pod IPs directly, interleaved in one-second slices
+        // (programs attached, then detached) so that the load other processes put
+        // on the shared CPUs falls on both alike; no iptables rules meanwhile.
         let direct_targets: Vec<SocketAddrV4> = pods[..ENDPOINTS]
             .iter()
             .map(|pod| SocketAddrV4::new(pod.ip, TCP_PORT))
             .collect();
-        let direct = measure_connects_to(&client, direct_targets);
+        let slice = Duration::from_secs(1);
+        let (mut switchyard_samples, mut direct_samples) = (Vec::new(), Vec::new());
+        for _ in 0..CONNECT_SECONDS {
+            for pod in &pods {
+                datapath
+                    .attach_interface(&pod.host_interface(), InterfaceKind::Pod)
+                    .expect("attach");
+            }
+            switchyard_samples.push(sample_connects(&client, &[target], slice));
+            for pod in &pods {
+                datapath
+                    .detach_interface(&pod.host_interface())
+                    .expect("detach");
+            }
+            direct_samples.push(sample_connects(&client, &direct_targets, slice));
+        }
+        let switchyard = ConnectResult::of(switchyard_samples);
+        let direct = ConnectResult::of(direct_samples);
+        let counters = maps.counters().expect("counters");
+        drop(maps);
+        drop(datapath);
+        loader::detach_everything(&node.pin_directory).expect("detach");
 
         let rules = kube_proxy_rules(&pods);
         let rules_path = node.work.join("kube-proxy-rules");
@@ -355,10 +392,14 @@ fn benchmark_datapath_against_iptables_and_direct() {
         sh(&format!("iptables-restore < {}", rules_path.display()));
         let iptables_load = started.elapsed();
         let rule_count = rules.lines().filter(|line| line.starts_with("-A")).count();
-        let iptables = measure_connects(&client, target);
+        let iptables = ConnectResult::of(
+            (0..CONNECT_SECONDS)
+                .map(|_| sample_connects(&client, &[target], slice))
+                .collect(),
+        );
 
         println!();
-        println!("Switchyard datapath benchmark ({SERVICES} Services x {ENDPOINTS} endpoints, {CLIENT_THREADS} client threads, {CONNECT_SECONDS} s per row, 2 shared vCPUs)");
+        println!("Switchyard datapath benchmark ({SERVICES} Services x {ENDPOINTS} endpoints, {CLIENT_THREADS} client threads, {CONNECT_SECONDS} x 1 s per row, Switchyard and direct interleaved, 2 shared vCPUs)");
         println!();
         println!("| programming | time | target |");
         println!("|---|---|---|");
