@@ -15,19 +15,30 @@ step() {
   step_started=$(milliseconds)
 }
 
+# Only a cluster this run started is torn down: another one with the same state
+# directory belongs to someone else.
+owns_cluster=0
 cleanup() {
   local status=$?
-  e2e/cluster down >/dev/null 2>&1 || true
+  if [ "$owns_cluster" = 1 ]; then
+    e2e/cluster down >/dev/null 2>&1 || true
+  fi
   if [ "$status" -ne 0 ]; then
-    echo "e2e-smoke: FAILED (logs of the cluster: ${SWITCHYARD_E2E_LAST_LOGS:-/tmp/switchyard-e2e-last-logs})" >&2
+    local state=${SWITCHYARD_E2E_STATE:-/var/lib/switchyard-e2e}
+    echo "e2e-smoke: FAILED (logs of the cluster: ${SWITCHYARD_E2E_LAST_LOGS:-/tmp/$(basename "$state")-last-logs})" >&2
   fi
 }
 trap cleanup EXIT
 
 bash e2e/scripts/build-kubernetes.sh
 step "kubernetes components"
-"$CARGO" build --locked -p switchyard-e2e --bins --tests --quiet
+"$CARGO" build --locked -p switchyard-e2e --bin switchyard-e2e-pod-runner --test smoke --quiet
 step "e2e crate"
+if e2e/cluster status >/dev/null 2>&1; then
+  echo "e2e-smoke: a cluster with state ${SWITCHYARD_E2E_STATE:-/var/lib/switchyard-e2e} is running; stop it or set SWITCHYARD_E2E_STATE to another directory" >&2
+  exit 1
+fi
+owns_cluster=1
 # The probe image of the smoke test's Deployment joins the image table.
 SWITCHYARD_E2E_IMAGES="$PWD/e2e/manifests/smoke-images.conf" e2e/cluster up --nodes 3
 step "cluster up (3 nodes)"
