@@ -12,7 +12,7 @@ e2e-smoke: setup
 	bash e2e/scripts/smoke.sh
 
 e2e-up: setup
-	$(CARGO) build --locked -p switchyard-e2e --bins
+	$(CARGO) build --locked -p switchyard-e2e --bin switchyard-e2e-pod-runner
 	e2e/cluster up --nodes $(or $(NODES),3)
 
 e2e-down:
