@@ -41,6 +41,8 @@ pub async fn data_and_control_plane(
     scales.sort_unstable();
     scales.dedup();
     let mut changed = ChangeCounter::default();
+    // A system that could not serve at one scale is not tried at larger ones.
+    let mut failed_at: Vec<(System, u32)> = Vec::new();
     for scale in scales {
         if scale > populated {
             let started = Instant::now();
@@ -55,12 +57,24 @@ pub async fn data_and_control_plane(
         if parts.contains(&"dataplane") && plan.scales.contains(&scale) {
             let mut rows = Vec::new();
             for system in &plan.systems {
+                if let Some((_, smaller)) = failed_at.iter().find(|(failed, _)| failed == system) {
+                    let error = Error::System(format!("not tried: failed at {smaller} Services"));
+                    rows.push(dataplane::Row::failed(*system, &error));
+                    continue;
+                }
                 println!("data plane: {} with {scale} Services", system.label());
                 let measured = tokio::task::block_in_place(|| {
                     dataplane::measure(*system, scale, binaries, work, &plan.dataplane, summary)
                 });
                 match measured {
-                    Ok(row) => rows.push(row),
+                    Ok(row) => {
+                        // Partial results show even if a later configuration fails.
+                        print!(
+                            "{}",
+                            dataplane::table(scale, std::slice::from_ref(&row)).render()
+                        );
+                        rows.push(row);
+                    }
                     Err(error) => {
                         eprintln!("bench: {} with {scale} Services: {error}", system.label());
                         summary.record(
@@ -72,6 +86,7 @@ pub async fn data_and_control_plane(
                             "configurations",
                         );
                         rows.push(dataplane::Row::failed(*system, &error));
+                        failed_at.push((*system, scale));
                     }
                 }
             }
@@ -80,8 +95,18 @@ pub async fn data_and_control_plane(
             tables.push(table);
         }
         if parts.contains(&"control") && scale == plan.control_scale {
-            control_plane_suite(plan, binaries, work, &client, &mut changed, summary, tables)
-                .await?;
+            let unservable: Vec<System> = failed_at.iter().map(|(system, _)| *system).collect();
+            control_plane_suite(
+                plan,
+                binaries,
+                work,
+                &client,
+                &mut changed,
+                &unservable,
+                summary,
+                tables,
+            )
+            .await?;
         }
     }
     control_plane.stop();
@@ -110,6 +135,7 @@ async fn control_plane_suite(
     work: &Path,
     client: &kube::Client,
     changed: &mut ChangeCounter,
+    unservable: &[System],
     summary: &mut Summary,
     tables: &mut Vec<Table>,
 ) -> Result<()> {
@@ -144,15 +170,18 @@ async fn control_plane_suite(
             "programming latency: {} ({changes} changes)",
             system.label()
         );
+        if !plan.systems.contains(&system) {
+            continue;
+        }
+        if unservable.contains(&system) {
+            latency_table.row(vec![
+                system.label().to_string(),
+                "not tried: could not serve this many Services in the data plane run".into(),
+            ]);
+            continue;
+        }
         let measured = programming_latency(
-            system,
-            scale,
-            changes,
-            plan.change_spacing,
-            binaries,
-            work,
-            client,
-            changed,
+            system, scale, changes, plan, binaries, work, client, changed,
         )
         .await;
         let (samples, missed) = match measured {
@@ -319,6 +348,9 @@ async fn control_plane_suite(
         ],
     );
     for system in [System::Switchyard, System::KubeProxyLegacy] {
+        if !plan.systems.contains(&system) {
+            continue;
+        }
         println!("restart disruption: {}", system.label());
         let figures =
             tokio::task::block_in_place(|| restart_disruption(system, scale, plan, binaries, work));
@@ -432,19 +464,20 @@ async fn programming_latency(
     system: System,
     scale: u32,
     changes: usize,
-    spacing: Duration,
+    plan: &Plan,
     binaries: &Binaries,
     work: &Path,
     client: &kube::Client,
     counter: &mut ChangeCounter,
 ) -> Result<(Vec<Duration>, usize)> {
+    let spacing = plan.change_spacing;
     let topology =
         tokio::task::block_in_place(|| Topology::build(work, BACKENDS, &binaries.bench))?;
     let prober = Prober::new(CLIENT_NAMESPACE)?;
     // The default periodic resync of kube-proxy 1.20 (30 s): this is its normal operation.
     let mut running = Running::start(system, binaries, work, "30s")?;
     tokio::task::block_in_place(|| {
-        running.wait_serving(&prober, &probe_targets(scale), Duration::from_secs(900))
+        running.wait_serving(&prober, &probe_targets(scale), plan.dataplane.serve_timeout)
     })?;
     let mut samples = Vec::new();
     let mut missed = 0;
@@ -572,7 +605,7 @@ fn restart_disruption(
     let topology = Topology::build(work, BACKENDS, &binaries.bench)?;
     let prober = Prober::new(CLIENT_NAMESPACE)?;
     let mut running = Running::start(system, binaries, work, "30s")?;
-    running.wait_serving(&prober, &probe_targets(scale), Duration::from_secs(900))?;
+    running.wait_serving(&prober, &probe_targets(scale), plan.dataplane.serve_timeout)?;
     let (tcp, _) = dataplane::targets(system, scale);
     let options = LoadOptions {
         workload: Workload::Connect,

@@ -24,6 +24,8 @@ pub struct DataplaneSettings {
     pub run_duration: Duration,
     pub warm_up: Duration,
     pub concurrency: usize,
+    /// How long a system may take to serve every Service before it is reported as failed.
+    pub serve_timeout: Duration,
 }
 
 /// Runs the load generator in the client pod and reads its report.
@@ -90,7 +92,8 @@ pub struct Row {
     pub udp: Vec<f64>,
     pub failures: u64,
     pub time_to_serve: Option<f64>,
-    pub kube_proxy_sync: Option<(f64, f64, f64)>,
+    /// Backend servers found dead (and restarted) between runs.
+    pub servers_restarted: usize,
     /// Why this configuration could not be measured.
     pub error: Option<String>,
 }
@@ -121,7 +124,7 @@ pub fn measure(
     settings: &DataplaneSettings,
     summary: &mut Summary,
 ) -> Result<Row> {
-    let topology = Topology::build(work, BACKENDS, &binaries.bench)?;
+    let mut topology = Topology::build(work, BACKENDS, &binaries.bench)?;
     let prober = Prober::new(CLIENT_NAMESPACE)?;
     let mut running = Running::start(system, binaries, work, "1h")?;
     let mut row = Row {
@@ -130,7 +133,7 @@ pub fn measure(
     };
     if system != System::Direct {
         let serving =
-            running.wait_serving(&prober, &probe_targets(services), Duration::from_secs(900))?;
+            running.wait_serving(&prober, &probe_targets(services), settings.serve_timeout)?;
         row.time_to_serve = Some(serving.as_secs_f64());
         summary.record(
             NAME,
@@ -140,25 +143,6 @@ pub fn measure(
             serving.as_secs_f64(),
             "s",
         );
-        row.kube_proxy_sync = running.kube_proxy_sync_figures();
-        if let Some((count, mean, _)) = row.kube_proxy_sync {
-            summary.record(
-                NAME,
-                system.label(),
-                services as u64,
-                "kube-proxy-syncs",
-                count,
-                "syncs",
-            );
-            summary.record(
-                NAME,
-                system.label(),
-                services as u64,
-                "kube-proxy-mean-sync",
-                mean,
-                "s",
-            );
-        }
     }
     let (tcp, udp) = targets(system, services);
     let load = |workload: Workload, targets: &[SocketAddrV4], duration: Duration| LoadOptions {
@@ -178,6 +162,7 @@ pub fn measure(
         &load(Workload::Connect, &tcp, settings.warm_up),
     )?;
     for _ in 0..settings.runs {
+        row.servers_restarted += topology.revive_servers()?;
         let connect = run_load(
             &binaries.bench,
             work,
@@ -190,6 +175,7 @@ pub fn measure(
             .push(percentile(&connect.latencies_us, 0.99).unwrap_or(0) as f64);
         row.failures += connect.failures;
         report_failure(system, "connect", &connect);
+        row.servers_restarted += topology.revive_servers()?;
         let kept = run_load(
             &binaries.bench,
             work,
@@ -198,6 +184,7 @@ pub fn measure(
         row.kept_alive.push(kept.rate());
         row.failures += kept.failures;
         report_failure(system, "kept-alive", &kept);
+        row.servers_restarted += topology.revive_servers()?;
         if !udp.is_empty() {
             let datagrams = run_load(
                 &binaries.bench,
@@ -259,6 +246,14 @@ pub fn measure(
         row.failures as f64,
         "operations",
     );
+    summary.record(
+        NAME,
+        label,
+        scale,
+        "backend-servers-restarted",
+        row.servers_restarted as f64,
+        "servers",
+    );
     running.stop();
     drop(topology);
     Ok(row)
@@ -305,12 +300,9 @@ pub fn table(services: u32, rows: &[Row]) -> Table {
             table.row(cells);
             continue;
         }
-        let serving = match (row.time_to_serve, row.kube_proxy_sync) {
-            (Some(time), Some((syncs, mean, _))) => {
-                format!("{time:.1} s ({syncs:.0} syncs, mean {mean:.2} s)")
-            }
-            (Some(time), None) => format!("{time:.2} s"),
-            _ => "-".into(),
+        let serving = match row.time_to_serve {
+            Some(time) => format!("{time:.1} s"),
+            None => "-".into(),
         };
         table.row(vec![
             row.system.clone(),
@@ -319,7 +311,11 @@ pub fn table(services: u32, rows: &[Row]) -> Table {
             cell(&row.connect_p99),
             cell(&row.kept_alive),
             cell(&row.udp),
-            row.failures.to_string(),
+            if row.servers_restarted > 0 {
+                format!("{} ({} backends died)", row.failures, row.servers_restarted)
+            } else {
+                row.failures.to_string()
+            },
             serving,
         ]);
     }

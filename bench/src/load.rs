@@ -426,8 +426,14 @@ pub async fn serve(name: String, tcp_port: u16, udp_port: u16) -> Result<(), Err
     let udp_answer = answer.clone();
     tokio::spawn(async move {
         let mut buffer = [0u8; 1500];
-        while let Ok((_, peer)) = udp.recv_from(&mut buffer).await {
-            let _ = udp.send_to(&udp_answer, peer).await;
+        loop {
+            match udp.recv_from(&mut buffer).await {
+                Ok((_, peer)) => {
+                    let _ = udp.send_to(&udp_answer, peer).await;
+                }
+                // An ICMP error for an earlier reply, or a transient failure: keep serving.
+                Err(_) => continue,
+            }
         }
     });
     loop {

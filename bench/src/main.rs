@@ -302,6 +302,7 @@ impl Plan {
                     run_duration: Duration::from_millis(300),
                     warm_up: Duration::from_millis(200),
                     concurrency: 16,
+                    serve_timeout: Duration::from_secs(60),
                 }
             } else {
                 dataplane::DataplaneSettings {
@@ -309,6 +310,7 @@ impl Plan {
                     run_duration: Duration::from_secs(3),
                     warm_up: Duration::from_secs(1),
                     concurrency: 16,
+                    serve_timeout: Duration::from_secs(240),
                 }
             },
             control_scale,

@@ -168,7 +168,7 @@ impl Running {
                         "--iptables-min-sync-period=1s".into(),
                         "--metrics-bind-address=127.0.0.1:10249".into(),
                         "--healthz-bind-address=127.0.0.1:10256".into(),
-                        "--v=2".into(),
+                        "--v=1".into(),
                     ],
                     &[("PATH".into(), path)],
                     &self.log,
@@ -251,62 +251,11 @@ impl Running {
         Ok(since.elapsed())
     }
 
-    /// kube-proxy's own sync times, from its log ("syncProxyRules took ..." at
-    /// --v=2; the 1.20 duration histogram stays empty): (syncs, mean seconds, last seconds).
-    pub fn kube_proxy_sync_figures(&self) -> Option<(f64, f64, f64)> {
-        if !self.system.is_kube_proxy() {
-            return None;
-        }
-        let log = std::fs::read_to_string(&self.log).ok()?;
-        let syncs: Vec<f64> = log
-            .lines()
-            .filter_map(|line| {
-                line.split_once("syncProxyRules took ")
-                    .map(|(_, rest)| rest.trim())
-            })
-            .filter_map(go_duration_seconds)
-            .collect();
-        let last = *syncs.last()?;
-        Some((
-            syncs.len() as f64,
-            syncs.iter().sum::<f64>() / syncs.len() as f64,
-            last,
-        ))
-    }
-
     pub fn stop(mut self) {
         if let Some(mut process) = self.process.take() {
             process.stop(Duration::from_secs(10));
         }
     }
-}
-
-/// Seconds in a Go duration as printed by `time.Duration.String()`: `1.5s`,
-/// `612.3ms`, `850µs`, `1m2.5s`.
-pub fn go_duration_seconds(text: &str) -> Option<f64> {
-    let text = text.split_whitespace().next()?;
-    let mut total = 0.0;
-    let mut rest = text;
-    while !rest.is_empty() {
-        let number_end = rest.find(|c: char| !(c.is_ascii_digit() || c == '.'))?;
-        let value: f64 = rest[..number_end].parse().ok()?;
-        let unit_part = &rest[number_end..];
-        let unit_end = unit_part
-            .find(|c: char| c.is_ascii_digit())
-            .unwrap_or(unit_part.len());
-        let factor = match &unit_part[..unit_end] {
-            "h" => 3600.0,
-            "m" => 60.0,
-            "s" => 1.0,
-            "ms" => 1e-3,
-            "µs" | "us" => 1e-6,
-            "ns" => 1e-9,
-            _ => return None,
-        };
-        total += value * factor;
-        rest = &unit_part[unit_end..];
-    }
-    Some(total)
 }
 
 /// Probe targets: the first and last TCP Services of `count`.
@@ -365,16 +314,6 @@ fn write_iptables_wrappers(work: &Path, system: System) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn go_durations_as_kube_proxy_logs_them_are_read_in_seconds() {
-        assert_eq!(go_duration_seconds("1.5s"), Some(1.5));
-        assert_eq!(go_duration_seconds("612.5ms"), Some(0.6125));
-        assert_eq!(go_duration_seconds("1m2.5s"), Some(62.5));
-        let micro = go_duration_seconds("850µs").expect("microseconds");
-        assert!((micro - 0.00085).abs() < 1e-12);
-        assert_eq!(go_duration_seconds("soon"), None);
-    }
 
     #[test]
     fn probe_targets_are_the_first_and_last_tcp_services() {

@@ -133,6 +133,13 @@ impl Process {
         self.child.as_ref().map(Child::id)
     }
 
+    /// `Some(status)` once the process has exited.
+    pub fn exit_status(&mut self) -> Option<std::process::ExitStatus> {
+        self.child
+            .as_mut()
+            .and_then(|child| child.try_wait().ok().flatten())
+    }
+
     pub fn is_running(&mut self) -> bool {
         matches!(
             self.child.as_mut().map(|child| child.try_wait()),
@@ -192,7 +199,9 @@ impl Drop for Process {
 
 /// One node namespace with its pods; everything removed on drop.
 pub struct Topology {
-    servers: Vec<Process>,
+    servers: Vec<(String, Process)>,
+    bench_binary: PathBuf,
+    work: PathBuf,
     namespaces: Vec<String>,
 }
 
@@ -202,6 +211,8 @@ impl Topology {
     pub fn build(work: &Path, backends: u32, bench_binary: &Path) -> Result<Self> {
         let mut topology = Self {
             servers: Vec::new(),
+            bench_binary: PathBuf::new(),
+            work: PathBuf::new(),
             namespaces: Vec::new(),
         };
         topology.add_node()?;
@@ -228,8 +239,10 @@ impl Topology {
                 &[],
                 &log,
             )?;
-            topology.servers.push(server);
+            topology.servers.push((name.clone(), server));
         }
+        topology.bench_binary = bench_binary.to_path_buf();
+        topology.work = work.to_path_buf();
         // Serving: every backend answers TCP directly.
         let prober = Prober::new(CLIENT_NAMESPACE)?;
         for (name, address) in &pods {
@@ -243,6 +256,33 @@ impl Topology {
             }
         }
         Ok(topology)
+    }
+
+    /// Restarts any backend server that exited, saying how it ended; returns
+    /// how many had to be restarted (a measurement that lost a backend says so).
+    pub fn revive_servers(&mut self) -> Result<usize> {
+        let mut revived = 0;
+        for (name, server) in &mut self.servers {
+            if let Some(status) = server.exit_status() {
+                eprintln!(
+                    "bench: backend server {name} had exited ({status}); log: {}",
+                    server.log_text().lines().last().unwrap_or_default()
+                );
+                *server = Process::start(
+                    &format!("server {name}"),
+                    Some(name),
+                    &self.bench_binary,
+                    &["serve".into(), "--name".into(), name.clone()],
+                    &[],
+                    &self.work.join(format!("server-{name}.log")),
+                )?;
+                revived += 1;
+            }
+        }
+        if revived > 0 {
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        Ok(revived)
     }
 
     fn add_node(&mut self) -> Result<()> {
@@ -301,7 +341,7 @@ impl Topology {
 
 impl Drop for Topology {
     fn drop(&mut self) {
-        for server in &mut self.servers {
+        for (_, server) in &mut self.servers {
             server.kill();
         }
         // Any process still inside one of our namespaces (a system under test).
