@@ -8,3 +8,6 @@ demo: setup
 
 demo-down:
 	e2e/cluster down
+
+e2e-migration: setup
+	bash e2e/scripts/migration.sh

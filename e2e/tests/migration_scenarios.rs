@@ -1,0 +1,611 @@
+//! The migration under traffic (issue 6's e2e scenarios 1, 3 and 7, issue 8's e2e
+//! part) on one 3-node cluster with real kube-proxy, the chart installed by helm and the
+//! real agent and operator binaries: `make e2e-migration` starts the cluster, runs this
+//! inside it and tears it down. Scenarios the operator smoke test already covers with
+//! simulated agents (an operator killed mid-transition, kube-proxy owned by another tool,
+//! leader election) are not repeated here.
+//!
+//! New connections run all the time (a client pod on node-1 to the ClusterIP, outside to
+//! node-1's NodePort, each ~100 a second) and every failure is counted; before each
+//! transition 20 long-lived connections from each client are opened, each sending a line
+//! every 200 ms. Orderings are proved by etcd revision: the recorder sees every version of
+//! the DataplaneNodes, the kube-proxy DaemonSet and its pods, and the one etcd gives
+//! every write of every resource a place in one sequence. The API server's audit log
+//! tells who wrote (the operator's ServiceAccount) and when.
+
+mod migration_support;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use migration_support::*;
+use switchyard_crds::{
+    condition_types, find_condition, ConditionStatus, DataplaneMode, DataplaneNode, DataplanePhase,
+};
+use switchyard_e2e::audit::{read_audit_events, AuditEvent};
+use switchyard_e2e::traffic::{TrafficGenerator, TrafficReport};
+
+const LONG_LIVED: usize = 20;
+
+fn audit_time(event: &AuditEvent) -> SystemTime {
+    chrono::DateTime::parse_from_rfc3339(&event.stage_timestamp)
+        .map(SystemTime::from)
+        .unwrap_or(SystemTime::UNIX_EPOCH)
+}
+
+/// Successful completed writes (`verb`) of `resource` (no subresource) by `user`.
+fn audit_writes<'a>(
+    events: &'a [AuditEvent],
+    user: &'a str,
+    verb: &'a str,
+    resource: &'a str,
+) -> impl Iterator<Item = &'a AuditEvent> + 'a {
+    events.iter().filter(move |event| {
+        event.stage == "ResponseComplete"
+            && event.verb == verb
+            && event.user.username == user
+            && event
+                .response_status
+                .as_ref()
+                .and_then(|status| status.code)
+                .is_some_and(|code| code < 300)
+            && event
+                .object_ref
+                .as_ref()
+                .is_some_and(|object| object.resource == resource && object.subresource.is_none())
+    })
+}
+
+fn object_name(event: &AuditEvent) -> &str {
+    event
+        .object_ref
+        .as_ref()
+        .and_then(|object| object.name.as_deref())
+        .unwrap_or_default()
+}
+
+/// Waits until the DataplaneConfig is Ready in `mode`, printing the transition as it goes;
+/// returns how long it took.
+async fn wait_config_ready(
+    world: &World,
+    mode: DataplaneMode,
+    traffic: &TrafficGenerator,
+    timeout: Duration,
+) -> Duration {
+    let started = Instant::now();
+    let mut last_line = String::new();
+    loop {
+        let config = world.config().await.expect("read the DataplaneConfig");
+        let nodes = world.dataplane_nodes().await.expect("list DataplaneNodes");
+        let line = progress_line(config.as_ref(), &nodes, mode);
+        if line != last_line {
+            let report = traffic.snapshot();
+            println!(
+                "{:>5.1}s {line}  connections {} failed {}",
+                started.elapsed().as_secs_f64(),
+                report.attempts(),
+                report.failure_count()
+            );
+            last_line = line;
+        }
+        if config
+            .as_ref()
+            .is_some_and(|config| config_ready(config, mode))
+        {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < timeout,
+            "failed to reach Ready on {mode} within {timeout:?}: {config:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn assert_long_lived_intact(report: &TrafficReport, what: &str) {
+    println!("{what}: {report}");
+    for (name, flow) in &report.flows {
+        assert_eq!(
+            flow.failures.len(),
+            0,
+            "{what}: {name} had broken connections\n{report}"
+        );
+        assert_eq!(
+            flow.connections_opened, LONG_LIVED as u64,
+            "{what}: {name} had to reopen connections\n{report}"
+        );
+        assert!(
+            flow.successes >= 5 * LONG_LIVED as u64,
+            "{what}: {name} exchanged too little\n{report}"
+        );
+    }
+}
+
+/// The first time the demo Service's kube-proxy rules are seen on each node, polled every
+/// 100 ms (for at most about 5 minutes).
+fn poll_kube_proxy_rules() -> (
+    Arc<Mutex<BTreeMap<String, SystemTime>>>,
+    tokio::task::JoinHandle<()>,
+) {
+    let seen: Arc<Mutex<BTreeMap<String, SystemTime>>> = Arc::default();
+    let shared = seen.clone();
+    let nodes: Vec<String> = NODES.iter().map(|node| node.to_string()).collect();
+    let task = tokio::task::spawn_blocking(move || {
+        for _ in 0..3000 {
+            for node in &nodes {
+                let already = shared
+                    .lock()
+                    .map(|seen| seen.contains_key(node))
+                    .unwrap_or(true);
+                if already {
+                    continue;
+                }
+                let present =
+                    switchyard_e2e::netns::run_in_namespace(node, "iptables-save", &["-t", "nat"])
+                        .map(|dump| KubeProxyRules::parse(&dump).demo_service)
+                        .unwrap_or(false);
+                if present {
+                    if let Ok(mut seen) = shared.lock() {
+                        seen.insert(node.clone(), SystemTime::now());
+                    }
+                }
+            }
+            if shared
+                .lock()
+                .map(|seen| seen.len() == nodes.len())
+                .unwrap_or(true)
+            {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    });
+    (seen, task)
+}
+
+#[tokio::test]
+#[ignore = "needs the e2e cluster: make e2e-migration"]
+async fn a_cluster_moves_to_ebpf_and_back_under_traffic_without_breaking_a_connection() {
+    let world = World::new()
+        .await
+        .expect("the demo Service served by kube-proxy");
+    let helm_started = Instant::now();
+    world.helm_install(&[]).expect("helm install");
+    world
+        .wait_agents_reporting(Duration::from_secs(120))
+        .await
+        .expect("agents reporting");
+    println!(
+        "helm install to every agent reporting: {:.1?}",
+        helm_started.elapsed()
+    );
+
+    let dataplane_nodes = Recorder::start(Api::<DataplaneNode>::all(world.client.clone()));
+    let daemon_sets = Recorder::start(world.kube_proxy_daemon_set());
+    let kube_proxy_pods = Recorder::start(world.kube_proxy_pods());
+    // kube-proxy's pod on each node, before anything changes.
+    let pods_before: BTreeMap<String, String> = {
+        let pods = kube::Api::<Pod>::namespaced(world.client.clone(), "kube-system")
+            .list(&kube::api::ListParams::default().labels("k8s-app=kube-proxy"))
+            .await
+            .expect("list kube-proxy pods");
+        pods.items
+            .into_iter()
+            .filter_map(|pod| {
+                let node = pod.spec.as_ref()?.node_name.clone()?;
+                Some((node, pod.metadata.name.clone()?))
+            })
+            .collect()
+    };
+    assert_eq!(
+        pods_before.len(),
+        3,
+        "a kube-proxy pod on every node: {pods_before:?}"
+    );
+    for node in NODES {
+        let rules = world.kube_proxy_rules(node).expect("iptables-save");
+        assert!(
+            rules.demo_service && rules.service_chains > 0,
+            "kube-proxy serves on {node}: {rules:?}"
+        );
+    }
+
+    let traffic = world.short_traffic().expect("traffic");
+    let long_lived = world
+        .long_lived_traffic(LONG_LIVED)
+        .expect("long-lived connections");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    // (1) + (7): mode Ebpf; `kubectl wait` returns once it is Ready.
+    let applied_at = SystemTime::now();
+    world
+        .apply_config(
+            DataplaneMode::Ebpf,
+            serde_json::json!({"nodeReadyTimeoutSeconds": 60, "drainTimeoutSeconds": 120}),
+        )
+        .await
+        .expect("apply mode Ebpf");
+    let start_revision = world
+        .config()
+        .await
+        .expect("read")
+        .and_then(|config| config.metadata.resource_version)
+        .and_then(|version| version.parse::<u64>().ok())
+        .expect("the DataplaneConfig's revision");
+    let kubectl_wait = tokio::task::spawn_blocking(|| {
+        run(
+            "kubectl",
+            &[
+                "wait",
+                "--for=condition=Ready",
+                "dpc/default",
+                "--timeout=150s",
+            ],
+        )
+        .map_err(|error| error.to_string())
+    });
+    let to_ebpf = wait_config_ready(
+        &world,
+        DataplaneMode::Ebpf,
+        &traffic,
+        Duration::from_secs(150),
+    )
+    .await;
+    let waited = kubectl_wait.await.expect("kubectl wait ran");
+    assert!(
+        waited.is_ok(),
+        "kubectl wait --for=condition=Ready dpc/default: {waited:?}"
+    );
+    let config = world
+        .config()
+        .await
+        .expect("read")
+        .expect("the DataplaneConfig");
+    assert_eq!(
+        config.status.as_ref().map(|status| status.phase),
+        Some(DataplanePhase::Ready),
+        "kubectl wait returned before the phase was Ready"
+    );
+    let listing = run("kubectl", &["get", "dpc,dpn"]).expect("kubectl get dpc,dpn");
+    println!("kubectl get dpc,dpn:\n{listing}");
+    for column in [
+        "MODE", "PHASE", "SERVING", "READY", "CLEANUP", "AGENT", "3/3",
+    ] {
+        assert!(
+            listing.contains(column),
+            "kubectl get dpc,dpn lacks {column}:\n{listing}"
+        );
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    // Orderings, by etcd revision.
+    let node_versions = dataplane_nodes.versions();
+    let disabled_revision = daemon_sets
+        .versions()
+        .iter()
+        .filter(|version| version.revision > start_revision && kube_proxy_disabled(&version.object))
+        .map(|version| version.revision)
+        .min()
+        .expect("the kube-proxy DaemonSet was disabled");
+    let pod_versions = kube_proxy_pods.versions();
+    for node in NODES {
+        let serving = first_revision_where(&node_versions, start_revision, node, |version| {
+            is_serving(&version.object)
+        })
+        .unwrap_or_else(|| panic!("{node} never served from eBPF"));
+        assert!(
+            serving < disabled_revision,
+            "{node} served from eBPF at revision {serving}, after kube-proxy was disabled at {disabled_revision}"
+        );
+        let cleanup = first_revision_where(&node_versions, start_revision, node, |version| {
+            version.object.spec.iptables_cleanup
+        })
+        .unwrap_or_else(|| panic!("{node} was never told to clean"));
+        let pod = &pods_before[node];
+        let gone = pod_versions
+            .iter()
+            .filter(|version| {
+                version.deleted && version.object.metadata.name.as_deref() == Some(pod.as_str())
+            })
+            .map(|version| version.revision)
+            .min()
+            .unwrap_or_else(|| panic!("kube-proxy pod {pod} on {node} was never deleted"));
+        assert!(
+            gone < cleanup,
+            "{node} was told to clean at revision {cleanup}, before its kube-proxy pod {pod} was gone at {gone}"
+        );
+        // No flapping: once its agent reported Ready, it stayed Ready.
+        let ready_after_serving: Vec<bool> = node_versions
+            .iter()
+            .filter(|version| {
+                version.revision >= serving && version.object.metadata.name.as_deref() == Some(node)
+            })
+            .filter_map(|version| {
+                let status = version.object.status.as_ref()?;
+                find_condition(&status.conditions, condition_types::READY)
+                    .map(|condition| condition.status == ConditionStatus::True)
+            })
+            .collect();
+        assert!(
+            ready_after_serving.iter().all(|ready| *ready),
+            "{node} flapped: Ready after serving {ready_after_serving:?}"
+        );
+        println!("{node}: served from eBPF at revision {serving}; kube-proxy disabled at {disabled_revision}; pod {pod} gone at {gone}; told to clean at {cleanup}");
+    }
+    // The audit log: the operator's ServiceAccount patched the DaemonSet once, and told each
+    // node to clean (its last spec write) only after that node's kube-proxy pod was deleted.
+    let audit = read_audit_events(&world.paths.audit_log()).expect("the audit log");
+    let recent: Vec<AuditEvent> = audit
+        .into_iter()
+        .filter(|event| audit_time(event) >= applied_at)
+        .collect();
+    let daemon_set_patches: Vec<&AuditEvent> =
+        audit_writes(&recent, OPERATOR_SERVICE_ACCOUNT, "patch", "daemonsets")
+            .filter(|event| object_name(event) == "kube-proxy")
+            .collect();
+    assert_eq!(
+        daemon_set_patches.len(),
+        1,
+        "one patch of kube-proxy by the operator: {daemon_set_patches:#?}"
+    );
+    for node in NODES {
+        let pod = &pods_before[node];
+        let deleted = recent
+            .iter()
+            .filter(|event| event.is_successful("delete", "pods", pod))
+            .map(audit_time)
+            .max()
+            .unwrap_or_else(|| panic!("no delete of {pod} in the audit log"));
+        let last_instruction =
+            audit_writes(&recent, OPERATOR_SERVICE_ACCOUNT, "patch", "dataplanenodes")
+                .filter(|event| object_name(event) == node)
+                .map(audit_time)
+                .max()
+                .unwrap_or_else(|| panic!("no operator write of DataplaneNode {node}"));
+        assert!(
+            deleted < last_instruction,
+            "{node}: last instruction before {pod} was deleted"
+        );
+        assert!(
+            audit_time(daemon_set_patches[0]) < deleted,
+            "{pod} deleted before the operator patched kube-proxy"
+        );
+    }
+    for node in NODES {
+        let rules = world.kube_proxy_rules(node).expect("iptables-save");
+        assert_eq!(
+            rules.service_chains, 0,
+            "kube-proxy Service chains left on {node}: {rules:?}"
+        );
+        assert!(
+            !rules.demo_service,
+            "the demo Service's kube-proxy rules left on {node}"
+        );
+    }
+    let long_lived_report = long_lived.stop().await;
+    assert_long_lived_intact(
+        &long_lived_report,
+        "long-lived connections opened through kube-proxy, KubeProxy -> Ebpf",
+    );
+    let so_far = traffic.snapshot();
+    assert_eq!(
+        so_far.failure_count(),
+        0,
+        "failed new connections, KubeProxy -> Ebpf\n{so_far}"
+    );
+    println!(
+        "KubeProxy -> Ebpf: Ready in {:.1} s; new connections {} made, {} failed; long-lived {} kept, {} broken",
+        to_ebpf.as_secs_f64(),
+        so_far.attempts(),
+        so_far.failure_count(),
+        long_lived_report.flows.values().map(|flow| flow.connections_opened).sum::<u64>(),
+        long_lived_report.failure_count()
+    );
+
+    // (3) Rollback to KubeProxy, with 20 + 20 connections now carried by eBPF.
+    let long_lived = world
+        .long_lived_traffic(LONG_LIVED)
+        .expect("long-lived connections");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (rules_seen, poller) = poll_kube_proxy_rules();
+    let rollback_applied_at = SystemTime::now();
+    let before_rollback = traffic.snapshot();
+    world
+        .apply_config(
+            DataplaneMode::KubeProxy,
+            serde_json::json!({"nodeReadyTimeoutSeconds": 60, "drainTimeoutSeconds": 120}),
+        )
+        .await
+        .expect("apply mode KubeProxy");
+    let rollback_revision = world
+        .config()
+        .await
+        .expect("read")
+        .and_then(|config| config.metadata.resource_version)
+        .and_then(|version| version.parse::<u64>().ok())
+        .expect("the DataplaneConfig's revision");
+    let rollback_started = Instant::now();
+    // Nodes drain while the long-lived connections stay open: every node is detached or
+    // draining, and at least one still carries flows.
+    let mut last_line = String::new();
+    loop {
+        let nodes = world.dataplane_nodes().await.expect("list");
+        let config = world.config().await.expect("read");
+        let line = progress_line(config.as_ref(), &nodes, DataplaneMode::KubeProxy);
+        if line != last_line {
+            println!("{:>5.1}s {line}", rollback_started.elapsed().as_secs_f64());
+            last_line = line.clone();
+        }
+        let settled = nodes.values().all(|node| {
+            node.spec.mode == DataplaneMode::KubeProxy
+                && (is_detached(node) || (is_draining(node) && live_flows(node) > 0))
+        });
+        if settled && nodes.values().any(is_draining) {
+            break;
+        }
+        assert!(
+            rollback_started.elapsed() < Duration::from_secs(90),
+            "failed to see the nodes draining within 90 s: {line}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    println!(
+        "draining after {:.1?}; holding the connections 3 s more",
+        rollback_started.elapsed()
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let nodes = world.dataplane_nodes().await.expect("list");
+    assert!(
+        nodes.values().any(is_draining),
+        "the draining node stopped draining with connections open"
+    );
+    let config = world
+        .config()
+        .await
+        .expect("read")
+        .expect("the DataplaneConfig");
+    assert_ne!(
+        config.status.as_ref().map(|status| status.phase),
+        Some(DataplanePhase::Ready),
+        "Ready while a node still drains"
+    );
+    assert_eq!(
+        traffic.snapshot().failure_count(),
+        0,
+        "failed new connections while draining"
+    );
+    let closed_at = Instant::now();
+    let long_lived_report = long_lived.stop().await;
+    let mut detached_after = Duration::ZERO;
+    loop {
+        let nodes = world.dataplane_nodes().await.expect("list");
+        if nodes
+            .values()
+            .all(|node| node.spec.mode == DataplaneMode::KubeProxy && is_detached(node))
+        {
+            detached_after = detached_after.max(closed_at.elapsed());
+            break;
+        }
+        assert!(
+            closed_at.elapsed() < Duration::from_secs(5),
+            "failed to see every agent detached within 5 s of the last connection closing: {}",
+            progress_line(None, &nodes, DataplaneMode::KubeProxy)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_long_lived_intact(
+        &long_lived_report,
+        "long-lived connections opened through eBPF, Ebpf -> KubeProxy",
+    );
+    let to_kube_proxy = wait_config_ready(
+        &world,
+        DataplaneMode::KubeProxy,
+        &traffic,
+        Duration::from_secs(60),
+    )
+    .await
+        + rollback_started
+            .elapsed()
+            .saturating_sub(closed_at.elapsed());
+    poller.await.expect("the rules poller");
+    // kube-proxy served on every node before any agent was told to go back (so before any
+    // detached): the operator's first DataplaneNode write after it restored the DaemonSet
+    // (writes before it only withdraw the cleanup instruction) comes after kube-proxy's rules
+    // were seen on every node.
+    let seen = rules_seen
+        .lock()
+        .map(|seen| seen.clone())
+        .unwrap_or_default();
+    assert_eq!(
+        seen.len(),
+        3,
+        "kube-proxy's rules seen on every node: {seen:?}"
+    );
+    let audit: Vec<AuditEvent> = read_audit_events(&world.paths.audit_log())
+        .expect("the audit log")
+        .into_iter()
+        .filter(|event| audit_time(event) >= rollback_applied_at)
+        .collect();
+    let restored_at = audit_writes(&audit, OPERATOR_SERVICE_ACCOUNT, "patch", "daemonsets")
+        .filter(|event| object_name(event) == "kube-proxy")
+        .map(audit_time)
+        .min()
+        .expect("the operator's patch restoring kube-proxy");
+    let first_instruction =
+        audit_writes(&audit, OPERATOR_SERVICE_ACCOUNT, "patch", "dataplanenodes")
+            .map(audit_time)
+            .filter(|time| *time > restored_at)
+            .min()
+            .expect("an operator write of a DataplaneNode after kube-proxy was restored");
+    let since_rollback = |time: &SystemTime| {
+        time.duration_since(rollback_applied_at)
+            .unwrap_or_default()
+            .as_secs_f64()
+    };
+    println!(
+        "rollback: kube-proxy restored at {:.2} s, its rules seen at {:?} s, first node told KubeProxy at {:.2} s",
+        since_rollback(&restored_at),
+        seen.iter().map(|(node, time)| format!("{node} {:.2}", since_rollback(time))).collect::<Vec<_>>(),
+        since_rollback(&first_instruction)
+    );
+    for (node, time) in &seen {
+        assert!(
+            *time < first_instruction,
+            "kube-proxy's rules on {node} were seen only after the operator told a node to go back"
+        );
+    }
+    let restored_revision = daemon_sets
+        .versions()
+        .iter()
+        .filter(|version| {
+            version.revision > rollback_revision && !kube_proxy_disabled(&version.object)
+        })
+        .map(|version| version.revision)
+        .min()
+        .expect("the kube-proxy DaemonSet was restored");
+    let node_versions = dataplane_nodes.versions();
+    for node in NODES {
+        let told = first_revision_where(&node_versions, rollback_revision, node, |version| {
+            version.object.spec.mode == DataplaneMode::KubeProxy
+        })
+        .unwrap_or_else(|| panic!("{node} never told KubeProxy"));
+        assert!(restored_revision < told, "{node} told KubeProxy at {told}, before kube-proxy was restored at {restored_revision}");
+    }
+    let report = traffic.stop().await;
+    let rollback_attempts = report.attempts() - before_rollback.attempts();
+    println!("{report}");
+    assert_eq!(
+        report.failure_count(),
+        0,
+        "failed new connections\n{report}"
+    );
+    for node in NODES {
+        let rules = world.kube_proxy_rules(node).expect("iptables-save");
+        assert!(
+            rules.demo_service,
+            "kube-proxy serves on {node} again: {rules:?}"
+        );
+    }
+    let daemon_set: DaemonSet = world
+        .kube_proxy_daemon_set()
+        .get("kube-proxy")
+        .await
+        .expect("read");
+    assert!(
+        !kube_proxy_disabled(&daemon_set),
+        "kube-proxy's nodeSelector restored"
+    );
+    println!(
+        "Ebpf -> KubeProxy: Ready in {:.1} s; new connections {} made, {} failed; long-lived {} kept through draining, {} broken; every agent detached {:.1} s after the last connection closed",
+        to_kube_proxy.as_secs_f64(),
+        rollback_attempts,
+        report.failure_count() - so_far.failure_count(),
+        long_lived_report.flows.values().map(|flow| flow.connections_opened).sum::<u64>(),
+        long_lived_report.failure_count(),
+        detached_after.as_secs_f64()
+    );
+}
