@@ -723,9 +723,73 @@ async fn kube_proxy_started_after_the_agent_breaks_nothing_and_is_cleaned_only_o
         })
         .map(str::to_string)
         .collect();
+    // kube-proxy has left node-1: the agent answers its health ports, with the
+    // local endpoints of an externalTrafficPolicy Local LoadBalancer.
+    let node_1 = cluster.node_address("node-1");
+    let healthz = SocketAddr::V4(SocketAddrV4::new(node_1, 10256));
+    let load_balancer: Service = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "kp-lb", "namespace": "default"},
+        "spec": {"type": "LoadBalancer", "externalTrafficPolicy": "Local",
+                 "ports": [{"name": "http", "port": 80, "targetPort": BACKEND_PORT, "protocol": "TCP"}]}
+    }))
+    .unwrap();
+    let services: Api<Service> = Api::namespaced(cluster.client.clone(), "default");
+    let _ = services.delete("kp-lb", &DeleteParams::default()).await;
+    let created = services
+        .create(&PostParams::default(), &load_balancer)
+        .await
+        .unwrap();
+    let health_port = created
+        .spec
+        .and_then(|spec| spec.health_check_node_port)
+        .expect("a healthCheckNodePort") as u16;
+    let slice = endpoint_slice_v1beta1(
+        "default",
+        "kp-lb-1",
+        "kp-lb",
+        "http",
+        BACKEND_PORT,
+        &[
+            Endpoint {
+                address: world.client_pod.address,
+                node: "node-1".into(),
+            },
+            Endpoint {
+                address: world.backend_2.address,
+                node: "node-2".into(),
+            },
+        ],
+    )
+    .unwrap();
+    let slices = endpoint_slices_v1beta1(&cluster.client, "default");
+    let _ = slices.delete("kp-lb-1", &DeleteParams::default()).await;
+    slices.create(&PostParams::default(), &slice).await.unwrap();
+    let health_check = SocketAddr::V4(SocketAddrV4::new(node_1, health_port));
+    let started = Instant::now();
+    let (healthz_answer, service_answer) = loop {
+        let healthz_answer = http_get(healthz, "/healthz").await;
+        let service_answer = http_get(health_check, "/").await;
+        let done = matches!(&healthz_answer, Ok((200, _)))
+            && matches!(&service_answer, Ok((200, body)) if body.contains("\"localEndpoints\": 1"));
+        if done || started.elapsed() > Duration::from_secs(15) {
+            break (healthz_answer, service_answer);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    println!("after kube-proxy left: :10256/healthz {healthz_answer:?}; healthCheckNodePort {health_port}: {service_answer:?}");
+    let _ = services.delete("kp-lb", &DeleteParams::default()).await;
+    let _ = slices.delete("kp-lb-1", &DeleteParams::default()).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let report = generator.stop().await;
     println!("kube-proxy's rules cleaned {cleaned_after:.1?} after its DaemonSet was deleted");
+    assert!(
+        matches!(&healthz_answer, Ok((200, _))),
+        "{healthz_answer:?}"
+    );
+    assert!(
+        matches!(&service_answer, Ok((200, body)) if body.contains("\"localEndpoints\": 1")),
+        "{service_answer:?}"
+    );
     cluster
         .patch_spec("node-1", serde_json::json!({"iptablesCleanup": false}))
         .await;

@@ -16,11 +16,13 @@ use switchyard_common::{DATAPATH_MODE_ACTIVE, DATAPATH_MODE_DRAINING};
 use switchyard_crds::{DataplaneMode, DataplaneNodeSpec, DataplaneNodeStatus};
 
 use super::datapath::NodeDatapath;
+use super::health::{local_service_health, ServiceEntry};
 use super::node::{node_update_is_relevant, NodeFacts};
 use super::status::{AttachmentReport, CoexistenceReport, DrainEnd, StatusInputs, SyncReport};
 use super::store::{ObjectStore, StoreChange};
 use crate::desired::{desired_services, NodeView};
 use crate::gate::{Gate, GateInput, GateStatus};
+use crate::kube_proxy::health::LocalServiceHealth;
 use crate::maps::ServiceMaps;
 use crate::model::{EndpointSliceModel, ServiceModel};
 use crate::standalone::datapath::datapath_config;
@@ -43,7 +45,7 @@ pub struct DataplaneNodeView {
 /// One input from the cluster or the host.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Input {
-    Services(StoreChange<ServiceModel>),
+    Services(StoreChange<ServiceEntry>),
     EndpointSlices(StoreChange<EndpointSliceModel>),
     /// The Node (every update, relevant or not: the agent decides).
     Node(NodeFacts),
@@ -95,7 +97,7 @@ pub struct ClusterAgent<D: NodeDatapath> {
     syncer: Syncer,
     gate: Gate,
     coalescer: Coalescer,
-    services: ObjectStore<ServiceModel>,
+    services: ObjectStore<ServiceEntry>,
     slices: ObjectStore<EndpointSliceModel>,
     node: Option<NodeFacts>,
     host_addresses: Option<Vec<IpAddr>>,
@@ -304,7 +306,13 @@ impl<D: NodeDatapath> ClusterAgent<D> {
             return None;
         }
         let node = self.node_view()?;
-        let desired = desired_services(&self.services.values(), &self.slices.values(), &node);
+        let services: Vec<ServiceModel> = self
+            .services
+            .values()
+            .into_iter()
+            .map(|entry| entry.model)
+            .collect();
+        let desired = desired_services(&services, &self.slices.values(), &node);
         for conflict in &desired.conflicts {
             tracing::warn!(kept = %conflict.kept, dropped = %conflict.dropped, "two Services claim one address and port");
         }
@@ -485,6 +493,15 @@ impl<D: NodeDatapath> ClusterAgent<D> {
             self.attach_error = Some(error.to_string());
         }
         report
+    }
+
+    /// The answers of the `healthCheckNodePort`s on this node.
+    pub fn local_service_health(&self) -> Vec<LocalServiceHealth> {
+        local_service_health(
+            &self.services.values(),
+            &self.slices.values(),
+            &self.settings.node_name,
+        )
     }
 
     /// What the status is computed from.

@@ -16,7 +16,7 @@ use crate::kube_proxy::detection::{
     footprint, ipvs_mode, kube_proxy_healthy_condition, CleanupDecision, CleanupStateMachine,
     CoexistenceObservation, ConditionReport,
 };
-use crate::kube_proxy::health::{HealthzTarget, NodeHealth};
+use crate::kube_proxy::health::{HealthzTarget, LocalServiceHealth, NodeHealth};
 use crate::kube_proxy::health_server::{probe_kube_proxy, HealthServerSettings, HealthServers};
 use crate::kube_proxy::system::Tools;
 use crate::kube_proxy::{plan_node_cleanup, Family};
@@ -31,6 +31,8 @@ pub struct CoexistenceRequest {
     /// The maps are in sync (what the replacement healthz reports).
     pub healthy: bool,
     pub last_sync: SystemTime,
+    /// The `healthCheckNodePort` answers.
+    pub services: Vec<LocalServiceHealth>,
 }
 
 impl Default for CoexistenceRequest {
@@ -40,6 +42,7 @@ impl Default for CoexistenceRequest {
             serving_from_ebpf: false,
             healthy: false,
             last_sync: SystemTime::UNIX_EPOCH,
+            services: Vec::new(),
         }
     }
 }
@@ -203,7 +206,7 @@ async fn round(
                     healthy: request.healthy,
                     last_updated: request.last_sync,
                 },
-                &[],
+                &request.services,
             )
             .await;
         for error in errors {

@@ -20,6 +20,7 @@
 pub mod agent;
 pub mod coexist;
 pub mod datapath;
+pub mod health;
 pub mod host;
 pub mod metrics;
 pub mod node;
@@ -230,6 +231,7 @@ pub async fn run(options: ClusterOptions, shutdown: impl Future<Output = ()>) ->
                 .map(|view| view.generation.unwrap_or(0)),
             serving_from_ebpf: agent.attachment() != Attachment::Detached,
             healthy: inputs.sync == SyncReport::Synced,
+            services: agent.local_service_health(),
             last_sync: inputs
                 .last_sync_time
                 .map(SystemTime::from)

@@ -27,9 +27,10 @@ use switchyard_crds::{DataplaneNode, DataplaneNodeStatus};
 use tokio::sync::{mpsc, watch};
 
 use super::agent::{DataplaneNodeView, Input};
+use super::health::{health_check_node_port, ServiceEntry};
 use super::node::NodeFacts;
 use super::store::StoreChange;
-use crate::model::{self, v1beta1, EndpointSliceModel, FieldError, ServiceModel, ServiceName};
+use crate::model::{self, v1beta1, EndpointSliceModel, FieldError, ServiceName};
 
 /// The agent's field manager for Server-Side Apply.
 pub const FIELD_MANAGER: &str = "switchyard-agent";
@@ -174,8 +175,11 @@ async fn watch_collection<K, V>(
     .await;
 }
 
-fn service_model(service: &Service) -> Result<Option<ServiceModel>, FieldError> {
-    model::service_from_v1(service)
+fn service_entry(service: &Service) -> Result<Option<ServiceEntry>, FieldError> {
+    Ok(model::service_from_v1(service)?.map(|model| ServiceEntry {
+        model,
+        health_check_node_port: health_check_node_port(service),
+    }))
 }
 
 fn slice_model_v1(slice: &EndpointSlice) -> Result<Option<EndpointSliceModel>, FieldError> {
@@ -215,7 +219,7 @@ pub fn spawn_watchers(
     tasks.push(tokio::spawn(watch_collection(
         Api::<Service>::all(client.clone()),
         "Services",
-        service_model,
+        service_entry,
         Input::Services,
         inputs.clone(),
     )));

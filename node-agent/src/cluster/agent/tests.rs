@@ -152,7 +152,7 @@ fn every_input_but_the_dataplane_node() -> Vec<Input> {
     vec![
         Input::Services(StoreChange::Replace(BTreeMap::from([(
             key_of("web"),
-            service(),
+            service().into(),
         )]))),
         Input::EndpointSlices(StoreChange::Replace(BTreeMap::from([(
             key_of("web-1"),
@@ -309,7 +309,7 @@ fn a_relist_with_the_same_objects_writes_nothing_and_a_deletion_prunes_after_the
     agent.receive(
         Input::Services(StoreChange::Replace(BTreeMap::from([(
             key_of("web"),
-            service(),
+            service().into(),
         )]))),
         later,
     );
