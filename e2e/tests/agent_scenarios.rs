@@ -901,3 +901,96 @@ async fn told_kube_proxy_after_ebpf_the_agent_drains_live_flows_then_detaches() 
     assert_eq!(detached.live_flows, None);
     world.finish().await;
 }
+
+/// The start-of-day gate past its timeout: node-1's agent restarted while it may
+/// not list EndpointSlices reports Ready False, reason `HostMetadataTimeout`,
+/// naming the missing input, keeps the previous entries serving (zero failures)
+/// and keeps waiting; with the permission back it opens and reports Ready.
+#[tokio::test]
+#[ignore = "needs the e2e cluster: make e2e-agent"]
+async fn an_agent_missing_an_input_past_the_timeout_names_it_and_keeps_serving() {
+    use k8s_openapi::api::rbac::v1::ClusterRole;
+    let world = World::new("gt", 7).await;
+    let cluster = &world.cluster;
+    let roles: Api<ClusterRole> = Api::all(cluster.client.clone());
+    let role = roles.get("switchyard-e2e:agent").await.unwrap();
+    let without_slices: Vec<serde_json::Value> = role
+        .rules
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|rule| {
+            !rule
+                .resources
+                .iter()
+                .flatten()
+                .any(|r| r == "endpointslices")
+        })
+        .map(|rule| serde_json::to_value(rule).unwrap())
+        .collect();
+    let generator = world.traffic();
+    roles
+        .patch(
+            "switchyard-e2e:agent",
+            &PatchParams::default(),
+            &Patch::Merge(&serde_json::json!({ "rules": without_slices })),
+        )
+        .await
+        .unwrap();
+    let current = cluster.running_agent("node-1").expect("an agent runs");
+    kill(current.pid.expect("a pid"), libc::SIGKILL);
+    // The manifest's --gate-timeout is 10 s.
+    cluster
+        .wait_reported(
+            "node-1",
+            condition_types::READY,
+            ConditionStatus::False,
+            Some(reasons::HOST_METADATA_TIMEOUT),
+            false,
+            Duration::from_secs(30),
+        )
+        .await;
+    let status = cluster
+        .dataplane_node("node-1")
+        .await
+        .status
+        .unwrap_or_default();
+    let ready = switchyard_crds::find_condition(&status.conditions, condition_types::READY)
+        .cloned()
+        .expect("Ready");
+    let readyz = cluster.readyz("node-1").await;
+    let writes = cluster
+        .metrics("node-1")
+        .await
+        .unwrap()
+        .required("switchyard_agent_map_operations_total");
+    // Permission back (the manifest's role): the gate opens.
+    let restored = Instant::now();
+    roles
+        .patch(
+            "switchyard-e2e:agent",
+            &PatchParams::default(),
+            &Patch::Merge(&serde_json::json!({ "rules": role.rules })),
+        )
+        .await
+        .unwrap();
+    cluster
+        .wait_agent_ready("node-1", Duration::from_secs(30))
+        .await;
+    let opened_after = restored.elapsed();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let report = generator.stop().await;
+    println!(
+        "gate past its timeout: Ready {:?} {} {:?}; /readyz {readyz:?}; map operations {writes}; Ready again {opened_after:.1?} after the permission came back",
+        ready.status, ready.reason, ready.message
+    );
+    assert!(
+        ready.message.contains("EndpointSlices"),
+        "{}",
+        ready.message
+    );
+    assert!(matches!(readyz, Ok(503)), "{readyz:?}");
+    assert_eq!(writes, 0.0, "a map write before the gate opened");
+    assert_no_failures(&report, "an agent waiting past its gate timeout");
+    world.finish().await;
+}

@@ -187,6 +187,21 @@ impl AgentCluster {
         reason: Option<&str>,
         timeout: Duration,
     ) {
+        self.wait_reported(node, type_, status, reason, true, timeout)
+            .await
+    }
+
+    /// As [`Self::wait_condition`]; `about_current_spec: false` also accepts a
+    /// report about no spec yet (an agent whose gate never opened).
+    pub async fn wait_reported(
+        &self,
+        node: &str,
+        type_: &str,
+        status: ConditionStatus,
+        reason: Option<&str>,
+        about_current_spec: bool,
+        timeout: Duration,
+    ) {
         let api: Api<DataplaneNode> = Api::all(self.client.clone());
         wait_for(
             &format!("see {node} report {type_}={status:?} {reason:?}"),
@@ -205,7 +220,7 @@ impl AgentCluster {
                         Some((condition, observed))
                             if condition.status == status
                                 && reason.is_none_or(|reason| condition.reason == reason)
-                                && observed >= generation =>
+                                && (!about_current_spec || observed >= generation) =>
                         {
                             Check::Ready(())
                         }
