@@ -9,5 +9,11 @@ demo: setup
 demo-down:
 	e2e/cluster down
 
+# Scenarios 1 (helm install, KubeProxy -> Ebpf), 2 (agent upgrade by helm upgrade),
+# 3 (rollback with draining), 5 (an agent never Ready halts the transition) and 7
+# (kubectl wait, printer columns), one cluster, about 2 minutes warm (cluster up ~26 s,
+# scenarios ~93 s).
 e2e-migration: setup
 	bash e2e/scripts/migration.sh
+
+TEST_SUITES += e2e-migration

@@ -1,4 +1,4 @@
-//! The migration under traffic (issue 6's e2e scenarios 1, 3 and 7, issue 8's e2e
+//! The migration under traffic (issue 6's e2e scenarios 1, 2, 3, 5 and 7, issue 8's e2e
 //! part) on one 3-node cluster with real kube-proxy, the chart installed by helm and the
 //! real agent and operator binaries: `make e2e-migration` starts the cluster, runs this
 //! inside it and tears it down. Scenarios the operator smoke test already covers with
@@ -406,6 +406,194 @@ async fn a_cluster_moves_to_ebpf_and_back_under_traffic_without_breaking_a_conne
         long_lived_report.failure_count()
     );
 
+    // (2) Agent upgrade by `helm upgrade` with a new agent image tag (the image table maps
+    // every tag to the same binary: the new tag gives the DaemonSet a new revision, which is
+    // what the operator rolls): one node at a time, never two agent processes on one node.
+    let agent_pods = Recorder::start(Api::<Pod>::namespaced(
+        world.client.clone(),
+        RELEASE_NAMESPACE,
+    ));
+    let upgrade_revision = world
+        .config()
+        .await
+        .expect("read")
+        .and_then(|config| config.metadata.resource_version)
+        .and_then(|version| version.parse::<u64>().ok())
+        .expect("the DataplaneConfig's revision");
+    let before_upgrade = traffic.snapshot();
+    let upgrade_started = Instant::now();
+    world
+        .helm_install(&["--set", "image.agent.tag=0.1.1-e2e"])
+        .expect("helm upgrade with a new agent tag");
+    let new_revision = {
+        let started = Instant::now();
+        loop {
+            let daemon_set = Api::<DaemonSet>::namespaced(world.client.clone(), RELEASE_NAMESPACE)
+                .get("switchyard-agent")
+                .await
+                .expect("read the agent DaemonSet");
+            let image = daemon_set
+                .spec
+                .as_ref()
+                .and_then(|spec| spec.template.spec.as_ref())
+                .and_then(|spec| spec.containers.first())
+                .and_then(|container| container.image.clone())
+                .unwrap_or_default();
+            assert!(image.ends_with(":0.1.1-e2e"), "the DaemonSet runs {image}");
+            let revisions = Api::<k8s_openapi::api::apps::v1::ControllerRevision>::namespaced(
+                world.client.clone(),
+                RELEASE_NAMESPACE,
+            )
+            .list(&kube::api::ListParams::default())
+            .await
+            .expect("list ControllerRevisions");
+            let newest = revisions
+                .items
+                .iter()
+                .max_by_key(|revision| revision.revision)
+                .and_then(|revision| {
+                    revision
+                        .metadata
+                        .labels
+                        .as_ref()?
+                        .get("controller-revision-hash")
+                        .cloned()
+                });
+            if let Some(newest) = newest.filter(|_| revisions.items.len() >= 2) {
+                break newest;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "no new agent revision"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    };
+    let mut last_line = String::new();
+    loop {
+        let nodes = world.dataplane_nodes().await.expect("list");
+        let config = world.config().await.expect("read");
+        let upgraded = nodes
+            .values()
+            .filter(|node| {
+                node.status
+                    .as_ref()
+                    .and_then(|status| status.agent_revision.as_deref())
+                    == Some(new_revision.as_str())
+                    && is_serving(node)
+            })
+            .count();
+        let phase = config
+            .as_ref()
+            .and_then(|config| config.status.as_ref())
+            .map(|status| status.phase.to_string())
+            .unwrap_or_default();
+        let line = format!("{phase} agents on the new revision: {upgraded}/3");
+        if line != last_line {
+            println!("{:>5.1}s {line}", upgrade_started.elapsed().as_secs_f64());
+            last_line = line.clone();
+        }
+        if upgraded == 3
+            && config
+                .as_ref()
+                .is_some_and(|config| config_ready(config, DataplaneMode::Ebpf))
+        {
+            break;
+        }
+        assert!(
+            upgrade_started.elapsed() < Duration::from_secs(120),
+            "failed to upgrade every agent within 120 s: {line}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let upgrade_duration = upgrade_started.elapsed();
+    // One node at a time: a node's old agent pod is deleted only after the node before it
+    // reports Ready on the new revision.
+    let node_versions = dataplane_nodes.versions();
+    let mut upgrades: Vec<(u64, u64, String)> = Vec::new();
+    for node in NODES {
+        let deleted = agent_pods
+            .versions()
+            .iter()
+            .filter(|version| version.revision > upgrade_revision)
+            .filter(|version| {
+                version
+                    .object
+                    .spec
+                    .as_ref()
+                    .and_then(|spec| spec.node_name.as_deref())
+                    == Some(node)
+                    && (version.deleted || version.object.metadata.deletion_timestamp.is_some())
+            })
+            .map(|version| version.revision)
+            .min()
+            .unwrap_or_else(|| panic!("the agent pod on {node} was never deleted"));
+        let ready = first_revision_where(&node_versions, upgrade_revision, node, |version| {
+            is_serving(&version.object)
+                && version
+                    .object
+                    .status
+                    .as_ref()
+                    .and_then(|status| status.agent_revision.as_deref())
+                    == Some(new_revision.as_str())
+        })
+        .unwrap_or_else(|| panic!("{node} never reported Ready on the new revision"));
+        upgrades.push((deleted, ready, node.to_string()));
+    }
+    upgrades.sort();
+    println!(
+        "agent upgrades (old pod deleted at revision, new agent Ready at revision): {upgrades:?}"
+    );
+    for pair in upgrades.windows(2) {
+        assert!(
+            pair[0].1 < pair[1].0,
+            "{} was upgraded before {} was Ready again: {upgrades:?}",
+            pair[1].2,
+            pair[0].2
+        );
+    }
+    // Never two agent processes on one node (the pod runner's event log).
+    let events = switchyard_e2e::pod_runner::events::read_events(&world.paths.pod_runner_events())
+        .expect("the pod runner's events");
+    for node in NODES {
+        let mut running: Vec<Option<u32>> = Vec::new();
+        for event in events
+            .iter()
+            .filter(|event| event.container == "agent" && event.node == node)
+        {
+            match event.kind {
+                switchyard_e2e::pod_runner::events::EventKind::Started => {
+                    running.push(event.pid);
+                    assert!(
+                        running.len() <= 1,
+                        "two agent processes on {node}: {running:?}"
+                    );
+                }
+                switchyard_e2e::pod_runner::events::EventKind::Exited => {
+                    running.retain(|pid| *pid != event.pid);
+                }
+                _ => {}
+            }
+        }
+        assert_eq!(
+            running.len(),
+            1,
+            "one agent process left on {node}: {running:?}"
+        );
+    }
+    let after_upgrade = traffic.snapshot();
+    assert_eq!(
+        after_upgrade.failure_count(),
+        0,
+        "failed new connections during the agent upgrade\n{after_upgrade}"
+    );
+    println!(
+        "agent upgrade: {:.1} s for 3 nodes, one at a time; new connections {} made, 0 failed",
+        upgrade_duration.as_secs_f64(),
+        after_upgrade.attempts() - before_upgrade.attempts()
+    );
+    drop(agent_pods);
+
     // (3) Rollback to KubeProxy, with 20 + 20 connections now carried by eBPF.
     let long_lived = world
         .long_lived_traffic(LONG_LIVED)
@@ -607,5 +795,109 @@ async fn a_cluster_moves_to_ebpf_and_back_under_traffic_without_breaking_a_conne
         long_lived_report.flows.values().map(|flow| flow.connections_opened).sum::<u64>(),
         long_lived_report.failure_count(),
         detached_after.as_secs_f64()
+    );
+
+    // (5) An agent that never becomes Ready: node-3's bpffs is hidden under a tmpfs (pins
+    // fail there) and its agent is restarted; mode Ebpf then halts with Degraded naming
+    // node-3, and kube-proxy is left alone.
+    switchyard_e2e::netns::run_in_node(
+        &world.paths,
+        "node-3",
+        "mount",
+        &[
+            "-t",
+            "tmpfs",
+            "switchyard-e2e-no-bpffs",
+            "/sys/fs/bpf/switchyard",
+        ],
+    )
+    .expect("hide node-3's pin directory");
+    run(
+        "kubectl",
+        &[
+            "-n",
+            RELEASE_NAMESPACE,
+            "delete",
+            "pod",
+            "-l",
+            "app.kubernetes.io/component=agent",
+            "--field-selector",
+            "spec.nodeName=node-3",
+            "--wait=false",
+        ],
+    )
+    .expect("restart node-3's agent");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let traffic = world.short_traffic().expect("traffic");
+    let halt_started = Instant::now();
+    world
+        .apply_config(
+            DataplaneMode::Ebpf,
+            serde_json::json!({"nodeReadyTimeoutSeconds": 10, "drainTimeoutSeconds": 120}),
+        )
+        .await
+        .expect("apply mode Ebpf");
+    let degraded = loop {
+        let config = world
+            .config()
+            .await
+            .expect("read")
+            .expect("the DataplaneConfig");
+        let condition = config.status.as_ref().and_then(|status| {
+            find_condition(&status.conditions, condition_types::DEGRADED).cloned()
+        });
+        if let Some(condition) = condition.filter(|condition| {
+            condition.status == ConditionStatus::True && condition.message.contains("node-3")
+        }) {
+            break (config, condition);
+        }
+        assert!(
+            halt_started.elapsed() < Duration::from_secs(60),
+            "failed to see Degraded naming node-3 within 60 s: {:#?}",
+            config.status
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    let (config, condition) = degraded;
+    println!(
+        "an agent never Ready: after {:.1} s phase {:?}, Degraded {}: {}",
+        halt_started.elapsed().as_secs_f64(),
+        config.status.as_ref().map(|status| status.phase),
+        condition.reason,
+        condition.message
+    );
+    assert_ne!(
+        config.status.as_ref().map(|status| status.phase),
+        Some(DataplanePhase::Ready)
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let daemon_set: DaemonSet = world
+        .kube_proxy_daemon_set()
+        .get("kube-proxy")
+        .await
+        .expect("read");
+    assert!(
+        !kube_proxy_disabled(&daemon_set),
+        "kube-proxy was disabled despite a node that is not Ready"
+    );
+    for (name, node) in world.dataplane_nodes().await.expect("list") {
+        assert!(
+            !node.spec.iptables_cleanup,
+            "{name} was told to clean kube-proxy's rules"
+        );
+    }
+    for node in NODES {
+        let rules = world.kube_proxy_rules(node).expect("iptables-save");
+        assert!(
+            rules.demo_service,
+            "kube-proxy's rules gone on {node}: {rules:?}"
+        );
+    }
+    let report = traffic.stop().await;
+    println!("{report}");
+    assert_eq!(
+        report.failure_count(),
+        0,
+        "failed new connections while halted\n{report}"
     );
 }
