@@ -13,8 +13,8 @@ use crate::load::{self, LoadOptions, LoadReport, Workload};
 use crate::report::{number, percentile, Summary, Table};
 use crate::systems::{probe_targets, Binaries, Running, System, NODE_NAME};
 use crate::topology::{
-    service_address, Prober, Topology, CLIENT_NAMESPACE, MARKER_ADDRESS, MARKER_POD, NODE_ADDRESS,
-    SERVICE_TCP_PORT,
+    observe_in_background, service_address, Prober, Topology, CLIENT_NAMESPACE, MARKER_ADDRESS,
+    MARKER_POD, NODE_ADDRESS, SERVICE_TCP_PORT,
 };
 use crate::Plan;
 
@@ -479,31 +479,39 @@ async fn programming_latency(
     tokio::task::block_in_place(|| {
         running.wait_serving(&prober, &probe_targets(scale), plan.dataplane.serve_timeout)
     })?;
-    let mut samples = Vec::new();
-    let mut missed = 0;
     let mut touched = Vec::new();
     let original = apiserver::backend_addresses(BACKENDS);
-    for _ in 0..changes {
+    // A change every `spacing`, whether or not the earlier ones are seen yet: each
+    // is watched by an observer of its own.
+    let mut observers = Vec::new();
+    let started = Instant::now();
+    for change in 0..changes {
         let index = counter.next_service(scale);
         touched.push(index);
         let target = SocketAddrV4::new(service_address(index), SERVICE_TCP_PORT);
+        let due = started + spacing * change as u32;
+        if let Some(wait) = due.checked_duration_since(Instant::now()) {
+            tokio::time::sleep(wait).await;
+        }
         let changed_at = Instant::now();
         apiserver::set_endpoints(client, index, &[MARKER_ADDRESS]).await?;
-        let observed = tokio::task::block_in_place(|| {
-            prober.wait_for_answer(
-                target,
-                Some(MARKER_POD),
-                changed_at,
-                Duration::from_secs(30),
-            )
-        });
-        match observed {
+        observers.push(observe_in_background(
+            CLIENT_NAMESPACE,
+            target,
+            MARKER_POD,
+            changed_at,
+            Duration::from_secs(30),
+        ));
+    }
+    let mut samples = Vec::new();
+    let mut missed = 0;
+    for observer in observers {
+        match tokio::task::block_in_place(|| observer.join())
+            .ok()
+            .flatten()
+        {
             Some(latency) => samples.push(latency),
             None => missed += 1,
-        }
-        let next = changed_at + spacing;
-        if let Some(wait) = next.checked_duration_since(Instant::now()) {
-            tokio::time::sleep(wait).await;
         }
     }
     running.stop();

@@ -456,8 +456,32 @@ fn wait_for(
         if Instant::now() >= deadline {
             return None;
         }
-        std::thread::sleep(Duration::from_millis(1));
+        // Every millisecond at first; after 100 ms every 5 ms, so that several
+        // slow observations in flight at once do not load the machine.
+        let pause = if since.elapsed() < Duration::from_millis(100) {
+            1
+        } else {
+            5
+        };
+        std::thread::sleep(Duration::from_millis(pause));
     }
+}
+
+/// Like [`Prober::wait_for_answer`], on a thread of its own inside `namespace`,
+/// so that several observations can be in flight at once.
+pub fn observe_in_background(
+    namespace: &str,
+    target: SocketAddrV4,
+    expected: &str,
+    since: Instant,
+    timeout: Duration,
+) -> std::thread::JoinHandle<Option<Duration>> {
+    let namespace = namespace.to_string();
+    let expected = expected.to_string();
+    std::thread::spawn(move || {
+        enter_namespace(&namespace).ok()?;
+        wait_for(target, Some(&expected), since, timeout)
+    })
 }
 
 /// One connection, one line, the answer.
