@@ -126,7 +126,7 @@ fn assert_long_lived_intact(report: &TrafficReport, what: &str) {
 }
 
 /// The first time the demo Service's kube-proxy rules are seen on each node, polled every
-/// 100 ms (for at most about 5 minutes).
+/// 100 ms (for at most about a minute).
 fn poll_kube_proxy_rules() -> (
     Arc<Mutex<BTreeMap<String, SystemTime>>>,
     tokio::task::JoinHandle<()>,
@@ -135,7 +135,7 @@ fn poll_kube_proxy_rules() -> (
     let shared = seen.clone();
     let nodes: Vec<String> = NODES.iter().map(|node| node.to_string()).collect();
     let task = tokio::task::spawn_blocking(move || {
-        for _ in 0..3000 {
+        for _ in 0..600 {
             for node in &nodes {
                 let already = shared
                     .lock()
