@@ -11,9 +11,10 @@ RUN apt-get update && apt-get install -y --no-install-recommends sudo \
 
 FROM debian:bookworm-slim
 # iptables (both backends) and nftables: the agent keeps its own rules first and
-# cleans kube-proxy's rules when told to.
+# cleans kube-proxy's rules when told to. iproute2: `ip -j addr`, the host's
+# interfaces and addresses (re-read on every netlink notification).
 RUN apt-get update \
- && apt-get install -y --no-install-recommends iptables nftables ca-certificates \
+ && apt-get install -y --no-install-recommends iptables nftables iproute2 ca-certificates \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=build /src/target/release/switchyard-agent /usr/local/bin/switchyard-agent
 ENTRYPOINT ["/usr/local/bin/switchyard-agent"]
