@@ -144,8 +144,13 @@ async fn demo() -> Outcome<()> {
         let after = rules_after.get(node).cloned().unwrap_or_default();
         println!(
             "  {:<42} {:>12}",
-            format!("kube-proxy rules on {node} (before -> after)"),
+            format!("kube-proxy nat rules on {node} (before -> after)"),
             format!("{} -> {}", before.kube_rules, after.kube_rules)
+        );
+        println!(
+            "  {:<42} {:>12}",
+            format!("kube-proxy Service chains on {node}"),
+            format!("{} -> {}", before.service_chains, after.service_chains)
         );
     }
     println!(
