@@ -23,8 +23,10 @@ step() {
 # `down` on failure only while this run's cluster is up.
 last_logs=${SWITCHYARD_E2E_LAST_LOGS:-/tmp/switchyard-e2e-last-logs}
 cluster_is_up=0
+images=
 cleanup() {
   local status=$?
+  [ -n "$images" ] && rm -f "$images"
   if [ "$cluster_is_up" -eq 1 ]; then
     e2e/cluster down >/dev/null 2>&1 || true
   fi
@@ -37,8 +39,12 @@ trap cleanup EXIT
 bash e2e/scripts/build-kubernetes.sh
 step "kubernetes components"
 "$CARGO" build --locked --quiet -p switchyard-e2e --bins
-"$CARGO" test --locked --quiet --no-run -p switchyard-operator --test cluster 2>/dev/null
+"$CARGO" test --locked --quiet --no-run -p switchyard-operator --test cluster
 step "pod runner, operator and its test"
+# The pod runner runs this build of the operator for the chart's operator image.
+images=$(mktemp)
+echo "ghcr.io/switchyard/switchyard-operator:* ${CARGO_TARGET_DIR:-$PWD/target}/debug/switchyard-operator" > "$images"
+export SWITCHYARD_E2E_IMAGES=$images
 rm -f "$last_logs/namespaces"
 cluster_is_up=1
 e2e/cluster up --nodes 3

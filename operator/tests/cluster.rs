@@ -1651,3 +1651,109 @@ async fn an_operator_killed_mid_transition_is_replaced_by_one_that_neither_repea
     configs.delete("default", &DeleteParams::default()).await?;
     Ok(())
 }
+
+#[tokio::test]
+#[ignore = "needs the e2e cluster: make e2e-operator-smoke"]
+async fn a_helm_installed_operator_runs_in_the_cluster_leads_and_creates_dataplane_nodes(
+) -> TestResult {
+    let images = std::env::var("SWITCHYARD_E2E_IMAGES").unwrap_or_default();
+    let mapped = std::fs::read_to_string(&images).unwrap_or_default();
+    if !mapped.contains("switchyard-operator") {
+        return Err(format!(
+            "the cluster must run the operator image: start it with SWITCHYARD_E2E_IMAGES naming the operator binary (got {images:?})"
+        )
+        .into());
+    }
+    let client = admin_client(&ClusterPaths::from_environment()).await?;
+    ensure_namespace(&client).await?;
+    let chart = concat!(env!("CARGO_MANIFEST_DIR"), "/../charts/switchyard");
+    // One replica: the pod runner starts a Deployment's pods one after the other.
+    let installed = Command::new("helm")
+        .args([
+            "install",
+            "sy",
+            chart,
+            "--namespace",
+            NAMESPACE,
+            "--set",
+            "apiServer.host=10.99.0.1",
+            "--set",
+            "operator.replicas=1",
+        ])
+        .output()?;
+    assert!(
+        installed.status.success(),
+        "helm install: {}",
+        String::from_utf8_lossy(&installed.stderr)
+    );
+
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(client.clone(), NAMESPACE);
+    let holder = wait_for(
+        "see the operator pod hold the leader Lease",
+        WaitOptions::new(Duration::from_secs(90)),
+        || async {
+            let holder = leases
+                .get_opt("switchyard-operator")
+                .await?
+                .and_then(|lease| lease.spec)
+                .and_then(|spec| spec.holder_identity);
+            Ok::<_, kube::Error>(match holder {
+                Some(holder) if holder.starts_with("switchyard-operator-") => Check::Ready(holder),
+                other => Check::NotYet(format!("holder {other:?}")),
+            })
+        },
+    )
+    .await?;
+    println!("the helm-installed operator pod {holder} leads");
+    let dataplane_nodes: Api<DataplaneNode> = Api::all(client.clone());
+    wait_for(
+        "see the installed operator create 3 DataplaneNodes",
+        WaitOptions::new(Duration::from_secs(60)),
+        || async {
+            let count = dataplane_nodes
+                .list(&ListParams::default())
+                .await?
+                .items
+                .len();
+            Ok::<_, kube::Error>(if count == 3 {
+                Check::Ready(())
+            } else {
+                Check::NotYet(format!("{count} DataplaneNodes"))
+            })
+        },
+    )
+    .await?;
+
+    let uninstalled = Command::new("helm")
+        .args(["uninstall", "sy", "--namespace", NAMESPACE])
+        .output()?;
+    assert!(
+        uninstalled.status.success(),
+        "helm uninstall: {}",
+        String::from_utf8_lossy(&uninstalled.stderr)
+    );
+    // The operator pod goes (helm removes its RBAC at the same moment, so its goodbye release
+    // of the Lease may be refused: the Lease then expires after its duration).
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    wait_for(
+        "see the operator pod gone",
+        WaitOptions::new(Duration::from_secs(60)),
+        || async {
+            let left: Vec<String> = pods
+                .list(&ListParams::default().labels("app.kubernetes.io/component=operator"))
+                .await?
+                .items
+                .iter()
+                .map(|pod| pod.name_any())
+                .collect();
+            Ok::<_, kube::Error>(if left.is_empty() {
+                Check::Ready(())
+            } else {
+                Check::NotYet(format!("left: {left:?}"))
+            })
+        },
+    )
+    .await?;
+    Ok(())
+}
