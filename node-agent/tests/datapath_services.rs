@@ -89,6 +89,20 @@ fn cluster_ip_and_node_port_reach_every_backend_from_pods_host_and_outside() {
             let from_pod = tcp_requests_from(Some("pod4"), cluster_ip_address(), 60);
             let counts = backends_hit(&from_pod);
             assert_eq!(counts.len(), 3, "every backend gets traffic: {counts:?}");
+            // The pod's connections were translated by TC (conntrack entries from
+            // its address), not by the socket hooks: those act only in the node's
+            // network namespace, although the pod's sockets are in their cgroup.
+            let pod4 = switchyard_common::ipv4_mapped(pods[3].ip.octets());
+            let from_pod4 = maps
+                .conntrack_entries()
+                .expect("conntrack")
+                .iter()
+                .filter(|(key, value)| {
+                    key.source_address == pod4
+                        && value.flags & switchyard_common::CONNTRACK_FLAG_REPLY == 0
+                })
+                .count();
+            assert!(from_pod4 >= 60, "{from_pod4} conntrack entries from pod4");
             // From the node's own network namespace (socket hooks).
             let from_host = tcp_requests_from(None, cluster_ip_address(), 60);
             assert_eq!(backends_hit(&from_host).len(), 3);
