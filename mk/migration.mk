@@ -8,6 +8,7 @@ demo: setup
 
 demo-down:
 	e2e/cluster down
+	rm -f $(or $(SWITCHYARD_E2E_STATE),/var/lib/switchyard-e2e).images.conf
 
 # Scenarios 1 (helm install, KubeProxy -> Ebpf), 2 (agent upgrade by helm upgrade),
 # 3 (rollback with draining), 5 (an agent never Ready halts the transition) and 7
