@@ -52,6 +52,11 @@ fn start_agent(node: &Node, generation: usize) -> Child {
     let log = std::fs::File::create(node.work.join(format!("agent-{generation}.log")))
         .expect("agent log");
     let error_log = log.try_clone().expect("agent log");
+    // The socket hooks go to the test's own cgroup, never the machine's root.
+    let socket_hooks: Vec<std::ffi::OsString> = match &node.cgroup {
+        Some(cgroup) => vec!["--cgroup".into(), cgroup.into()],
+        None => vec!["--no-socket-hooks".into()],
+    };
     Command::new(env!("CARGO_BIN_EXE_switchyard-agent"))
         .args(["standalone", "--manifests"])
         .arg(node.work.join("manifests"))
@@ -69,6 +74,7 @@ fn start_agent(node: &Node, generation: usize) -> Child {
             "--bpf-pin-dir",
         ])
         .arg(&node.pin_directory)
+        .args(socket_hooks)
         .env("RUST_LOG", "info")
         .stdin(Stdio::null())
         .stdout(log)
@@ -99,7 +105,7 @@ struct Load {
 
 /// Closed-loop clients: each worker opens a connection, sends a line, reads the
 /// answer, closes, and starts again.
-fn start_load(namespace: &'static str, address: SocketAddrV4, workers: usize) -> Load {
+fn start_load(namespace: Option<&'static str>, address: SocketAddrV4, workers: usize) -> Load {
     let stop = Arc::new(AtomicBool::new(false));
     let successes = Arc::new(AtomicUsize::new(0));
     let failures = Arc::new(AtomicUsize::new(0));
@@ -113,7 +119,7 @@ fn start_load(namespace: &'static str, address: SocketAddrV4, workers: usize) ->
                 first_failure.clone(),
             );
             let load_started = Instant::now();
-            in_namespace(Some(namespace), move || {
+            in_namespace(namespace, move || {
                 while !stop.load(Ordering::Relaxed) {
                     match tcp_request(address, Duration::from_secs(2)) {
                         Ok(_) => {
@@ -188,8 +194,10 @@ fn killing_and_restarting_the_agent_twice_fails_no_connection() {
             });
             assert!(serving, "the agent never served:\n{}", agent_logs(node));
 
-            let through_cluster_ip = start_load("pod3", cluster_ip, 2);
-            let through_node_port = start_load("client", node_port, 2);
+            let through_cluster_ip = start_load(Some("pod3"), cluster_ip, 2);
+            let through_node_port = start_load(Some("client"), node_port, 2);
+            // Host processes too (socket hooks, pinned like the TC links).
+            let from_host = start_load(None, cluster_ip, 1);
             let started = Instant::now();
             std::thread::sleep(Duration::from_secs(2));
             // SIGTERM: the agent leaves everything in place; a new one takes over.
@@ -210,6 +218,7 @@ fn killing_and_restarting_the_agent_twice_fails_no_connection() {
                 through_cluster_ip.stop();
             let (node_port_successes, node_port_failures, node_port_error) =
                 through_node_port.stop();
+            let (host_successes, host_failures, host_error) = from_host.stop();
             let still_running = agent.try_wait().expect("agent status").is_none();
             let _ = agent.kill();
             let _ = agent.wait();
@@ -221,7 +230,10 @@ fn killing_and_restarting_the_agent_twice_fails_no_connection() {
                  {cluster_ip_failures} failed ({cluster_ip_rate:.0}/s); NodePort \
                  {node_port_successes} ok / {node_port_failures} failed ({node_port_rate:.0}/s)"
             );
+            println!("from the host: {host_successes} ok / {host_failures} failed");
             assert!(still_running, "the last agent died:\n{}", agent_logs(node));
+            assert_eq!(host_failures, 0, "host connections failed: {host_error:?}");
+            assert!(host_successes > 0);
             assert_eq!(
                 (cluster_ip_failures, node_port_failures),
                 (0, 0),
