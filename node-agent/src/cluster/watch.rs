@@ -128,6 +128,60 @@ where
     }
 }
 
+/// Turns watcher events into store changes: a (re)list is buffered from `Init`
+/// to `InitDone` and handed over whole, so the agent never sees half a list;
+/// single changes pass through. Objects that do not convert are logged and left
+/// out. Pure (no I/O), so the buffering is tested on its own.
+pub struct ChangeBuilder<K, V> {
+    what: &'static str,
+    convert: fn(&K) -> Result<Option<V>, FieldError>,
+    buffer: Option<BTreeMap<ServiceName, V>>,
+}
+
+impl<K: Resource, V> ChangeBuilder<K, V> {
+    pub fn new(what: &'static str, convert: fn(&K) -> Result<Option<V>, FieldError>) -> Self {
+        Self {
+            what,
+            convert,
+            buffer: None,
+        }
+    }
+
+    fn converted(&self, object: &K) -> Option<Option<V>> {
+        match (self.convert)(object) {
+            Ok(value) => Some(value),
+            Err(error) => {
+                tracing::warn!(what = self.what, object = %key_of(object), %error, "ignoring an object the datapath cannot use");
+                None
+            }
+        }
+    }
+
+    pub fn on_event(&mut self, event: watcher::Event<K>) -> Option<StoreChange<V>> {
+        match event {
+            watcher::Event::Init => {
+                self.buffer = Some(BTreeMap::new());
+                None
+            }
+            watcher::Event::InitApply(object) => {
+                if let Some(Some(value)) = self.converted(&object) {
+                    if let Some(buffer) = self.buffer.as_mut() {
+                        buffer.insert(key_of(&object), value);
+                    }
+                }
+                None
+            }
+            watcher::Event::InitDone => self.buffer.take().map(StoreChange::Replace),
+            watcher::Event::Apply(object) => match self.converted(&object) {
+                Some(Some(value)) => Some(StoreChange::Upsert(key_of(&object), value)),
+                Some(None) => Some(StoreChange::Remove(key_of(&object))),
+                None => None,
+            },
+            watcher::Event::Delete(object) => Some(StoreChange::Remove(key_of(&object))),
+        }
+    }
+}
+
 /// Watches a collection converted to the model, sending complete lists as one
 /// `Replace` and single changes as they come. Returns when the agent is gone.
 async fn watch_collection<K, V>(
@@ -139,39 +193,16 @@ async fn watch_collection<K, V>(
 ) where
     K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
 {
-    let mut buffer: Option<BTreeMap<ServiceName, V>> = None;
-    let converted = |object: &K| match convert(object) {
-        Ok(value) => Some(value),
-        Err(error) => {
-            tracing::warn!(what, object = %key_of(object), %error, "ignoring an object the datapath cannot use");
-            None
-        }
-    };
-    consume(api, watcher::Config::default(), what, |event| {
-        let change = match event {
-            watcher::Event::Init => {
-                buffer = Some(BTreeMap::new());
-                None
-            }
-            watcher::Event::InitApply(object) => {
-                if let (Some(buffer), Some(Some(value))) = (buffer.as_mut(), converted(&object)) {
-                    buffer.insert(key_of(&object), value);
-                }
-                None
-            }
-            watcher::Event::InitDone => buffer.take().map(StoreChange::Replace),
-            watcher::Event::Apply(object) => match converted(&object) {
-                Some(Some(value)) => Some(StoreChange::Upsert(key_of(&object), value)),
-                Some(None) => Some(StoreChange::Remove(key_of(&object))),
-                None => None,
-            },
-            watcher::Event::Delete(object) => Some(StoreChange::Remove(key_of(&object))),
-        };
-        match change {
+    let mut builder = ChangeBuilder::new(what, convert);
+    consume(
+        api,
+        watcher::Config::default(),
+        what,
+        |event| match builder.on_event(event) {
             Some(change) => inputs.send(wrap(change)).is_ok(),
             None => true,
-        }
-    })
+        },
+    )
     .await;
 }
 
@@ -354,4 +385,77 @@ async fn write_status(
     )
     .await
     .map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v1beta1_slice(name: &str, ready: bool) -> DynamicObject {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "discovery.k8s.io/v1beta1",
+            "kind": "EndpointSlice",
+            "metadata": {"name": name, "namespace": "default",
+                         "labels": {"kubernetes.io/service-name": "web"}},
+            "addressType": "IPv4",
+            "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+            "endpoints": [{"addresses": ["10.244.2.10"], "conditions": {"ready": ready},
+                           "topology": {"kubernetes.io/hostname": "node-2"}}]
+        }))
+        .expect("a valid object")
+    }
+
+    #[test]
+    fn a_v1beta1_slice_read_as_a_dynamic_object_converts_with_its_topology_node() {
+        let model = slice_model_v1beta1(&v1beta1_slice("web-1", true))
+            .expect("converts")
+            .expect("used");
+        assert_eq!(model.service, ServiceName::new("default", "web"));
+        assert_eq!(model.endpoints[0].node_name.as_deref(), Some("node-2"));
+        assert!(model.endpoints[0].ready);
+    }
+
+    #[test]
+    fn a_malformed_v1beta1_slice_names_the_field() {
+        let mut object = v1beta1_slice("web-1", true);
+        object.data["endpoints"] = serde_json::json!("not a list");
+        let error = slice_model_v1beta1(&object).expect_err("rejected");
+        assert_eq!(error.field, "endpoints");
+    }
+
+    #[test]
+    fn a_list_is_handed_over_whole_only_when_complete() {
+        let mut builder = ChangeBuilder::new("EndpointSlices", slice_model_v1beta1);
+        assert_eq!(builder.on_event(watcher::Event::Init), None);
+        assert_eq!(
+            builder.on_event(watcher::Event::InitApply(v1beta1_slice("web-1", true))),
+            None
+        );
+        let mut broken = v1beta1_slice("web-2", true);
+        broken.data["endpoints"] = serde_json::json!(7);
+        assert_eq!(builder.on_event(watcher::Event::InitApply(broken)), None);
+        assert_eq!(
+            builder.on_event(watcher::Event::InitApply(v1beta1_slice("web-3", false))),
+            None
+        );
+        let Some(StoreChange::Replace(list)) = builder.on_event(watcher::Event::InitDone) else {
+            panic!("a complete list");
+        };
+        assert_eq!(
+            list.keys().cloned().collect::<Vec<_>>(),
+            vec![
+                ServiceName::new("default", "web-1"),
+                ServiceName::new("default", "web-3")
+            ],
+            "the malformed slice is left out"
+        );
+        assert!(matches!(
+            builder.on_event(watcher::Event::Apply(v1beta1_slice("web-4", true))),
+            Some(StoreChange::Upsert(key, _)) if key == ServiceName::new("default", "web-4")
+        ));
+        assert_eq!(
+            builder.on_event(watcher::Event::Delete(v1beta1_slice("web-1", true))),
+            Some(StoreChange::Remove(ServiceName::new("default", "web-1")))
+        );
+    }
 }
