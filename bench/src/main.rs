@@ -307,10 +307,10 @@ impl Plan {
             } else {
                 dataplane::DataplaneSettings {
                     runs: 3,
-                    run_duration: Duration::from_secs(3),
+                    run_duration: Duration::from_secs(2),
                     warm_up: Duration::from_secs(1),
                     concurrency: 16,
-                    serve_timeout: Duration::from_secs(240),
+                    serve_timeout: Duration::from_secs(180),
                 }
             },
             control_scale,
