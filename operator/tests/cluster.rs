@@ -817,9 +817,33 @@ async fn a_transition_to_ebpf_and_back_disables_kube_proxy_and_restores_it_exact
         "KubeProxyDisabledAgain",
     )
     .await?;
+    // The spec did not change (same generation), so a Ready status read before the operator
+    // wrote its next one proves nothing: wait for the whole sequence instead (kube-proxy gone
+    // again, every node told to clean again, then Ready).
+    wait_for_kube_proxy_pods(&client, 0).await?;
+    let dataplane_nodes_again: Api<DataplaneNode> = Api::all(client.clone());
+    wait_for(
+        "see every node told to clean again",
+        WaitOptions::new(Duration::from_secs(60)),
+        || async {
+            let waiting: Vec<String> = dataplane_nodes_again
+                .list(&ListParams::default())
+                .await?
+                .items
+                .into_iter()
+                .filter(|node| !node.spec.iptables_cleanup)
+                .map(|node| node.name_any())
+                .collect();
+            Ok::<_, kube::Error>(if waiting.is_empty() {
+                Check::Ready(())
+            } else {
+                Check::NotYet(format!("not told to clean: {waiting:?}"))
+            })
+        },
+    )
+    .await?;
     let phases = wait_until_ready(&client, &operator, DataplaneMode::Ebpf).await?;
     println!("kube-proxy came back and was disabled again; phases seen: {phases:?}");
-    wait_for_kube_proxy_pods(&client, 0).await?;
 
     // Ebpf -> KubeProxy: the DaemonSet gets back exactly the selector it had.
     let rollback_started = Instant::now();
