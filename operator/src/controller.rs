@@ -841,7 +841,6 @@ async fn delete_agent_pod(
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
