@@ -34,6 +34,10 @@ use switchyard_common::{
 
 use crate::packet::Packet;
 
+/// Per-CPU LRU lists for conntrack: every new flow inserts two entries, and a
+/// common LRU list would be a lock all CPUs contend for.
+const BPF_F_NO_COMMON_LRU: u32 = 1 << 1;
+
 /// "Next program, or the stack": `TCX_NEXT` under TCX and `TC_ACT_UNSPEC` under
 /// clsact are the same value (-1), so one return code serves both attach modes.
 pub const PASS: i32 = TC_ACT_UNSPEC;
@@ -45,7 +49,8 @@ static FRONTENDS: HashMap<FrontendKey, FrontendValue> = HashMap::pinned(65_536, 
 #[map(name = "SY_BACKENDS")]
 static BACKEND_SLOTS: HashMap<BackendSlotKey, BackendValue> = HashMap::pinned(262_144, 0);
 #[map(name = "SY_CONNTRACK")]
-static CONNTRACK: LruHashMap<ConntrackKey, ConntrackValue> = LruHashMap::pinned(524_288, 0);
+static CONNTRACK: LruHashMap<ConntrackKey, ConntrackValue> =
+    LruHashMap::pinned(524_288, BPF_F_NO_COMMON_LRU);
 #[map(name = "SY_AFFINITY")]
 static AFFINITY: LruHashMap<AffinityKey, AffinityValue> = LruHashMap::pinned(65_536, 0);
 #[map(name = "SY_CONFIG")]
