@@ -18,3 +18,8 @@ e2e-migration: setup
 	bash e2e/scripts/migration.sh
 
 TEST_SUITES += e2e-migration
+
+# Issue 6's name for the operator's scenarios on the local cluster: the operator
+# against the real API server (simulated agents) and the migration with real agents.
+.PHONY: e2e-operator
+e2e-operator: e2e-operator-smoke e2e-migration
