@@ -262,6 +262,10 @@ impl Default for Timeouts {
 
 type SharedReport = Arc<Mutex<TrafficReport>>;
 
+/// However a test ends (a panic before `stop`, a hung step), its traffic stops by
+/// itself after this long: test traffic is always bounded in time.
+pub const MAXIMUM_TRAFFIC_LIFETIME: Duration = Duration::from_secs(20 * 60);
+
 /// Runs flows until stopped.
 pub struct TrafficGenerator {
     report: SharedReport,
@@ -276,6 +280,15 @@ impl TrafficGenerator {
         let report: SharedReport = Arc::new(Mutex::new(TrafficReport::default()));
         let (stop, stopped) = watch::channel(false);
         let mut tasks = JoinSet::new();
+        let watchdog = stop.clone();
+        tasks.spawn(async move {
+            tokio::select! {
+                _ = tokio::time::sleep(MAXIMUM_TRAFFIC_LIFETIME) => {
+                    let _ = watchdog.send(true);
+                }
+                _ = watchdog.closed() => {}
+            }
+        });
         for flow in flows {
             if let Ok(mut shared) = report.lock() {
                 shared.flows.entry(flow.name.clone()).or_default();

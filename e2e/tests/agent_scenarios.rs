@@ -427,9 +427,10 @@ async fn a_service_created_scaled_and_deleted_is_served_and_gone_within_two_seco
     world.finish().await;
 }
 
-/// Scenario 3, shortened: the Node is patched every 250 ms for 40 s (status
-/// heartbeats and conditions, an unrelated annotation: 160 updates) instead of
-/// every second for 3 minutes. At least 150 updates are ignored, with zero
+/// Scenario 3: the Node is patched every second for three minutes (status
+/// heartbeats and conditions, an unrelated annotation: 180 updates, as the issue
+/// asks, since a 1.20 kubelet writes Node status only every 5 minutes). At least
+/// 150 updates are ignored, with zero
 /// attaches and zero map writes; then an address added to node-1's eth0 and its
 /// Node is served on its NodePort within 2 s.
 #[tokio::test]
@@ -442,8 +443,8 @@ async fn node_churn_is_ignored_and_a_new_node_address_is_served_within_two_secon
     tokio::time::sleep(Duration::from_secs(2)).await;
     let before = cluster.metrics("node-1").await.unwrap();
     let generator = world.traffic();
-    let patches = 160;
-    let mut ticker = tokio::time::interval(Duration::from_millis(250));
+    let patches = 180;
+    let mut ticker = tokio::time::interval(Duration::from_secs(1));
     for index in 0..patches {
         ticker.tick().await;
         let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
@@ -629,7 +630,7 @@ fn kube_proxy_rule_count(node: &str) -> usize {
 /// Scenarios 4 and 5: kube-proxy started after the agent on nodes that serve
 /// from eBPF: traffic keeps working and the agent's chains stay first. Then
 /// `iptablesCleanup` with kube-proxy running: conflict reported, its rule count
-/// stable (no flapping) for 20 s; with kube-proxy gone: every Service chain
+/// stable (no flapping) for 60 s; with kube-proxy gone: every Service chain
 /// removed, traffic unharmed throughout.
 #[tokio::test]
 #[ignore = "needs the e2e cluster: make e2e-agent"]
@@ -680,7 +681,7 @@ async fn kube_proxy_started_after_the_agent_breaks_nothing_and_is_cleaned_only_o
         )
         .await;
     let mut counts = Vec::new();
-    for _ in 0..10 {
+    for _ in 0..30 {
         counts.push(kube_proxy_rule_count("node-1"));
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
