@@ -6,31 +6,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-CARGO=${CARGO:-cargo}
+SUITE=e2e-agent
 # A state directory of its own, so this suite never meets another cluster.
 export SWITCHYARD_E2E_STATE=${SWITCHYARD_E2E_STATE:-/var/lib/switchyard-e2e-agent}
 export SWITCHYARD_E2E_LAST_LOGS=${SWITCHYARD_E2E_LAST_LOGS:-/tmp/switchyard-e2e-agent-last-logs}
-target_directory=${CARGO_TARGET_DIR:-$PWD/target}
-
-milliseconds() { echo $(( $(date +%s%N) / 1000000 )); }
-seconds_since() { local elapsed=$(( $(milliseconds) - $1 )); printf '%d.%d' $((elapsed / 1000)) $((elapsed % 1000 / 100)); }
-started=$(milliseconds)
-step_started=$started
-step() {
-  printf 'e2e-agent: %-30s %6s s\n' "$1" "$(seconds_since "$step_started")" >&2
-  step_started=$(milliseconds)
-}
-
-images=$(mktemp)
-cleanup() {
-  local status=$?
-  e2e/cluster down >/dev/null 2>&1 || true
-  rm -f "$images"
-  if [ "$status" -ne 0 ]; then
-    echo "e2e-agent: FAILED (logs of the cluster: $SWITCHYARD_E2E_LAST_LOGS)" >&2
-  fi
-}
-trap cleanup EXIT
+# shellcheck source=e2e/scripts/suite.sh
+source e2e/scripts/suite.sh
 
 bash e2e/scripts/build-kubernetes.sh
 step "kubernetes components"
@@ -38,14 +19,4 @@ step "kubernetes components"
 "$CARGO" build --locked --quiet -p switchyard-e2e --bins --tests
 step "agent and e2e crate"
 echo "switchyard/agent:* $target_directory/debug/switchyard-agent" > "$images"
-# A cluster an interrupted run of this suite left behind (own state directory).
-e2e/cluster down >/dev/null 2>&1 || true
-SWITCHYARD_E2E_IMAGES=$images e2e/cluster up --nodes 3
-step "cluster up (3 nodes)"
-e2e/cluster exec "$CARGO" test --locked --offline --quiet -p switchyard-e2e --test agent_scenarios \
-  -- --ignored --nocapture --test-threads=1 ${SWITCHYARD_E2E_AGENT_TESTS:-}
-step "agent scenarios"
-e2e/cluster down
-e2e/cluster verify-clean
-step "cluster down, verified clean"
-printf 'e2e-agent: %-30s %6s s\n' "total" "$(seconds_since "$started")" >&2
+run_scenarios agent_scenarios "agent scenarios" "${SWITCHYARD_E2E_AGENT_TESTS:-}"
