@@ -16,21 +16,22 @@ use switchyard_common::{DATAPATH_MODE_ACTIVE, DATAPATH_MODE_DRAINING};
 use switchyard_crds::{DataplaneMode, DataplaneNodeSpec, DataplaneNodeStatus};
 
 use super::datapath::NodeDatapath;
-use super::health::{local_service_health, ServiceEntry};
+use super::health::{local_endpoint_count, ServiceEntry};
 use super::node::{node_update_is_relevant, NodeFacts};
 use super::status::{AttachmentReport, CoexistenceReport, DrainEnd, StatusInputs, SyncReport};
-use super::store::{ObjectStore, StoreChange};
-use crate::desired::{desired_services, NodeView};
+use super::store::StoreChange;
+use crate::desired::NodeView;
 use crate::gate::{Gate, GateInput, GateStatus};
 use crate::kube_proxy::health::LocalServiceHealth;
 use crate::maps::ServiceMaps;
-use crate::model::{EndpointSliceModel, ServiceModel};
+use crate::model::{EndpointSliceModel, ServiceName};
 use crate::standalone::datapath::datapath_config;
 use crate::standalone::follow::{follow_mode, Attachment, ModeAction};
 use crate::standalone::interfaces::{self, Globs, InterfaceRole, IpInterface};
 use crate::standalone::masquerade;
 use crate::sync::coalesce::{Coalescer, Next};
-use crate::sync::{ApplyReport, Syncer};
+use crate::sync::inputs::{SyncInputs, SyncKind, SyncOutcome};
+use crate::sync::Syncer;
 use crate::Error;
 
 /// This node's DataplaneNode as the agent uses it.
@@ -69,7 +70,15 @@ pub struct AgentSettings {
     pub socket_hooks: bool,
     pub agent_version: String,
     pub agent_revision: Option<String>,
+    /// How often a full sync re-reads the maps and recomputes every Service
+    /// (the safety net under the partial syncs).
+    pub full_resync_period: Duration,
 }
+
+/// Default of [`AgentSettings::full_resync_period`]. A resync of 10,000
+/// Services costs a few hundred milliseconds of one core; changes in between
+/// are partial syncs of a fraction of a millisecond.
+pub const DEFAULT_FULL_RESYNC_PERIOD: Duration = Duration::from_secs(300);
 
 /// Counts for the metrics, since start.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -80,13 +89,18 @@ pub struct AgentCounts {
     /// Attaches that changed the kernel (a link created or its program replaced).
     pub program_attaches: u64,
     pub syncs: u64,
+    /// Syncs that recomputed only the changed Services.
+    pub partial_syncs: u64,
+    /// Periodic full resyncs that found the maps differing from the desired
+    /// state and wrote something (should stay 0).
+    pub resync_corrections: u64,
 }
 
 /// What one tick did, for metrics and logs.
 #[derive(Clone, Debug, Default)]
 pub struct TickReport {
-    /// An apply ran: its report and how long it took.
-    pub sync: Option<(ApplyReport, Duration)>,
+    /// An apply ran: what it did and how long it took.
+    pub sync: Option<(SyncOutcome, Duration)>,
     /// The gate opened in this tick, after waiting this long.
     pub gate_opened_after: Option<Duration>,
 }
@@ -97,8 +111,15 @@ pub struct ClusterAgent<D: NodeDatapath> {
     syncer: Syncer,
     gate: Gate,
     coalescer: Coalescer,
-    services: ObjectStore<ServiceEntry>,
-    slices: ObjectStore<EndpointSliceModel>,
+    /// Services, EndpointSlices and the node's view, with what changed.
+    inputs: SyncInputs,
+    services_listed: bool,
+    slices_listed: bool,
+    /// `healthCheckNodePort`s of the Services that have one.
+    health_check_ports: BTreeMap<ServiceName, u16>,
+    /// When the last full sync started; the next is due a resync period later.
+    last_full_sync: Option<Instant>,
+    resync_wanted: bool,
     node: Option<NodeFacts>,
     host_addresses: Option<Vec<IpAddr>>,
     roles: BTreeMap<String, (u32, InterfaceRole)>,
@@ -148,8 +169,12 @@ impl<D: NodeDatapath> ClusterAgent<D> {
             datapath,
             syncer,
             gate,
-            services: ObjectStore::default(),
-            slices: ObjectStore::default(),
+            inputs: SyncInputs::default(),
+            services_listed: false,
+            slices_listed: false,
+            health_check_ports: BTreeMap::new(),
+            last_full_sync: None,
+            resync_wanted: false,
             node: None,
             host_addresses: None,
             roles: BTreeMap::new(),
@@ -219,6 +244,9 @@ impl<D: NodeDatapath> ClusterAgent<D> {
         if let Attachment::Draining { .. } = self.attachment {
             deadline = Some(now + Duration::from_secs(1));
         }
+        if let Some(due) = self.resync_due_at() {
+            deadline = Some(deadline.map_or(due, |current: Instant| current.min(due)));
+        }
         if self.gate.is_open() && self.coalescer.is_pending() {
             // `poll` only tells when without starting an apply if one is not due.
             let due = match self.peek_coalescer(now) {
@@ -230,6 +258,12 @@ impl<D: NodeDatapath> ClusterAgent<D> {
         deadline
     }
 
+    /// When the next periodic full resync is due (after the first full sync).
+    fn resync_due_at(&self) -> Option<Instant> {
+        self.last_full_sync
+            .map(|at| at + self.settings.full_resync_period)
+    }
+
     fn peek_coalescer(&self, now: Instant) -> Next {
         let mut copy = self.coalescer.clone();
         copy.poll(now)
@@ -238,18 +272,26 @@ impl<D: NodeDatapath> ClusterAgent<D> {
     pub fn receive(&mut self, input: Input, now: Instant) {
         match input {
             Input::Services(change) => {
-                if self.services.apply(change) {
+                if self.apply_services(change) {
                     self.coalescer.changed();
                 }
-                if self.services.is_listed() {
+                if self.services_listed {
                     self.gate.receive(GateInput::Services, now);
                 }
             }
             Input::EndpointSlices(change) => {
-                if self.slices.apply(change) {
+                let changed = match change {
+                    StoreChange::Replace(slices) => {
+                        self.slices_listed = true;
+                        self.inputs.replace_slices(slices.into_values())
+                    }
+                    StoreChange::Upsert(_, slice) => self.inputs.upsert_slice(slice),
+                    StoreChange::Remove(name) => self.inputs.remove_slice(&name),
+                };
+                if changed {
                     self.coalescer.changed();
                 }
-                if self.slices.is_listed() {
+                if self.slices_listed {
                     self.gate.receive(GateInput::EndpointSlices, now);
                 }
             }
@@ -258,7 +300,7 @@ impl<D: NodeDatapath> ClusterAgent<D> {
                 if node_update_is_relevant(self.node.as_ref(), &facts) {
                     tracing::info!(addresses = ?facts.addresses, "Node addresses");
                     self.node = Some(facts);
-                    self.coalescer.changed();
+                    self.update_node_view();
                 } else {
                     self.counts.node_updates_ignored += 1;
                 }
@@ -276,65 +318,123 @@ impl<D: NodeDatapath> ClusterAgent<D> {
                 let pods = &self.settings.pod_interfaces;
                 let hosts = self.settings.host_interfaces.as_ref();
                 let addresses = interfaces::host_addresses(&interfaces, pods, hosts);
+                self.roles = interfaces::interface_roles(&interfaces, pods, hosts);
                 if self.host_addresses.as_ref() != Some(&addresses) {
                     tracing::info!(?addresses, "host addresses");
                     self.host_addresses = Some(addresses);
-                    self.coalescer.changed();
+                    self.update_node_view();
                 }
-                self.roles = interfaces::interface_roles(&interfaces, pods, hosts);
                 self.gate.receive(GateInput::HostAddresses, now);
             }
         }
     }
 
-    /// NodePorts are served on the host's addresses and the Node's.
-    fn node_view(&self) -> Option<NodeView> {
-        let host = self.host_addresses.as_ref()?;
-        let node = self.node.as_ref()?;
+    /// Services change the desired state through their model; the health check
+    /// port only changes what the replacement health servers answer.
+    fn apply_services(&mut self, change: StoreChange<ServiceEntry>) -> bool {
+        match change {
+            StoreChange::Replace(entries) => {
+                self.services_listed = true;
+                self.health_check_ports = entries
+                    .iter()
+                    .filter_map(|(name, entry)| Some((name.clone(), entry.health_check_node_port?)))
+                    .collect();
+                self.inputs
+                    .replace_services(entries.into_values().map(|entry| entry.model))
+            }
+            StoreChange::Upsert(name, entry) => {
+                match entry.health_check_node_port {
+                    Some(port) => self.health_check_ports.insert(name, port),
+                    None => self.health_check_ports.remove(&name),
+                };
+                self.inputs.upsert_service(entry.model)
+            }
+            StoreChange::Remove(name) => {
+                self.health_check_ports.remove(&name);
+                self.inputs.remove_service(&name)
+            }
+        }
+    }
+
+    /// NodePorts are served on the host's addresses and the Node's; a change
+    /// of them is a full sync (every NodePort frontend moves).
+    fn update_node_view(&mut self) {
+        let (Some(host), Some(node)) = (&self.host_addresses, &self.node) else {
+            return;
+        };
         let mut addresses: Vec<IpAddr> = host.iter().chain(&node.addresses).copied().collect();
         addresses.sort();
         addresses.dedup();
-        Some(NodeView {
+        let view = NodeView {
             name: self.settings.node_name.clone(),
             addresses,
-        })
+        };
+        if self.inputs.set_node(view) {
+            self.coalescer.changed();
+        }
     }
 
-    fn sync(&mut self, now: Instant, wall: DateTime<Utc>) -> Option<(ApplyReport, Duration)> {
+    fn sync(&mut self, now: Instant, wall: DateTime<Utc>) -> Option<(SyncOutcome, Duration)> {
         let gate_open = self.gate.open()?;
+        if self
+            .resync_due_at()
+            .is_some_and(|due| now >= due && !self.resync_wanted)
+        {
+            self.resync_wanted = true;
+            self.coalescer.changed();
+        }
         if self.coalescer.poll(now) != Next::Apply {
             return None;
         }
-        let node = self.node_view()?;
-        let services: Vec<ServiceModel> = self
-            .services
-            .values()
-            .into_iter()
-            .map(|entry| entry.model)
-            .collect();
-        let desired = desired_services(&services, &self.slices.values(), &node);
-        for conflict in &desired.conflicts {
-            tracing::warn!(kept = %conflict.kept, dropped = %conflict.dropped, "two Services claim one address and port");
-        }
+        let resync = self.resync_wanted;
         let started = Instant::now();
-        let result = self.syncer.sync(gate_open, &desired, self.datapath.maps());
+        let result = self
+            .inputs
+            .sync(gate_open, &mut self.syncer, self.datapath.maps(), resync);
         let elapsed = started.elapsed();
-        self.counts.syncs += 1;
         match result {
-            Ok(report) => {
-                self.counts.map_operations += report.operation_count() as u64;
+            Ok(None) => {
+                // The node's view is not complete yet (cannot happen with the
+                // gate open); nothing was written. The next change retries.
+                None
+            }
+            Ok(Some(outcome)) => {
+                self.counts.syncs += 1;
+                let operations = outcome.report.operation_count();
+                self.counts.map_operations += operations as u64;
+                match outcome.kind {
+                    SyncKind::Partial { .. } => self.counts.partial_syncs += 1,
+                    SyncKind::Full | SyncKind::Resync => {
+                        self.last_full_sync = Some(now);
+                        self.resync_wanted = false;
+                    }
+                }
+                if outcome.kind == SyncKind::Resync && operations > 0 {
+                    self.counts.resync_corrections += 1;
+                    tracing::warn!(
+                        operations,
+                        "the periodic full resync found the maps differing from the desired state and corrected them"
+                    );
+                }
+                let services = match outcome.kind {
+                    SyncKind::Partial { services } => services,
+                    SyncKind::Full | SyncKind::Resync => self.inputs.service_count(),
+                };
                 tracing::info!(
+                    kind = outcome.kind.name(),
+                    services,
                     frontends = self.syncer.current().frontends.len(),
-                    operations = report.operation_count(),
+                    operations,
                     elapsed_ms = elapsed.as_secs_f64() * 1000.0,
                     "synced the maps"
                 );
                 self.sync_report = SyncReport::Synced;
                 self.last_sync_time = Some(wall);
-                Some((report, elapsed))
+                Some((outcome, elapsed))
             }
             Err(error) => {
-                tracing::error!(%error, "sync failed; retrying");
+                self.counts.syncs += 1;
+                tracing::error!(%error, "sync failed; the next sync re-reads the maps and plans everything");
                 self.sync_report = SyncReport::Failed {
                     message: error.to_string(),
                 };
@@ -496,12 +596,24 @@ impl<D: NodeDatapath> ClusterAgent<D> {
     }
 
     /// The answers of the `healthCheckNodePort`s on this node.
+    /// Only the Services with a health check port are looked at (a handful,
+    /// usually none), so this is cheap enough for every tick.
     pub fn local_service_health(&self) -> Vec<LocalServiceHealth> {
-        local_service_health(
-            &self.services.values(),
-            &self.slices.values(),
-            &self.settings.node_name,
-        )
+        let mut health: Vec<LocalServiceHealth> = self
+            .health_check_ports
+            .iter()
+            .map(|(name, port)| LocalServiceHealth {
+                health_check_node_port: *port,
+                namespace: name.namespace.clone(),
+                name: name.name.clone(),
+                local_endpoints: local_endpoint_count(
+                    &self.inputs.slices_of(name),
+                    &self.settings.node_name,
+                ),
+            })
+            .collect();
+        health.sort();
+        health
     }
 
     /// What the status is computed from.

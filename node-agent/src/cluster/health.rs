@@ -6,7 +6,6 @@
 
 use k8s_openapi::api::core::v1::Service;
 
-use crate::kube_proxy::health::LocalServiceHealth;
 use crate::model::{EndpointSliceModel, ServiceModel};
 
 /// A Service as the agent keeps it: the datapath's model and, for
@@ -39,38 +38,18 @@ pub fn health_check_node_port(service: &Service) -> Option<u16> {
         .filter(|port| *port != 0)
 }
 
-/// Every health-checked Service with its ready endpoints on `node_name`.
-pub fn local_service_health(
-    services: &[ServiceEntry],
-    slices: &[EndpointSliceModel],
-    node_name: &str,
-) -> Vec<LocalServiceHealth> {
-    let mut health: Vec<LocalServiceHealth> = services
+/// How many distinct ready endpoints of `slices` (one Service's) run on
+/// `node_name`: what its `healthCheckNodePort` reports (503 when zero).
+pub fn local_endpoint_count(slices: &[&EndpointSliceModel], node_name: &str) -> usize {
+    let mut addresses: Vec<_> = slices
         .iter()
-        .filter_map(|entry| {
-            let port = entry.health_check_node_port?;
-            let name = &entry.model.name;
-            let mut addresses: Vec<_> = slices
-                .iter()
-                .filter(|slice| &slice.service == name)
-                .flat_map(|slice| &slice.endpoints)
-                .filter(|endpoint| {
-                    endpoint.ready && endpoint.node_name.as_deref() == Some(node_name)
-                })
-                .map(|endpoint| endpoint.address)
-                .collect();
-            addresses.sort();
-            addresses.dedup();
-            Some(LocalServiceHealth {
-                health_check_node_port: port,
-                namespace: name.namespace.clone(),
-                name: name.name.clone(),
-                local_endpoints: addresses.len(),
-            })
-        })
+        .flat_map(|slice| &slice.endpoints)
+        .filter(|endpoint| endpoint.ready && endpoint.node_name.as_deref() == Some(node_name))
+        .map(|endpoint| endpoint.address)
         .collect();
-    health.sort();
-    health
+    addresses.sort();
+    addresses.dedup();
+    addresses.len()
 }
 
 #[cfg(test)]
@@ -78,7 +57,7 @@ mod tests {
     use k8s_openapi::api::discovery::v1::EndpointSlice;
 
     use super::*;
-    use crate::model::{endpoint_slice_from_v1, service_from_v1};
+    use crate::model::endpoint_slice_from_v1;
 
     fn service(type_: &str, policy: &str) -> Service {
         serde_json::from_value(serde_json::json!({
@@ -108,13 +87,6 @@ mod tests {
             .expect("used")
     }
 
-    fn entry(service: &Service) -> ServiceEntry {
-        ServiceEntry {
-            model: service_from_v1(service).expect("converts").expect("used"),
-            health_check_node_port: health_check_node_port(service),
-        }
-    }
-
     #[test]
     fn only_local_load_balancers_get_a_health_check_port() {
         assert_eq!(
@@ -130,23 +102,20 @@ mod tests {
 
     #[test]
     fn the_answer_counts_ready_endpoints_on_this_node_only() {
-        let services = [entry(&service("LoadBalancer", "Local"))];
-        let on_node_1 = local_service_health(&services, &[slice()], "node-1");
+        let slice = slice();
+        assert_eq!(local_endpoint_count(&[&slice], "node-1"), 1);
         assert_eq!(
-            on_node_1,
-            vec![LocalServiceHealth {
-                health_check_node_port: 32000,
-                namespace: "shop".into(),
-                name: "web".into(),
-                local_endpoints: 1,
-            }]
-        );
-        let on_node_3 = local_service_health(&services, &[slice()], "node-3");
-        assert_eq!(
-            on_node_3[0].local_endpoints, 0,
+            local_endpoint_count(&[&slice], "node-3"),
+            0,
             "503 on a node without endpoints"
         );
-        let cluster_policy = [entry(&service("LoadBalancer", "Cluster"))];
-        assert!(local_service_health(&cluster_policy, &[slice()], "node-1").is_empty());
+    }
+
+    #[test]
+    fn an_endpoint_listed_in_two_slices_of_the_service_counts_once() {
+        let first = slice();
+        let mut second = slice();
+        second.slice_name = crate::model::ServiceName::new("shop", "web-2");
+        assert_eq!(local_endpoint_count(&[&first, &second], "node-1"), 1);
     }
 }

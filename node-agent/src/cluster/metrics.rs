@@ -2,7 +2,7 @@
 //! `/healthz` and `/readyz` on one port.
 
 use prometheus::{
-    Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
 
 use super::agent::AgentCounts;
@@ -10,7 +10,8 @@ use crate::loader::Counters;
 
 pub struct AgentMetrics {
     pub registry: Registry,
-    pub sync_duration: Histogram,
+    /// By `kind`: partial, full, resync.
+    pub sync_duration: HistogramVec,
     pub map_entries: IntGaugeVec,
     pub program_attaches: IntCounter,
     pub gate_wait_seconds: prometheus::Gauge,
@@ -19,6 +20,7 @@ pub struct AgentMetrics {
     pub kube_proxy_rules_present: IntGauge,
     pub map_operations: IntCounter,
     pub status_writes: IntCounter,
+    pub resync_corrections: IntCounter,
     /// Counts already added to the counters (they only grow by differences).
     counted: AgentCounts,
     counted_packets: Counters,
@@ -33,14 +35,17 @@ fn metric_error(error: prometheus::Error) -> crate::Error {
 impl AgentMetrics {
     pub fn new() -> Result<Self, crate::Error> {
         let registry = Registry::new();
-        let sync_duration = Histogram::with_opts(
+        let sync_duration = HistogramVec::new(
             HistogramOpts::new(
                 "switchyard_agent_sync_duration_seconds",
-                "Time one apply of the desired map state took.",
+                "Time one sync of the maps took (desired state, plan and apply), by kind: \
+                 partial (only the changed Services), full, resync (periodic, re-reads the maps).",
             )
             .buckets(vec![
-                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+                0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                0.25, 0.5, 1.0, 2.5,
             ]),
+            &["kind"],
         )
         .map_err(metric_error)?;
         let map_entries = IntGaugeVec::new(
@@ -89,7 +94,14 @@ impl AgentMetrics {
             "DataplaneNode status writes (made only when the status changed).",
         )
         .map_err(metric_error)?;
+        let resync_corrections = IntCounter::new(
+            "switchyard_agent_resync_corrections_total",
+            "Periodic full resyncs that found the maps differing from the desired state \
+             (something else wrote them, or the partial syncs drifted) and wrote corrections.",
+        )
+        .map_err(metric_error)?;
         let collectors: Vec<Box<dyn prometheus::core::Collector>> = vec![
+            Box::new(resync_corrections.clone()),
             Box::new(sync_duration.clone()),
             Box::new(map_entries.clone()),
             Box::new(program_attaches.clone()),
@@ -114,6 +126,7 @@ impl AgentMetrics {
             kube_proxy_rules_present,
             map_operations,
             status_writes,
+            resync_corrections,
             counted: AgentCounts::default(),
             counted_packets: Counters::default(),
         })
@@ -131,6 +144,10 @@ impl AgentMetrics {
         self.program_attaches.inc_by(delta(
             counts.program_attaches,
             self.counted.program_attaches,
+        ));
+        self.resync_corrections.inc_by(delta(
+            counts.resync_corrections,
+            self.counted.resync_corrections,
         ));
         self.counted = *counts;
     }

@@ -38,7 +38,7 @@ use switchyard_crds::{Condition, DataplaneNodeStatus};
 use switchyard_telemetry::{Health, TelemetryServer};
 use tokio::sync::{mpsc, watch as channel};
 
-use self::agent::{AgentSettings, ClusterAgent};
+use self::agent::{AgentSettings, ClusterAgent, DEFAULT_FULL_RESYNC_PERIOD};
 use self::coexist::{CoexistenceRequest, CoexistenceSettings};
 use self::datapath::{KernelDatapath, NodeDatapath, SocketHookCgroup};
 use self::metrics::AgentMetrics;
@@ -118,6 +118,7 @@ pub async fn run(options: ClusterOptions, shutdown: impl Future<Output = ()>) ->
         socket_hooks: options.socket_hook_cgroup != SocketHookCgroup::None,
         agent_version: env!("CARGO_PKG_VERSION").to_string(),
         agent_revision: options.agent_revision.clone(),
+        full_resync_period: DEFAULT_FULL_RESYNC_PERIOD,
     };
     let mut agent = ClusterAgent::start(settings, datapath, Instant::now())?;
 
@@ -188,8 +189,11 @@ pub async fn run(options: ClusterOptions, shutdown: impl Future<Output = ()>) ->
         let report = agent.tick(now, Utc::now());
 
         // Metrics.
-        if let Some((_, elapsed)) = report.sync {
-            metrics.sync_duration.observe(elapsed.as_secs_f64());
+        if let Some((outcome, elapsed)) = report.sync {
+            metrics
+                .sync_duration
+                .with_label_values(&[outcome.kind.name()])
+                .observe(elapsed.as_secs_f64());
         }
         metrics.record_counts(&agent.counts);
         metrics

@@ -28,10 +28,11 @@ use self::datapath::{datapath_config, Datapath};
 use self::follow::{follow_mode, Attachment, ModeAction};
 use self::interfaces::{Globs, InterfaceRole};
 use self::manifests::{Fingerprint, Manifests};
-use crate::desired::{changed_services, merge, services_desired, NodeView, ServiceDesired};
+use crate::desired::NodeView;
 use crate::gate::{Gate, GateInput, GateStatus};
 use crate::maps::ServiceMaps;
 use crate::sync::coalesce::{Coalescer, Next};
+use crate::sync::inputs::{SyncInputs, SyncKind};
 use crate::sync::Syncer;
 use crate::Error;
 
@@ -100,12 +101,17 @@ pub struct Standalone<D: Datapath, H: HostView> {
     /// The last errors logged, so that a problem that lasts is logged once.
     reported_manifest_error: Option<String>,
     reported_host_error: Option<String>,
-    /// The inputs of the last successful sync, to plan only what changed.
-    last_synced: Option<(
-        NodeView,
-        BTreeMap<crate::model::ServiceName, ServiceDesired>,
-    )>,
+    /// Services, EndpointSlices and the node's view, with what changed since
+    /// the last sync (so that a change plans only the Services it touches).
+    inputs: SyncInputs,
+    /// When the last full sync started; the next is due a resync period later.
+    last_full_sync: Option<Instant>,
+    resync_wanted: bool,
 }
+
+/// How often a full sync re-reads the maps and recomputes every Service (the
+/// safety net under the partial syncs), as in cluster mode.
+pub const FULL_RESYNC_PERIOD: Duration = crate::cluster::agent::DEFAULT_FULL_RESYNC_PERIOD;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum SocketHooks {
@@ -166,7 +172,9 @@ impl<D: Datapath, H: HostView> Standalone<D, H> {
             gate_timeout_reported: false,
             reported_manifest_error: None,
             reported_host_error: None,
-            last_synced: None,
+            inputs: SyncInputs::default(),
+            last_full_sync: None,
+            resync_wanted: false,
         })
     }
 
@@ -226,8 +234,18 @@ impl<D: Datapath, H: HostView> Standalone<D, H> {
                 );
                 self.reported_manifest_error = None;
                 if self.manifests.as_ref() != Some(&manifests) {
+                    // Only the Services whose objects or slices differ from
+                    // the last good set are marked for the next sync.
+                    let services_changed = self
+                        .inputs
+                        .replace_services(manifests.services.iter().cloned());
+                    let slices_changed = self
+                        .inputs
+                        .replace_slices(manifests.endpoint_slices.iter().cloned());
+                    if services_changed || slices_changed {
+                        self.coalescer.changed();
+                    }
                     self.manifests = Some(manifests);
-                    self.coalescer.changed();
                 }
                 for input in [
                     GateInput::Services,
@@ -268,8 +286,15 @@ impl<D: Datapath, H: HostView> Standalone<D, H> {
         };
         if self.node_addresses.as_ref() != Some(&addresses) {
             tracing::info!(?addresses, "node addresses");
-            self.node_addresses = Some(addresses);
-            self.coalescer.changed();
+            self.node_addresses = Some(addresses.clone());
+            // Every NodePort moves: the next sync is a full one.
+            let node = NodeView {
+                name: self.options.node_name.clone(),
+                addresses,
+            };
+            if self.inputs.set_node(node) {
+                self.coalescer.changed();
+            }
         }
         self.gate.receive(GateInput::HostAddresses, now);
         interfaces::interface_roles(&interfaces, pods, hosts)
@@ -287,64 +312,52 @@ impl<D: Datapath, H: HostView> Standalone<D, H> {
             }
             return;
         };
-        if self.coalescer.poll(now) != Next::Apply {
+        if self
+            .last_full_sync
+            .is_some_and(|at| now >= at + FULL_RESYNC_PERIOD && !self.resync_wanted)
+        {
+            self.resync_wanted = true;
+            self.coalescer.changed();
+        }
+        if self.manifests.is_none() || self.coalescer.poll(now) != Next::Apply {
             return;
         }
-        let (Some(manifests), Some(addresses)) = (&self.manifests, &self.node_addresses) else {
-            return;
-        };
-        let node = NodeView {
-            name: self.options.node_name.clone(),
-            addresses: addresses.clone(),
-        };
+        let resync = self.resync_wanted;
         let started = Instant::now();
-        let shares = services_desired(&manifests.services, &manifests.endpoint_slices, &node);
-        // Only the Services that changed are planned, unless the node changed
-        // (every NodePort moves) or the syncer needs a full sync.
-        let partial = match &self.last_synced {
-            Some((last_node, last_shares))
-                if *last_node == node && !self.syncer.needs_full_sync() =>
-            {
-                Some(changed_services(last_shares, &shares))
-            }
-            _ => None,
-        };
-        let result = match partial {
-            Some(changes) => {
-                match self
-                    .syncer
-                    .sync_changes(gate_open, changes, self.datapath.maps())
-                {
-                    Ok(Some(report)) => Ok(report),
-                    Ok(None) => {
-                        self.syncer
-                            .sync_services(gate_open, shares.clone(), self.datapath.maps())
-                    }
-                    Err(error) => Err(error),
-                }
-            }
-            None => {
-                let desired = merge(shares.values());
-                for conflict in &desired.conflicts {
-                    tracing::warn!(kept = %conflict.kept, dropped = %conflict.dropped, "two Services claim one address and port");
-                }
-                self.syncer
-                    .sync_services(gate_open, shares.clone(), self.datapath.maps())
-            }
-        };
+        let result = self
+            .inputs
+            .sync(gate_open, &mut self.syncer, self.datapath.maps(), resync);
+        let elapsed_ms = started.elapsed().as_secs_f64() * 1000.0;
         match result {
-            Ok(report) => {
+            // No node addresses yet (the gate waits for them): nothing written.
+            Ok(None) => {}
+            Ok(Some(outcome)) => {
+                let operations = outcome.report.operation_count();
+                let services = match outcome.kind {
+                    SyncKind::Partial { services } => services,
+                    SyncKind::Full | SyncKind::Resync => {
+                        self.last_full_sync = Some(now);
+                        self.resync_wanted = false;
+                        self.inputs.service_count()
+                    }
+                };
+                if outcome.kind == SyncKind::Resync && operations > 0 {
+                    tracing::warn!(
+                        operations,
+                        "the periodic full resync found the maps differing from the desired state and corrected them"
+                    );
+                }
                 tracing::info!(
+                    kind = outcome.kind.name(),
+                    services,
                     frontends = self.syncer.current().frontends.len(),
-                    operations = report.operation_count(),
-                    elapsed_ms = started.elapsed().as_secs_f64() * 1000.0,
+                    operations,
+                    elapsed_ms,
                     "synced the maps"
                 );
-                self.last_synced = Some((node, shares));
             }
             Err(error) => {
-                tracing::error!(%error, "sync failed; retrying");
-                self.last_synced = None;
+                tracing::error!(%error, "sync failed; the next sync re-reads the maps and plans everything");
                 self.coalescer.failed();
             }
         }

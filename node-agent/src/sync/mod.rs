@@ -4,6 +4,7 @@
 
 pub mod coalesce;
 pub mod incremental;
+pub mod inputs;
 
 use std::collections::BTreeMap;
 
@@ -133,9 +134,21 @@ impl Syncer {
         maps: &mut impl ServiceMaps,
     ) -> Result<ApplyReport, Error> {
         self.index = None;
-        let report = self.sync_full(&merge(services.values()), maps)?;
+        let desired = merge(services.values());
+        for conflict in &desired.conflicts {
+            tracing::warn!(kept = %conflict.kept, dropped = %conflict.dropped, "two Services claim one address and port");
+        }
+        let report = self.sync_full(&desired, maps)?;
         self.index = Some(Index::build(services, &self.current));
         Ok(report)
+    }
+
+    /// Makes the next full sync read the maps again instead of trusting the
+    /// tracked entries (the periodic resync: it also repairs entries that
+    /// something else changed, and any drift of the partial syncs' bookkeeping).
+    pub fn reread_maps_before_next_sync(&mut self) {
+        self.reread_before_next_sync = true;
+        self.index = None;
     }
 
     /// Whether the next sync must be a full one: no index yet, or the last apply

@@ -8,7 +8,9 @@ use super::*;
 use crate::desired::frontend_key;
 use crate::loader::Counters;
 use crate::maps::FakeServiceMaps;
-use crate::model::{endpoint_slice_from_v1, service_from_v1, Protocol, ServiceName};
+use crate::model::{
+    endpoint_slice_from_v1, service_from_v1, EndpointModel, Protocol, ServiceModel, ServiceName,
+};
 use crate::standalone::interfaces::IpAddressInfo;
 
 #[derive(Default)]
@@ -65,6 +67,7 @@ fn settings() -> AgentSettings {
         socket_hooks: false,
         agent_version: "0.1.0".into(),
         agent_revision: None,
+        full_resync_period: Duration::from_secs(300),
     }
 }
 
@@ -274,7 +277,10 @@ fn an_address_added_to_the_interface_and_the_node_is_programmed_at_once() {
         later,
     );
     let report = agent.tick(later, wall());
-    assert!(report.sync.is_some(), "applied in the same tick");
+    assert!(
+        matches!(report.sync, Some((outcome, _)) if outcome.kind == SyncKind::Full),
+        "applied in the same tick, as a full sync"
+    );
     assert!(agent
         .datapath
         .maps
@@ -388,4 +394,205 @@ fn a_restarted_agent_finds_its_programs_and_entries_and_rewrites_nothing() {
         second.counts.program_attaches, 0,
         "attaching again changed nothing"
     );
+}
+
+fn api_service() -> ServiceModel {
+    let mut model = service();
+    model.name = key_of("api");
+    model.cluster_ips = vec!["10.96.0.20".parse().expect("valid")];
+    model.ports[0].node_port = Some(30081);
+    model
+}
+
+fn api_slice(hosts: &[&str]) -> EndpointSliceModel {
+    let mut model = slice();
+    model.slice_name = key_of("api-1");
+    model.service = key_of("api");
+    model.endpoints.truncate(1);
+    let template = model.endpoints[0].clone();
+    model.endpoints = hosts
+        .iter()
+        .map(|address| EndpointModel {
+            address: address.parse().expect("valid"),
+            node_name: Some("node-1".into()),
+            ..template.clone()
+        })
+        .collect();
+    model
+}
+
+fn cluster_ip_backend_count(agent: &mut ClusterAgent<FakeDatapath>, address: &str) -> Option<u32> {
+    let key = frontend_key(
+        &address.parse().expect("valid"),
+        80,
+        Protocol::Tcp,
+        switchyard_common::SCOPE_INTERNAL,
+    );
+    agent
+        .datapath
+        .maps
+        .state
+        .frontends
+        .get(&key)
+        .map(|value| value.backend_count)
+}
+
+#[test]
+fn after_the_first_sync_a_service_or_slice_change_is_a_partial_sync_of_that_service() {
+    let start = Instant::now();
+    let mut agent = running_agent(DataplaneMode::Ebpf, start);
+    assert_eq!(
+        agent.counts.partial_syncs, 0,
+        "the first sync is a full one"
+    );
+    let web_slots = agent.datapath.maps.state.backend_slots.clone();
+
+    let t1 = start + Duration::from_secs(2);
+    agent.receive(
+        Input::Services(StoreChange::Upsert(key_of("api"), api_service().into())),
+        t1,
+    );
+    agent.receive(
+        Input::EndpointSlices(StoreChange::Upsert(
+            key_of("api-1"),
+            api_slice(&["10.244.1.5"]),
+        )),
+        t1,
+    );
+    let (outcome, _) = agent.tick(t1, wall()).sync.expect("applied at once");
+    assert_eq!(outcome.kind, SyncKind::Partial { services: 1 });
+    assert_eq!(cluster_ip_backend_count(&mut agent, "10.96.0.20"), Some(1));
+    assert!(
+        web_slots
+            .iter()
+            .all(|(key, value)| agent.datapath.maps.state.backend_slots.get(key) == Some(value)),
+        "web's slots untouched"
+    );
+
+    // The slice is deleted: api refuses, web is untouched.
+    let t2 = start + Duration::from_secs(4);
+    agent.receive(
+        Input::EndpointSlices(StoreChange::Remove(key_of("api-1"))),
+        t2,
+    );
+    let (outcome, _) = agent.tick(t2, wall()).sync.expect("applied at once");
+    assert_eq!(outcome.kind, SyncKind::Partial { services: 1 });
+    assert_eq!(cluster_ip_backend_count(&mut agent, "10.96.0.20"), Some(0));
+    assert_eq!(cluster_ip_backend_count(&mut agent, "10.96.0.10"), Some(2));
+    assert_eq!(agent.counts.partial_syncs, 2);
+}
+
+#[test]
+fn changes_within_the_min_sync_period_are_batched_into_one_sync_and_none_is_dropped() {
+    let start = Instant::now();
+    let mut agent = running_agent(DataplaneMode::Ebpf, start);
+    let mut web_slice = slice();
+    web_slice.endpoints.truncate(1);
+    let t1 = start + Duration::from_millis(200);
+    agent.receive(
+        Input::EndpointSlices(StoreChange::Upsert(key_of("web-1"), web_slice)),
+        t1,
+    );
+    assert!(agent.tick(t1, wall()).sync.is_none(), "within the period");
+    let t2 = start + Duration::from_millis(500);
+    agent.receive(
+        Input::Services(StoreChange::Upsert(key_of("api"), api_service().into())),
+        t2,
+    );
+    assert!(agent.tick(t2, wall()).sync.is_none(), "within the period");
+    assert_eq!(
+        agent.next_deadline(t2),
+        Some(start + Duration::from_secs(1))
+    );
+    let (outcome, _) = agent
+        .tick(start + Duration::from_secs(1), wall())
+        .sync
+        .expect("one apply for both");
+    assert_eq!(outcome.kind, SyncKind::Partial { services: 2 });
+    assert_eq!(cluster_ip_backend_count(&mut agent, "10.96.0.10"), Some(1));
+    assert_eq!(cluster_ip_backend_count(&mut agent, "10.96.0.20"), Some(0));
+}
+
+#[test]
+fn a_node_address_change_is_a_full_sync() {
+    let start = Instant::now();
+    let mut agent = running_agent(DataplaneMode::Ebpf, start);
+    let later = start + Duration::from_secs(10);
+    agent.receive(Input::Node(node_facts(&["10.99.0.12"])), later);
+    let (outcome, _) = agent.tick(later, wall()).sync.expect("applied");
+    assert_eq!(outcome.kind, SyncKind::Full);
+    let frontends = &agent.datapath.maps.state.frontends;
+    assert!(frontends.contains_key(&node_port_key("10.99.0.12")));
+    // eth0 still has 10.99.0.11: NodePorts stay on the host's addresses too.
+    assert!(frontends.contains_key(&node_port_key("10.99.0.11")));
+}
+
+#[test]
+fn the_periodic_full_resync_rereads_the_maps_and_repairs_them() {
+    let start = Instant::now();
+    let mut agent = running_agent(DataplaneMode::Ebpf, start);
+    let expected = agent.datapath.maps.state.clone();
+    // Something else deleted an entry behind the agent's back.
+    agent
+        .datapath
+        .maps
+        .state
+        .frontends
+        .remove(&node_port_key("10.99.0.11"));
+    let before_due = start + Duration::from_secs(299);
+    assert!(agent.tick(before_due, wall()).sync.is_none());
+    assert_eq!(
+        agent.next_deadline(before_due),
+        Some(start + Duration::from_secs(300)),
+        "woken for the resync"
+    );
+    let due = start + Duration::from_secs(300);
+    let (outcome, _) = agent.tick(due, wall()).sync.expect("the resync ran");
+    assert_eq!(outcome.kind, SyncKind::Resync);
+    assert_eq!(agent.counts.resync_corrections, 1);
+    assert_eq!(agent.datapath.maps.state, expected);
+    // The next one is a period later, and finds nothing to correct.
+    assert!(agent
+        .tick(due + Duration::from_secs(10), wall())
+        .sync
+        .is_none());
+    let (outcome, _) = agent
+        .tick(due + Duration::from_secs(300), wall())
+        .sync
+        .expect("the next resync ran");
+    assert_eq!(outcome.kind, SyncKind::Resync);
+    assert_eq!(outcome.report.operation_count(), 0);
+    assert_eq!(agent.counts.resync_corrections, 1);
+}
+
+#[test]
+fn only_services_with_a_health_check_port_are_answered_with_their_local_endpoints() {
+    let start = Instant::now();
+    let mut agent = running_agent(DataplaneMode::Ebpf, start);
+    assert!(agent.local_service_health().is_empty());
+    let later = start + Duration::from_secs(2);
+    agent.receive(
+        Input::Services(StoreChange::Upsert(
+            key_of("api"),
+            ServiceEntry {
+                model: api_service(),
+                health_check_node_port: Some(32000),
+            },
+        )),
+        later,
+    );
+    agent.receive(
+        Input::EndpointSlices(StoreChange::Upsert(
+            key_of("api-1"),
+            api_slice(&["10.244.1.5", "10.244.1.6"]),
+        )),
+        later,
+    );
+    let health = agent.local_service_health();
+    assert_eq!(health.len(), 1);
+    assert_eq!(health[0].health_check_node_port, 32000);
+    assert_eq!(health[0].name, "api");
+    assert_eq!(health[0].local_endpoints, 2);
+    agent.receive(Input::Services(StoreChange::Remove(key_of("api"))), later);
+    assert!(agent.local_service_health().is_empty());
 }
