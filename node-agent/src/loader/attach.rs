@@ -123,6 +123,32 @@ pub(crate) const SOCKET_HOOKS: [SocketHook; 4] = [
     },
 ];
 
+/// What makes an attached program "the same" as one just loaded: the same
+/// instructions (tag) *and* the same maps. After a schema conversion the new
+/// programs may have the very same instructions as the old ones but use the new
+/// maps; keeping the old program then would leave it on the old maps.
+struct ProgramIdentity {
+    tag: [u8; 8],
+    map_ids: Vec<u32>,
+}
+
+impl ProgramIdentity {
+    fn of_fd(program: std::os::fd::BorrowedFd<'_>) -> std::io::Result<Self> {
+        Ok(Self {
+            tag: system::program_tag_of_fd(program)?,
+            map_ids: system::program_identity(program)?.1,
+        })
+    }
+
+    fn is_attached_as(&self, attached_program_id: u32) -> bool {
+        let tag = system::program_tag_of_id(attached_program_id).ok();
+        let map_ids = system::program_identity_of_id(attached_program_id)
+            .ok()
+            .map(|(_, map_ids)| map_ids);
+        tag == Some(self.tag) && map_ids.as_ref() == Some(&self.map_ids)
+    }
+}
+
 /// Fixed clsact filter priority and handle: attaching again replaces our filter
 /// instead of adding a second one.
 const CLSACT_PRIORITY: u16 = 0x5359;
@@ -195,15 +221,14 @@ fn attach_tcx(
     let program_fd = program
         .fd()
         .map_err(|error| attach_error(program_name, interface, error))?;
-    let our_tag = system::program_tag_of_fd(program_fd.as_fd())
+    let ours = ProgramIdentity::of_fd(program_fd.as_fd())
         .map_err(|error| attach_error(program_name, interface, error))?;
     match system::open_pinned(&path) {
         Ok(link) => {
             let info = system::link_info(link.as_fd())
                 .map_err(|error| attach_error(program_name, interface, error))?;
             if info.link_type == system::LINK_TYPE_TCX && info.tcx_ifindex == ifindex {
-                let attached_tag = system::program_tag_of_id(info.program_id).ok();
-                if attached_tag == Some(our_tag) {
+                if ours.is_attached_as(info.program_id) {
                     return Ok(AttachOutcome::Kept);
                 }
                 system::link_update(link.as_fd(), program_fd.as_fd())
@@ -301,14 +326,14 @@ pub(crate) fn attach_socket_hooks(
         let program_fd = program
             .fd()
             .map_err(|error| attach_error(hook.program, &target, error))?;
-        let our_tag = system::program_tag_of_fd(program_fd.as_fd())
+        let ours = ProgramIdentity::of_fd(program_fd.as_fd())
             .map_err(|error| attach_error(hook.program, &target, error))?;
         match system::open_pinned(&path) {
             Ok(link) => {
                 let info = system::link_info(link.as_fd())
                     .map_err(|error| attach_error(hook.program, &target, error))?;
                 if info.link_type == system::LINK_TYPE_CGROUP {
-                    if system::program_tag_of_id(info.program_id).ok() == Some(our_tag) {
+                    if ours.is_attached_as(info.program_id) {
                         outcomes.push(AttachOutcome::Kept);
                     } else {
                         system::link_update(link.as_fd(), program_fd.as_fd())
@@ -459,6 +484,52 @@ pub(crate) fn attached_interface_indexes(pin_directory: &Path) -> Result<Vec<u32
     }
     indexes.sort_unstable();
     Ok(indexes)
+}
+
+/// Pinned hooks (link pins, clsact markers) whose program is not one of
+/// `program_ids`: hooks that still run an older process's programs. Links of
+/// interfaces that are gone are not counted (they run nothing).
+pub(crate) fn hooks_running_other_programs(
+    pin_directory: &Path,
+    program_ids: &std::collections::BTreeSet<u32>,
+) -> Result<Vec<String>, Error> {
+    let directory = links_directory(pin_directory);
+    let entries = match std::fs::read_dir(&directory) {
+        Ok(entries) => entries,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(error) => {
+            return Err(Error::DetachProgram {
+                target: directory.display().to_string(),
+                reason: error.to_string(),
+            })
+        }
+    };
+    let mut waiting = Vec::new();
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Ok(pinned) = system::open_pinned(&entry.path()) else {
+            continue;
+        };
+        let program_id = if name.starts_with("clsact-") {
+            // The marker is a pin of the program our filter was last given.
+            system::program_identity(pinned.as_fd())
+                .ok()
+                .map(|(id, _)| id)
+        } else {
+            match system::link_info(pinned.as_fd()) {
+                Ok(info) if info.link_type == system::LINK_TYPE_TCX && info.tcx_ifindex == 0 => {
+                    continue
+                }
+                Ok(info) => Some(info.program_id),
+                Err(_) => None,
+            }
+        };
+        if !program_id.is_some_and(|id| program_ids.contains(&id)) {
+            waiting.push(name);
+        }
+    }
+    waiting.sort();
+    Ok(waiting)
 }
 
 pub(crate) fn detach_all_links(pin_directory: &Path) -> Result<(), Error> {

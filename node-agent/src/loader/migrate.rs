@@ -1,180 +1,237 @@
-//! Schema-version migration.
+//! Schema-version migration: the I/O around the pure rules of `schema`.
 //!
-//! Maps are pinned under `<pin dir>/v<SCHEMA_VERSION>/`. When a process with a new
-//! schema version starts and finds maps of an older version:
-//! - a map whose shape (type, key size, value size) did not change between the
-//!   versions is *reused*: the new programs are loaded against the very same map
-//!   object, which is then pinned under the new version directory too. Nothing is
-//!   copied, so no entry written in the meantime can be lost, and connections
-//!   tracked by the old programs keep their state without a gap;
-//! - a map whose layout changed needs a converter from that older layout; none
-//!   exists yet (version 1 is the first layout), so such a map is refused with an
-//!   error naming it, rather than misread. A converter would create the new map,
-//!   copy converted entries, and copy conntrack entries once more after the new
-//!   programs are attached.
-//!
-//! The old version's pins are removed by `finish` once the new programs are
-//! attached everywhere (the links themselves are version independent and are
-//! updated in place).
+//! Maps are pinned under `<pin dir>/v<SCHEMA_VERSION>/`. When a process finds
+//! maps of an older version (see `docs/datapath.md`, "Restart and upgrade safety"):
+//! 1. [`observe`] reads which versions and maps are pinned (reads only), and
+//!    `schema::plan` decides per map: take it over as it is (layout unchanged),
+//!    convert it, or create it. A newer version (a downgrade), an unknown older
+//!    one, or a map whose shape is not its version's layout is refused before
+//!    anything is touched.
+//! 2. The new maps are built in a staging directory (`v<N>-converting`): created
+//!    maps by aya, taken-over maps pinned there too, converted maps filled entry
+//!    by entry ([`convert_map`]); then the directory is renamed to `v<N>` in one
+//!    step, so a process that dies half way leaves a staging directory (removed
+//!    and redone by the next one), never a half-filled `v<N>`.
+//! 3. The new programs are loaded against the new maps; the caller attaches them
+//!    (each hook's link is updated in place, so no hook is ever empty).
+//! 4. Once every pinned hook runs one of the new programs, [`merge_flow_state`]
+//!    copies into the new flow-state maps what the old programs wrote since
+//!    step 2, and [`finish`] removes the old version's pins.
 
 use std::{
-    mem::size_of,
     os::fd::AsFd as _,
     path::{Path, PathBuf},
 };
 
-use switchyard_common::{
-    map_names, AffinityKey, AffinityValue, BackendSlotKey, BackendValue, ConntrackKey,
-    ConntrackValue, DatapathConfig, FrontendKey, FrontendValue, SocketReverseKey,
-    SocketReverseValue, SCHEMA_VERSION,
-};
+use switchyard_common::SCHEMA_VERSION;
 
-use super::{system, version_directory};
+use super::{
+    schema::{self, MapShape, PinObservation},
+    system, version_directory,
+};
 use crate::Error;
 
-const MAP_TYPE_HASH: u32 = 1;
-const MAP_TYPE_ARRAY: u32 = 2;
-const MAP_TYPE_PERCPU_ARRAY: u32 = 6;
-const MAP_TYPE_LRU_HASH: u32 = 9;
-
-/// Every map of the current layout: name, kernel map type, key and value size.
-fn current_shapes() -> [(&'static str, u32, usize, usize); 7] {
-    [
-        (
-            map_names::FRONTENDS,
-            MAP_TYPE_HASH,
-            size_of::<FrontendKey>(),
-            size_of::<FrontendValue>(),
-        ),
-        (
-            map_names::BACKEND_SLOTS,
-            MAP_TYPE_HASH,
-            size_of::<BackendSlotKey>(),
-            size_of::<BackendValue>(),
-        ),
-        (
-            map_names::CONNTRACK,
-            MAP_TYPE_LRU_HASH,
-            size_of::<ConntrackKey>(),
-            size_of::<ConntrackValue>(),
-        ),
-        (
-            map_names::AFFINITY,
-            MAP_TYPE_LRU_HASH,
-            size_of::<AffinityKey>(),
-            size_of::<AffinityValue>(),
-        ),
-        (
-            map_names::CONFIG,
-            MAP_TYPE_ARRAY,
-            size_of::<u32>(),
-            size_of::<DatapathConfig>(),
-        ),
-        (
-            map_names::COUNTERS,
-            MAP_TYPE_PERCPU_ARRAY,
-            size_of::<u32>(),
-            size_of::<u64>(),
-        ),
-        (
-            map_names::SOCKET_REVERSE,
-            MAP_TYPE_LRU_HASH,
-            size_of::<SocketReverseKey>(),
-            size_of::<SocketReverseValue>(),
-        ),
-    ]
+/// Where a conversion builds the new version's maps before they are complete.
+pub(crate) fn staging_directory(pin_directory: &Path) -> PathBuf {
+    pin_directory.join(format!("v{SCHEMA_VERSION}-converting"))
 }
 
-/// Versions present under the pin directory, older than the current one, newest
-/// first.
-pub(crate) fn older_versions(pin_directory: &Path) -> Vec<u32> {
-    let mut versions: Vec<u32> = std::fs::read_dir(pin_directory)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|entry| {
-            entry
-                .file_name()
-                .to_string_lossy()
-                .strip_prefix('v')
-                .and_then(|version| version.parse().ok())
-        })
+fn migrate_error(version: u32, reason: String) -> Error {
+    Error::MigrateMaps {
+        from_version: version,
+        reason,
+    }
+}
+
+/// What is pinned: version directories, the current version's maps, and the
+/// shapes of the older versions' maps. Reads only.
+pub(crate) fn observe(pin_directory: &Path) -> Result<PinObservation, Error> {
+    let mut observation = PinObservation::default();
+    let entries = match std::fs::read_dir(pin_directory) {
+        Ok(entries) => entries,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(observation),
+        Err(source) => {
+            return Err(Error::PreparePinDirectory {
+                step: "read",
+                path: pin_directory.to_path_buf(),
+                source,
+            })
+        }
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if let Some(version) = name.strip_prefix('v').and_then(|text| text.parse().ok()) {
+            observation.versions.insert(version);
+        }
+    }
+    let current = version_directory(pin_directory, SCHEMA_VERSION);
+    for layout in &schema::CURRENT_LAYOUTS {
+        if current.join(layout.name).exists() {
+            observation.current_maps.insert(layout.name.to_string());
+        }
+    }
+    let older: Vec<u32> = observation
+        .versions
+        .iter()
+        .copied()
         .filter(|version| *version < SCHEMA_VERSION)
         .collect();
-    versions.sort_unstable_by(|a, b| b.cmp(a));
-    versions
-}
-
-/// A map of an older version that the new programs will use as it is.
-pub(crate) struct ReusedMap {
-    pub name: &'static str,
-    pub old_path: PathBuf,
-}
-
-/// For every current map without a pin of its own yet: the newest older version's
-/// map of the same name, if its shape is unchanged. A changed shape is an error.
-pub(crate) fn reusable_maps(pin_directory: &Path) -> Result<Vec<ReusedMap>, Error> {
-    let current_directory = version_directory(pin_directory, SCHEMA_VERSION);
-    let mut reused = Vec::new();
-    for (name, map_type, key_size, value_size) in current_shapes() {
-        if current_directory.join(name).exists() {
-            continue;
-        }
-        for version in older_versions(pin_directory) {
-            let old_path = version_directory(pin_directory, version).join(name);
-            let map = match system::open_pinned(&old_path) {
+    for version in older {
+        let directory = version_directory(pin_directory, version);
+        for layout in &schema::CURRENT_LAYOUTS {
+            let path = directory.join(layout.name);
+            let map = match system::open_pinned(&path) {
                 Ok(map) => map,
                 Err(error) if error.kind() == std::io::ErrorKind::NotFound => continue,
                 Err(error) => {
-                    return Err(Error::MigrateMaps {
-                        from_version: version,
-                        reason: format!("cannot open {}: {error}", old_path.display()),
-                    })
+                    return Err(migrate_error(
+                        version,
+                        format!("cannot open {}: {error}", path.display()),
+                    ))
                 }
             };
-            let shape = system::map_shape(map.as_fd()).map_err(|error| Error::MigrateMaps {
-                from_version: version,
-                reason: format!("cannot read {}: {error}", old_path.display()),
+            let shape = system::map_shape(map.as_fd()).map_err(|error| {
+                migrate_error(version, format!("cannot read {}: {error}", path.display()))
             })?;
-            let unchanged = shape.map_type == map_type
-                && shape.key_size as usize == key_size
-                && shape.value_size as usize == value_size;
-            if !unchanged {
-                return Err(Error::MigrateMaps {
-                    from_version: version,
-                    reason: format!(
-                        "map {name} changed layout ({shape:?} -> type {map_type}, key {key_size} \
-                         bytes, value {value_size} bytes) and no converter from version \
-                         {version} exists; remove {} to start afresh",
-                        version_directory(pin_directory, version).display()
-                    ),
-                });
-            }
-            reused.push(ReusedMap { name, old_path });
-            break;
+            observation.older_maps.insert(
+                (version, layout.name.to_string()),
+                MapShape {
+                    map_type: shape.map_type,
+                    key_size: shape.key_size,
+                    value_size: shape.value_size,
+                },
+            );
         }
     }
-    Ok(reused)
+    Ok(observation)
 }
 
-/// Pins a reused map under the current version directory too.
-pub(crate) fn pin_reused(pin_directory: &Path, map: &ReusedMap) -> Result<(), Error> {
-    let new_path = version_directory(pin_directory, SCHEMA_VERSION).join(map.name);
-    let fd = system::open_pinned(&map.old_path).map_err(|error| Error::MigrateMaps {
-        from_version: 0,
-        reason: format!("cannot open {}: {error}", map.old_path.display()),
+/// Removes a directory tree if it exists.
+pub(crate) fn remove_directory(path: &Path, step: &'static str) -> Result<(), Error> {
+    match std::fs::remove_dir_all(path) {
+        Ok(()) => Ok(()),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(Error::PreparePinDirectory {
+            step,
+            path: path.to_path_buf(),
+            source,
+        }),
+    }
+}
+
+fn open(version: u32, path: &Path) -> Result<(std::os::fd::OwnedFd, system::MapShape), Error> {
+    let map = system::open_pinned(path).map_err(|error| {
+        migrate_error(version, format!("cannot open {}: {error}", path.display()))
     })?;
-    super::pin_fd(&fd.as_fd(), &new_path)
+    let shape = system::map_shape(map.as_fd()).map_err(|error| {
+        migrate_error(version, format!("cannot read {}: {error}", path.display()))
+    })?;
+    Ok((map, shape))
 }
 
-/// After the new programs are attached everywhere: removes an old version's pins.
+/// The entries of an old map, converted to the current layout.
+fn converted_entries(
+    version: u32,
+    name: &str,
+    old_path: &Path,
+) -> Result<Vec<schema::Entry>, Error> {
+    let (old, shape) = open(version, old_path)?;
+    let keys = system::map_keys(old.as_fd(), shape.key_size as usize)
+        .map_err(|error| migrate_error(version, format!("cannot list {name}: {error}")))?;
+    let mut entries = Vec::with_capacity(keys.len());
+    for key in keys {
+        let value = system::map_lookup(old.as_fd(), &key, shape.value_size as usize)
+            .map_err(|error| migrate_error(version, format!("cannot read {name}: {error}")))?;
+        // An entry evicted between listing and reading is simply gone.
+        let Some(value) = value else { continue };
+        match schema::SCHEMA.convert_entry(version, name, &key, &value) {
+            Ok(Some(entry)) => entries.push(entry),
+            Ok(None) => {}
+            Err(reason) => {
+                return Err(migrate_error(
+                    version,
+                    format!("cannot convert an entry of {name}: {reason}"),
+                ))
+            }
+        }
+    }
+    Ok(entries)
+}
+
+/// Fills the new map at `new_path` with the converted entries of the old one.
+/// Returns how many entries were written.
+pub(crate) fn convert_map(
+    version: u32,
+    name: &str,
+    old_path: &Path,
+    new_path: &Path,
+) -> Result<usize, Error> {
+    let entries = converted_entries(version, name, old_path)?;
+    let (new, _) = open(version, new_path)?;
+    for entry in &entries {
+        system::map_update(new.as_fd(), &entry.key, &entry.value, system::UPDATE_ANY)
+            .map_err(|error| migrate_error(version, format!("cannot write {name}: {error}")))?;
+    }
+    Ok(entries.len())
+}
+
+/// After the switch: copies into the current flow-state map `name` the entries of
+/// the old version's map that the new one lacks or holds older (what the old
+/// programs wrote between the conversion and the switch). Nothing to do when both
+/// pins are the same object (a map taken over). Returns how many were written.
+pub(crate) fn merge_flow_state(
+    pin_directory: &Path,
+    version: u32,
+    name: &str,
+) -> Result<usize, Error> {
+    let old_path = version_directory(pin_directory, version).join(name);
+    let new_path = version_directory(pin_directory, SCHEMA_VERSION).join(name);
+    let (old, old_shape) = match open(version, &old_path) {
+        Ok(opened) => opened,
+        Err(_) if !old_path.exists() => return Ok(0),
+        Err(error) => return Err(error),
+    };
+    let (new, new_shape) = open(version, &new_path)?;
+    let same_object = system::map_id(old.as_fd()).ok() == system::map_id(new.as_fd()).ok();
+    if same_object {
+        return Ok(0);
+    }
+    let declared = schema::SCHEMA
+        .layouts_of(version)
+        .and_then(|layouts| layouts.iter().find(|layout| layout.name == name))
+        .map(|layout| layout.shape);
+    let observed = MapShape {
+        map_type: old_shape.map_type,
+        key_size: old_shape.key_size,
+        value_size: old_shape.value_size,
+    };
+    if declared != Some(observed) {
+        return Err(migrate_error(
+            version,
+            format!("map {name} has {observed:?}, not its version's layout; not merged"),
+        ));
+    }
+    drop(old);
+    let mut written = 0;
+    for entry in converted_entries(version, name, &old_path)? {
+        let existing =
+            system::map_lookup(new.as_fd(), &entry.key, new_shape.value_size as usize)
+                .map_err(|error| migrate_error(version, format!("cannot read {name}: {error}")))?;
+        if schema::old_entry_wins(name, existing.as_deref(), &entry.value) {
+            system::map_update(new.as_fd(), &entry.key, &entry.value, system::UPDATE_ANY)
+                .map_err(|error| migrate_error(version, format!("cannot write {name}: {error}")))?;
+            written += 1;
+        }
+    }
+    Ok(written)
+}
+
+/// Removes an old version's pins (its maps disappear with their last user).
 pub(crate) fn finish(pin_directory: &Path, version: u32) -> Result<(), Error> {
-    let directory = version_directory(pin_directory, version);
-    std::fs::remove_dir_all(&directory).map_err(|source| Error::PreparePinDirectory {
-        step: "remove the old schema version of",
-        path: directory,
-        source,
-    })
+    remove_directory(
+        &version_directory(pin_directory, version),
+        "remove the old schema version of",
+    )
 }
 
 #[cfg(test)]
@@ -182,22 +239,33 @@ mod tests {
     use super::*;
 
     #[test]
-    fn older_version_directories_are_found_newest_first_and_others_ignored() {
+    fn version_directories_are_observed_and_other_entries_ignored() {
         let directory =
             std::env::temp_dir().join(format!("switchyard-migrate-test-{}", std::process::id()));
-        for name in ["v0", "links", "vx", &format!("v{SCHEMA_VERSION}")] {
+        for name in [
+            "v0",
+            "links",
+            "vx",
+            &format!("v{SCHEMA_VERSION}"),
+            &format!("v{SCHEMA_VERSION}-converting"),
+        ] {
             std::fs::create_dir_all(directory.join(name)).expect("create");
         }
-        let versions = older_versions(&directory);
+        let observation = observe(&directory);
         std::fs::remove_dir_all(&directory).expect("remove");
-        assert_eq!(versions, vec![0]);
+        let observation = observation.expect("observe");
+        assert_eq!(
+            observation.versions.iter().copied().collect::<Vec<_>>(),
+            vec![0, SCHEMA_VERSION],
+            "the staging directory is not a version"
+        );
+        assert!(observation.current_maps.is_empty());
+        assert!(observation.older_maps.is_empty());
     }
 
     #[test]
-    fn every_pinned_map_has_a_known_shape() {
-        let names: Vec<&str> = current_shapes().iter().map(|shape| shape.0).collect();
-        assert_eq!(names.len(), 7);
-        assert!(names.contains(&map_names::CONNTRACK));
-        assert!(names.contains(&map_names::SOCKET_REVERSE));
+    fn a_missing_pin_directory_is_observed_as_empty() {
+        let observation = observe(Path::new("/nonexistent/switchyard-pins")).expect("observe");
+        assert_eq!(observation, PinObservation::default());
     }
 }

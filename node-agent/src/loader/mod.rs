@@ -16,6 +16,7 @@
 mod attach;
 mod migrate;
 mod pinned_maps;
+pub mod schema;
 pub mod system;
 mod watch;
 
@@ -116,9 +117,14 @@ const TC_PROGRAMS: [&str; 3] = [
 pub struct Datapath {
     ebpf: Ebpf,
     settings: LoaderSettings,
-    /// Older schema versions found at load; their pins are removed by
-    /// [`Datapath::finish_migration`] once the new programs are attached.
+    /// Older schema versions found at load, newest first; their pins are removed
+    /// by [`Datapath::finish_migration`] once the new programs run on every hook.
     migrated_versions: Vec<u32>,
+    /// Ids of the programs this process loaded: a hook runs "the new programs"
+    /// when its link (or clsact marker) names one of these.
+    program_ids: std::collections::BTreeSet<u32>,
+    /// Whether the wait for hooks still running old programs has been logged.
+    migration_wait_reported: bool,
 }
 
 fn io_error<'a>(step: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> Error + 'a {
@@ -132,57 +138,122 @@ fn io_error<'a>(step: &'static str, path: &'a Path) -> impl FnOnce(std::io::Erro
 impl Datapath {
     /// Loads the programs (running the verifier), creating the pinned maps or
     /// reusing them, and pins the programs. Maps of an older schema version found
-    /// under the pin directory are taken over when their layout is unchanged (see
-    /// `migrate`).
+    /// under the pin directory are taken over when their layout is unchanged and
+    /// converted into new maps when it changed; maps of a newer version, or of an
+    /// older one this agent cannot convert, are refused with nothing touched (see
+    /// `migrate` and `schema`).
     pub fn load(settings: LoaderSettings) -> Result<Self, Error> {
+        // Decide from what is pinned before touching anything: a refusal leaves
+        // the pin directory exactly as it was.
+        let observation = migrate::observe(&settings.pin_directory)?;
+        let plan = schema::SCHEMA
+            .plan(&observation)
+            .map_err(|refusal| Error::MigrateMaps {
+                from_version: refusal.version(),
+                reason: refusal.to_string(),
+            })?;
         let version_directory = version_directory(&settings.pin_directory, SCHEMA_VERSION);
         let programs_directory = version_directory.join("programs");
-        for directory in [
-            &programs_directory,
-            &links_directory(&settings.pin_directory),
-        ] {
+        let migrating = plan.maps.iter().any(|(_, source)| {
+            matches!(
+                source,
+                schema::MapSource::Reuse { .. } | schema::MapSource::Convert { .. }
+            )
+        });
+        // A migration builds the new maps in a staging directory renamed into
+        // place when complete; a staging directory found now was left by a
+        // process that died half way, and is redone.
+        let maps_directory = if migrating {
+            let staging = migrate::staging_directory(&settings.pin_directory);
+            migrate::remove_directory(&staging, "remove the unfinished conversion in")?;
+            // The plan refuses a current directory holding maps next to maps to
+            // take over, so anything here (program pins of a process that died
+            // before its maps were complete) is unused.
+            migrate::remove_directory(&version_directory, "clear")?;
+            staging
+        } else {
+            migrate::remove_directory(
+                &migrate::staging_directory(&settings.pin_directory),
+                "remove the unfinished conversion in",
+            )?;
+            version_directory.clone()
+        };
+        for directory in [&maps_directory, &links_directory(&settings.pin_directory)] {
             std::fs::create_dir_all(directory).map_err(io_error("create", directory))?;
         }
-        // Maps of an older schema version with an unchanged layout are used as
-        // they are (see `migrate`); everything else is created or reused from the
-        // current version directory.
-        let reused = migrate::reusable_maps(&settings.pin_directory)?;
         let sizes = settings.map_sizes;
         let mut loader = EbpfLoader::new();
         loader
-            .default_map_pin_directory(&version_directory)
+            .default_map_pin_directory(&maps_directory)
             .map_max_entries(map_names::FRONTENDS, sizes.frontends)
             .map_max_entries(map_names::BACKEND_SLOTS, sizes.backend_slots)
             .map_max_entries(map_names::CONNTRACK, sizes.conntrack)
             .map_max_entries(map_names::AFFINITY, sizes.affinity)
             .map_max_entries(map_names::SOCKET_REVERSE, sizes.socket_reverse);
-        for map in &reused {
-            loader.map_pin_path(map.name, map.old_path.as_path());
+        let old_path = |name: &str, version: u32| {
+            self::version_directory(&settings.pin_directory, version).join(name)
+        };
+        let reused: Vec<(&str, PathBuf)> = plan
+            .maps
+            .iter()
+            .filter_map(|(name, source)| match source {
+                schema::MapSource::Reuse { version } => Some((*name, old_path(name, *version))),
+                _ => None,
+            })
+            .collect();
+        for (name, path) in &reused {
+            loader.map_pin_path(*name, path.as_path());
         }
         let mut ebpf = loader
             .load(PROGRAM_OBJECT)
             .map_err(|error| Error::LoadPrograms {
                 reason: describe(&error),
             })?;
-        for map in &reused {
-            migrate::pin_reused(&settings.pin_directory, map)?;
+        for (name, path) in &reused {
+            let fd = system::open_pinned(path).map_err(|error| Error::MigrateMaps {
+                from_version: 0,
+                reason: format!("cannot open {}: {error}", path.display()),
+            })?;
+            pin_fd(&fd, &maps_directory.join(name))?;
+            tracing::info!(map = %name, from = %path.display(), "took over a map of an older schema version");
         }
+        for (name, source) in &plan.maps {
+            if let schema::MapSource::Convert { version } = source {
+                let converted = migrate::convert_map(
+                    *version,
+                    name,
+                    &old_path(name, *version),
+                    &maps_directory.join(name),
+                )?;
+                tracing::info!(map = %name, from_version = version, entries = converted, "converted a map of an older schema version");
+            }
+        }
+        if migrating {
+            std::fs::rename(&maps_directory, &version_directory)
+                .map_err(io_error("move the converted maps into", &version_directory))?;
+        }
+        std::fs::create_dir_all(&programs_directory)
+            .map_err(io_error("create", &programs_directory))?;
 
+        let mut program_ids = std::collections::BTreeSet::new();
         for name in TC_PROGRAMS {
             let program: &mut SchedClassifier = program_mut(&mut ebpf, name)?;
             program.load().map_err(|error| load_error(name, error))?;
+            program_ids.insert(program_id(program.fd(), name)?);
             pin_program(program.fd(), &programs_directory, name)?;
         }
         for name in attach::SOCKET_HOOKS.iter().map(|hook| hook.program) {
             let program: &mut CgroupSockAddr = program_mut(&mut ebpf, name)?;
             program.load().map_err(|error| load_error(name, error))?;
+            program_ids.insert(program_id(program.fd(), name)?);
             pin_program(program.fd(), &programs_directory, name)?;
         }
-        let migrated_versions = migrate::older_versions(&settings.pin_directory);
         Ok(Self {
             ebpf,
             settings,
-            migrated_versions,
+            migrated_versions: plan.older_versions,
+            program_ids,
+            migration_wait_reported: false,
         })
     }
 
@@ -218,11 +289,41 @@ impl Datapath {
         attach::detach_interface(&self.settings, interface)
     }
 
-    /// After a schema migration, once the new programs are attached everywhere:
-    /// removes the old version's pins (its maps live on where they were reused).
+    /// Ends a schema migration once every pinned hook runs one of this process's
+    /// programs: merges what the old programs wrote into converted flow-state
+    /// maps since the conversion, then removes the old versions' pins (a map
+    /// taken over lives on under the new version). Until then it does nothing,
+    /// so callers may call it after every round of attaching; it is cheap when
+    /// there is nothing to migrate.
     pub fn finish_migration(&mut self) -> Result<(), Error> {
+        if self.migrated_versions.is_empty() {
+            return Ok(());
+        }
+        let waiting =
+            attach::hooks_running_other_programs(&self.settings.pin_directory, &self.program_ids)?;
+        if !waiting.is_empty() {
+            if !self.migration_wait_reported {
+                tracing::info!(
+                    hooks = ?waiting,
+                    "the old schema version's maps stay until these hooks run the new programs"
+                );
+                self.migration_wait_reported = true;
+            }
+            return Ok(());
+        }
+        // Only the newest older version was taken over; any older ones are
+        // leftovers whose state is already in it.
+        if let Some(newest) = self.migrated_versions.first().copied() {
+            for name in schema::FLOW_STATE_MAPS {
+                let merged = migrate::merge_flow_state(&self.settings.pin_directory, newest, name)?;
+                if merged > 0 {
+                    tracing::info!(map = %name, from_version = newest, entries = merged, "merged flow state written by the old programs during the switch");
+                }
+            }
+        }
         for version in std::mem::take(&mut self.migrated_versions) {
             migrate::finish(&self.settings.pin_directory, version)?;
+            tracing::info!(version, "removed the pins of an older schema version");
         }
         Ok(())
     }
@@ -267,6 +368,19 @@ where
     program.try_into().map_err(|error| Error::LoadPrograms {
         reason: format!("program {name} has an unexpected type: {error}"),
     })
+}
+
+fn program_id(
+    fd: Result<&aya::programs::ProgramFd, aya::programs::ProgramError>,
+    name: &str,
+) -> Result<u32, Error> {
+    use std::os::fd::AsFd as _;
+    let fd = fd.map_err(|error| load_error(name, error))?;
+    system::program_identity(fd.as_fd())
+        .map(|(id, _)| id)
+        .map_err(|error| Error::LoadPrograms {
+            reason: format!("cannot read the id of program {name}: {error}"),
+        })
 }
 
 fn load_error(name: &str, error: aya::programs::ProgramError) -> Error {

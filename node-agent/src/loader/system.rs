@@ -212,3 +212,142 @@ pub fn interface_name(index: u32) -> Option<String> {
     let name = unsafe { std::ffi::CStr::from_ptr(buffer.as_ptr()) };
     Some(name.to_string_lossy().into_owned())
 }
+
+const BPF_MAP_CREATE: libc::c_long = 0;
+const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
+const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
+const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
+/// `BPF_NOEXIST`: insert only if the key is absent.
+pub const UPDATE_NO_EXIST: u64 = 1;
+/// `BPF_ANY`: insert or overwrite.
+pub const UPDATE_ANY: u64 = 0;
+
+/// Creates a map (used to make maps of a given layout, e.g. an older schema
+/// version's in tests). `name` is cut to 15 characters.
+pub fn map_create(
+    map_type: u32,
+    key_size: u32,
+    value_size: u32,
+    max_entries: u32,
+    name: &str,
+) -> io::Result<OwnedFd> {
+    // union bpf_attr for BPF_MAP_CREATE: type, key_size, value_size, max_entries,
+    // map_flags, inner_map_fd, numa_node, then map_name[16] at offset 28.
+    let mut attribute = [0u8; 72];
+    put_u32(&mut attribute, 0, map_type);
+    put_u32(&mut attribute, 4, key_size);
+    put_u32(&mut attribute, 8, value_size);
+    put_u32(&mut attribute, 12, max_entries);
+    let name = name.as_bytes();
+    let length = name.len().min(15);
+    attribute[28..28 + length].copy_from_slice(&name[..length]);
+    bpf(BPF_MAP_CREATE, &mut attribute).map(owned)
+}
+
+/// Pins any BPF object.
+pub fn pin_object(fd: BorrowedFd<'_>, path: &Path) -> io::Result<()> {
+    use std::os::unix::ffi::OsStrExt as _;
+    const BPF_OBJ_PIN: libc::c_long = 6;
+    let path = CString::new(path.as_os_str().as_bytes())
+        .map_err(|error| io::Error::new(io::ErrorKind::InvalidInput, error))?;
+    let mut attribute = [0u8; 16];
+    put_u64(&mut attribute, 0, path.as_ptr() as u64);
+    put_u32(&mut attribute, 8, fd.as_raw_fd() as u32);
+    bpf(BPF_OBJ_PIN, &mut attribute).map(|_| ())
+}
+
+fn element_attribute(map: BorrowedFd<'_>, key: u64, value: u64, flags: u64) -> [u8; 32] {
+    // struct { u32 map_fd; (pad); u64 key; u64 value or next_key; u64 flags; }
+    let mut attribute = [0u8; 32];
+    put_u32(&mut attribute, 0, map.as_raw_fd() as u32);
+    put_u64(&mut attribute, 8, key);
+    put_u64(&mut attribute, 16, value);
+    put_u64(&mut attribute, 24, flags);
+    attribute
+}
+
+/// Every key of a hash or array map, as raw bytes of `key_size`. Keys deleted
+/// while listing are simply missing; a key deleted under our feet restarts the
+/// walk from the start (as `bpf_map_get_next_key` does), which the set removes.
+pub fn map_keys(map: BorrowedFd<'_>, key_size: usize) -> io::Result<Vec<Vec<u8>>> {
+    let mut keys: Vec<Vec<u8>> = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    let mut current: Option<Vec<u8>> = None;
+    loop {
+        let mut next = vec![0u8; key_size];
+        let key_pointer = current.as_ref().map_or(0, |key| key.as_ptr() as u64);
+        let mut attribute = element_attribute(map, key_pointer, next.as_mut_ptr() as u64, 0);
+        match bpf(BPF_MAP_GET_NEXT_KEY, &mut attribute) {
+            Ok(_) => {}
+            Err(error) if error.raw_os_error() == Some(libc::ENOENT) => return Ok(keys),
+            Err(error) => return Err(error),
+        }
+        if !seen.insert(next.clone()) {
+            // The walk restarted (an entry was evicted): every key is listed.
+            return Ok(keys);
+        }
+        keys.push(next.clone());
+        current = Some(next);
+    }
+}
+
+/// The value of `key`, or `None` if absent.
+pub fn map_lookup(
+    map: BorrowedFd<'_>,
+    key: &[u8],
+    value_size: usize,
+) -> io::Result<Option<Vec<u8>>> {
+    let mut value = vec![0u8; value_size];
+    let mut attribute = element_attribute(map, key.as_ptr() as u64, value.as_mut_ptr() as u64, 0);
+    match bpf(BPF_MAP_LOOKUP_ELEM, &mut attribute) {
+        Ok(_) => Ok(Some(value)),
+        Err(error) if error.raw_os_error() == Some(libc::ENOENT) => Ok(None),
+        Err(error) => Err(error),
+    }
+}
+
+/// Writes one entry (`flags`: [`UPDATE_ANY`] or [`UPDATE_NO_EXIST`]). The caller
+/// passes a key and value of the map's sizes.
+pub fn map_update(map: BorrowedFd<'_>, key: &[u8], value: &[u8], flags: u64) -> io::Result<()> {
+    let mut attribute = element_attribute(map, key.as_ptr() as u64, value.as_ptr() as u64, flags);
+    bpf(BPF_MAP_UPDATE_ELEM, &mut attribute).map(|_| ())
+}
+
+/// The id of a program and the ids of the maps it uses (sorted). Two programs
+/// with the same instructions (the same tag) but different maps differ here.
+pub fn program_identity(program: BorrowedFd<'_>) -> io::Result<(u32, Vec<u32>)> {
+    let mut map_ids = [0u32; 64];
+    let mut info = [0u8; 256];
+    // struct bpf_prog_info: nr_map_ids (u32) at 52, map_ids (u64 pointer) at 56.
+    put_u32(&mut info, 52, map_ids.len() as u32);
+    put_u64(&mut info, 56, map_ids.as_mut_ptr() as u64);
+    let mut attribute = [0u8; 16];
+    put_u32(&mut attribute, 0, program.as_raw_fd() as u32);
+    put_u32(&mut attribute, 4, info.len() as u32);
+    put_u64(&mut attribute, 8, info.as_mut_ptr() as u64);
+    bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attribute)?;
+    let count = (get_u32(&info, 52) as usize).min(map_ids.len());
+    let mut ids = map_ids[..count].to_vec();
+    ids.sort_unstable();
+    Ok((get_u32(&info, 4), ids))
+}
+
+/// [`program_identity`] of a program given by id.
+pub fn program_identity_of_id(id: u32) -> io::Result<(u32, Vec<u32>)> {
+    let mut attribute = [0u8; 16];
+    put_u32(&mut attribute, 0, id);
+    let fd = bpf(BPF_PROG_GET_FD_BY_ID, &mut attribute).map(owned)?;
+    use std::os::fd::AsFd as _;
+    program_identity(fd.as_fd())
+}
+
+/// The kernel id of a map (what [`program_identity`] lists).
+pub fn map_id(map: BorrowedFd<'_>) -> io::Result<u32> {
+    let mut info = [0u8; 128];
+    let mut attribute = [0u8; 16];
+    put_u32(&mut attribute, 0, map.as_raw_fd() as u32);
+    put_u32(&mut attribute, 4, info.len() as u32);
+    put_u64(&mut attribute, 8, info.as_mut_ptr() as u64);
+    bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attribute)?;
+    Ok(get_u32(&info, 4))
+}
