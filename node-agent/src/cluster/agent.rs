@@ -563,9 +563,10 @@ impl<D: NodeDatapath> ClusterAgent<D> {
         self.attachment = next;
         if self.attachment != Attachment::Detached {
             self.attach_new_interfaces();
-            if action == Some(ModeAction::Activate) {
-                self.datapath.finish_migration()?;
-            }
+            // Every round, not only on activation: an upgraded agent restarts into
+            // an attached node, and the loader ends a schema migration only once
+            // every hook runs the new programs (a no-op when there is none).
+            self.datapath.finish_migration()?;
         } else {
             self.attach_error = None;
         }

@@ -472,9 +472,10 @@ impl<D: Datapath, H: HostView> Standalone<D, H> {
             self.ensure_masquerade_rule();
             self.attach_new_interfaces(roles);
             self.attach_socket_hooks();
-            if action == Some(ModeAction::Activate) {
-                self.datapath.finish_migration()?;
-            }
+            // Every round, not only on activation: an upgraded agent restarts into
+            // an attached node, and the loader ends a schema migration only once
+            // every hook runs the new programs (a no-op when there is none).
+            self.datapath.finish_migration()?;
         }
         Ok(())
     }
