@@ -167,6 +167,14 @@ pub const CONNTRACK_FLAG_REWRITE_SOURCE: u8 = 1 << 1;
 pub const CONNTRACK_FLAG_REPLY: u8 = 1 << 2;
 /// Translated packets of this connection are marked for masquerading.
 pub const CONNTRACK_FLAG_MASQUERADE: u8 = 1 << 3;
+/// The client's source port was translated (`new_source_port_big_endian` of the
+/// client-direction entry, `new_destination_port_big_endian` of the reply entry),
+/// because another live flow from the same client address and port already went
+/// to the same backend through another frontend (netfilter's NAT does the same).
+/// With this bit, the source/destination rewrite bits mean only that, never a
+/// hairpin flow sent straight back. Entries written before the bit existed never
+/// carry it, so their meaning is unchanged (no layout change).
+pub const CONNTRACK_FLAG_PORT_TRANSLATED: u8 = 1 << 4;
 
 /// TCP teardown seen in the client's direction.
 pub const TCP_STATE_FIN_FROM_CLIENT: u8 = 1 << 0;
