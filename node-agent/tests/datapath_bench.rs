@@ -3,7 +3,9 @@
 //!
 //! 1. Programming: 10,000 Services x 10 endpoints into empty maps through the
 //!    agent's real pipeline (desired state -> layout -> plan -> apply), and a
-//!    single-Service update with 10,000 present.
+//!    single-Service update with 10,000 present: the partial sync the agent
+//!    does (only the changed Service recomputed and planned), and, in the same
+//!    run for comparison, the full recompute and diff it did before.
 //! 2. New connections to a ClusterIP with 10,000 Services present, from a pod:
 //!    Switchyard's TC programs; kube-proxy-style iptables rules for the same
 //!    Services (KUBE-SERVICES -> KUBE-SVC-* -> KUBE-SEP-* with statistic random,
@@ -32,7 +34,11 @@ use switchyard_agent::{
         AddressFamily, EndpointModel, EndpointPortModel, EndpointSliceModel, Protocol,
         ServiceModel, ServiceName, ServicePortModel, TargetPort, TrafficPolicy,
     },
-    sync::{apply, Syncer},
+    sync::{
+        apply,
+        inputs::{SyncInputs, SyncKind},
+        Syncer,
+    },
 };
 
 const SERVICES: usize = 10_000;
@@ -308,7 +314,8 @@ fn benchmark_datapath_against_iptables_and_direct() {
         let mut maps = datapath.service_maps().expect("maps");
         maps.write_config(&active_config()).expect("config");
 
-        // 1. Programming through the agent's pipeline.
+        // 1. Programming through the agent's pipeline: the inputs `run` and
+        //    `standalone` keep, synced into empty maps (a full sync).
         let node_view = NodeView {
             name: NODE_NAME.to_string(),
             addresses: vec![IpAddr::V4(NODE_IP)],
@@ -316,18 +323,33 @@ fn benchmark_datapath_against_iptables_and_direct() {
         let (services, slices) = models(&pods, None);
         let gate = open_gate();
         let mut syncer = Syncer::restore(&maps).expect("restore");
+        let mut inputs = SyncInputs::default();
         let started = Instant::now();
-        let desired = desired_services(&services, &slices, &node_view);
-        let report = syncer.sync(gate, &desired, &mut maps).expect("sync");
+        inputs.set_node(node_view.clone());
+        inputs.replace_services(services.clone());
+        inputs.replace_slices(slices.clone());
+        let report = inputs
+            .sync(gate, &mut syncer, &mut maps, false)
+            .expect("sync")
+            .expect("the node is known")
+            .report;
         let full_program = started.elapsed();
-        // A single Service changes (one endpoint leaves or comes back), timed by
-        // stage: the agent recomputes the whole desired state, lays it out
-        // against the current entries, diffs, and applies only the difference.
+        // The measured Service's only slice, with and without its first endpoint.
+        let changed_slice = |round: usize| {
+            let skip = (round % 2 == 0).then_some(MEASURED_SERVICE + 1);
+            let (_, slices) = models(&pods, skip);
+            slices[MEASURED_SERVICE + 1].clone()
+        };
+        let rounds = 20;
+
+        // Before partial syncs (same run, for comparison): the agent recomputed
+        // the whole desired state, laid it out against the current entries,
+        // diffed, and applied only the difference. Timed by stage.
         let mut current = syncer.current().clone();
-        let mut single_updates = Vec::new();
+        let mut full_updates = Vec::new();
         let mut stages = [Duration::ZERO; 4];
-        let mut operations = 0;
-        for round in 0..20 {
+        let mut full_operations = 0;
+        for round in 0..rounds {
             let skip = (round % 2 == 0).then_some(MEASURED_SERVICE + 1);
             let (services, slices) = models(&pods, skip);
             let started = Instant::now();
@@ -339,18 +361,41 @@ fn benchmark_datapath_against_iptables_and_direct() {
             let planned_at = started.elapsed();
             let applied = apply(&update, &mut maps, &mut current).expect("apply");
             let total = started.elapsed();
-            operations = applied.operation_count();
-            single_updates.push(total);
+            full_operations = applied.operation_count();
+            full_updates.push(total);
             stages[0] += desired_at;
             stages[1] += laid_out_at - desired_at;
             stages[2] += planned_at - laid_out_at;
             stages[3] += total - planned_at;
         }
-        single_updates.sort();
+        full_updates.sort();
         let stage_milliseconds: Vec<f64> = stages
             .iter()
-            .map(|stage| stage.as_secs_f64() * 1000.0 / 20.0)
+            .map(|stage| stage.as_secs_f64() * 1000.0 / rounds as f64)
             .collect();
+
+        // Now: the agent's partial sync. A restarted syncer (the full path
+        // above wrote behind its back) first does its full sync from the maps.
+        let mut syncer = Syncer::restore(&maps).expect("restore");
+        inputs
+            .sync(gate, &mut syncer, &mut maps, true)
+            .expect("resync")
+            .expect("the node is known");
+        let mut single_updates = Vec::new();
+        let mut operations = 0;
+        for round in 0..rounds {
+            let slice = changed_slice(round);
+            let started = Instant::now();
+            inputs.upsert_slice(slice);
+            let outcome = inputs
+                .sync(gate, &mut syncer, &mut maps, false)
+                .expect("sync")
+                .expect("the node is known");
+            single_updates.push(started.elapsed());
+            assert_eq!(outcome.kind, SyncKind::Partial { services: 1 });
+            operations = outcome.report.operation_count();
+        }
+        single_updates.sort();
 
         // 2. Connections.
         let target = SocketAddrV4::new(cluster_ip(MEASURED_SERVICE), 80);
@@ -409,12 +454,17 @@ fn benchmark_datapath_against_iptables_and_direct() {
             full_program.as_secs_f64() * 1000.0
         );
         println!(
-            "| one Service's endpoints changed, {SERVICES} present (median / max of 20) | {:.2} ms / {:.2} ms | < 5 ms |",
+            "| one Service's endpoints changed, {SERVICES} present: partial sync, as the agent does it ({operations} map operations; median / max of {rounds}) | {:.3} ms / {:.3} ms | < 5 ms |",
             single_updates[single_updates.len() / 2].as_secs_f64() * 1000.0,
             single_updates[single_updates.len() - 1].as_secs_f64() * 1000.0
         );
         println!(
-            "| ... of which: desired state {:.1} ms, layout {:.1} ms, diff {:.1} ms, map writes ({operations} operations) {:.3} ms | | |",
+            "| the same change by full recompute and diff, as the agent did before partial syncs (median / max of {rounds}) | {:.2} ms / {:.2} ms | |",
+            full_updates[full_updates.len() / 2].as_secs_f64() * 1000.0,
+            full_updates[full_updates.len() - 1].as_secs_f64() * 1000.0
+        );
+        println!(
+            "| ... of which: desired state {:.1} ms, layout {:.1} ms, diff {:.1} ms, map writes ({full_operations} operations) {:.3} ms | | |",
             stage_milliseconds[0], stage_milliseconds[1], stage_milliseconds[2], stage_milliseconds[3]
         );
         println!(
