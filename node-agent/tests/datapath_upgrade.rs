@@ -1,12 +1,13 @@
 //! Map schema upgrade: a process of a newer schema version takes over the maps of
 //! an older one without a failed connection.
 //!
-//! Only one layout exists so far, so the "older version" is made by moving the
-//! running datapath's pins from `v<SCHEMA_VERSION>` to `v<SCHEMA_VERSION - 1>`
-//! (renaming pins changes nothing for the programs using the maps). The new
-//! process must take every map over (their layouts are unchanged), attach its
-//! programs in place, and remove the old version's pins, while long-lived and new
-//! connections keep working.
+//! The "older version" is made by moving the running datapath's pins from
+//! `v<SCHEMA_VERSION>` to `v<SCHEMA_VERSION - 1>` (renaming pins changes nothing
+//! for the programs using the maps), and the new process is given a schema whose
+//! previous version has the current layout (a bump that changed no layout). It
+//! must take every map over, attach its programs in place, and remove the old
+//! version's pins, while long-lived and new connections keep working. A bump
+//! that changes layouts is `datapath_schema.rs`.
 
 mod datapath_support;
 
@@ -21,10 +22,22 @@ use std::{
 
 use datapath_support::*;
 use switchyard_agent::{
-    loader::{self, Datapath, InterfaceKind},
+    loader::{self, schema, Datapath, InterfaceKind},
     maps::ServiceMaps,
 };
 use switchyard_common::{map_names, PROTOCOL_TCP, SCHEMA_VERSION};
+
+/// A history in which the previous version had exactly the current layout.
+static UNCHANGED_LAYOUT_BUMP: schema::Schema = schema::Schema {
+    current: SCHEMA_VERSION,
+    current_layouts: &schema::CURRENT_LAYOUTS,
+    steps: &[schema::VersionStep {
+        from: SCHEMA_VERSION - 1,
+        layouts: &schema::CURRENT_LAYOUTS,
+        changed_maps: &[],
+        convert: |map, _, _| Err(format!("{map} did not change: nothing to convert")),
+    }],
+};
 
 const CLUSTER_IP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
 const NODE_PORT: u16 = 30080;
@@ -85,7 +98,11 @@ fn maps_of_an_older_schema_version_are_taken_over_without_a_failed_connection() 
             std::thread::sleep(Duration::from_millis(500));
 
             // The new process: takes the maps over, attaches, finishes.
-            let mut datapath = Datapath::load(node.loader_settings()).expect("load");
+            let mut datapath = Datapath::load(loader::LoaderSettings {
+                schema: &UNCHANGED_LAYOUT_BUMP,
+                ..node.loader_settings()
+            })
+            .expect("load");
             for pod in &pods {
                 datapath
                     .attach_interface(&pod.host_interface(), InterfaceKind::Pod)

@@ -127,25 +127,29 @@ pub(crate) const SOCKET_HOOKS: [SocketHook; 4] = [
 /// instructions (tag) *and* the same maps. After a schema conversion the new
 /// programs may have the very same instructions as the old ones but use the new
 /// maps; keeping the old program then would leave it on the old maps.
-struct ProgramIdentity {
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct ProgramIdentity {
     tag: [u8; 8],
     map_ids: Vec<u32>,
 }
 
 impl ProgramIdentity {
-    fn of_fd(program: std::os::fd::BorrowedFd<'_>) -> std::io::Result<Self> {
+    pub(crate) fn of_fd(program: std::os::fd::BorrowedFd<'_>) -> std::io::Result<Self> {
         Ok(Self {
             tag: system::program_tag_of_fd(program)?,
             map_ids: system::program_identity(program)?.1,
         })
     }
 
+    fn of_id(program_id: u32) -> std::io::Result<Self> {
+        Ok(Self {
+            tag: system::program_tag_of_id(program_id)?,
+            map_ids: system::program_identity_of_id(program_id)?.1,
+        })
+    }
+
     fn is_attached_as(&self, attached_program_id: u32) -> bool {
-        let tag = system::program_tag_of_id(attached_program_id).ok();
-        let map_ids = system::program_identity_of_id(attached_program_id)
-            .ok()
-            .map(|(_, map_ids)| map_ids);
-        tag == Some(self.tag) && map_ids.as_ref() == Some(&self.map_ids)
+        Self::of_id(attached_program_id).ok().as_ref() == Some(self)
     }
 }
 
@@ -486,12 +490,12 @@ pub(crate) fn attached_interface_indexes(pin_directory: &Path) -> Result<Vec<u32
     Ok(indexes)
 }
 
-/// Pinned hooks (link pins, clsact markers) whose program is not one of
-/// `program_ids`: hooks that still run an older process's programs. Links of
-/// interfaces that are gone are not counted (they run nothing).
+/// Pinned hooks (link pins, clsact markers) whose program is none of `ours`
+/// (same instructions and same maps): hooks that still run programs on other
+/// maps. Links of interfaces that are gone are not counted (they run nothing).
 pub(crate) fn hooks_running_other_programs(
     pin_directory: &Path,
-    program_ids: &std::collections::BTreeSet<u32>,
+    ours: &std::collections::BTreeSet<ProgramIdentity>,
 ) -> Result<Vec<String>, Error> {
     let directory = links_directory(pin_directory);
     let entries = match std::fs::read_dir(&directory) {
@@ -510,21 +514,19 @@ pub(crate) fn hooks_running_other_programs(
         let Ok(pinned) = system::open_pinned(&entry.path()) else {
             continue;
         };
-        let program_id = if name.starts_with("clsact-") {
+        let identity = if name.starts_with("clsact-") {
             // The marker is a pin of the program our filter was last given.
-            system::program_identity(pinned.as_fd())
-                .ok()
-                .map(|(id, _)| id)
+            ProgramIdentity::of_fd(pinned.as_fd()).ok()
         } else {
             match system::link_info(pinned.as_fd()) {
                 Ok(info) if info.link_type == system::LINK_TYPE_TCX && info.tcx_ifindex == 0 => {
                     continue
                 }
-                Ok(info) => Some(info.program_id),
+                Ok(info) => ProgramIdentity::of_id(info.program_id).ok(),
                 Err(_) => None,
             }
         };
-        if !program_id.is_some_and(|id| program_ids.contains(&id)) {
+        if !identity.is_some_and(|identity| ours.contains(&identity)) {
             waiting.push(name);
         }
     }

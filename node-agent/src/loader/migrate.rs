@@ -131,6 +131,7 @@ fn open(version: u32, path: &Path) -> Result<(std::os::fd::OwnedFd, system::MapS
 
 /// The entries of an old map, converted to the current layout.
 fn converted_entries(
+    schema: &schema::Schema,
     version: u32,
     name: &str,
     old_path: &Path,
@@ -144,7 +145,7 @@ fn converted_entries(
             .map_err(|error| migrate_error(version, format!("cannot read {name}: {error}")))?;
         // An entry evicted between listing and reading is simply gone.
         let Some(value) = value else { continue };
-        match schema::SCHEMA.convert_entry(version, name, &key, &value) {
+        match schema.convert_entry(version, name, &key, &value) {
             Ok(Some(entry)) => entries.push(entry),
             Ok(None) => {}
             Err(reason) => {
@@ -161,12 +162,13 @@ fn converted_entries(
 /// Fills the new map at `new_path` with the converted entries of the old one.
 /// Returns how many entries were written.
 pub(crate) fn convert_map(
+    schema: &schema::Schema,
     version: u32,
     name: &str,
     old_path: &Path,
     new_path: &Path,
 ) -> Result<usize, Error> {
-    let entries = converted_entries(version, name, old_path)?;
+    let entries = converted_entries(schema, version, name, old_path)?;
     let (new, _) = open(version, new_path)?;
     for entry in &entries {
         system::map_update(new.as_fd(), &entry.key, &entry.value, system::UPDATE_ANY)
@@ -180,6 +182,7 @@ pub(crate) fn convert_map(
 /// programs wrote between the conversion and the switch). Nothing to do when both
 /// pins are the same object (a map taken over). Returns how many were written.
 pub(crate) fn merge_flow_state(
+    schema: &schema::Schema,
     pin_directory: &Path,
     version: u32,
     name: &str,
@@ -196,7 +199,7 @@ pub(crate) fn merge_flow_state(
     if same_object {
         return Ok(0);
     }
-    let declared = schema::SCHEMA
+    let declared = schema
         .layouts_of(version)
         .and_then(|layouts| layouts.iter().find(|layout| layout.name == name))
         .map(|layout| layout.shape);
@@ -213,7 +216,7 @@ pub(crate) fn merge_flow_state(
     }
     drop(old);
     let mut written = 0;
-    for entry in converted_entries(version, name, &old_path)? {
+    for entry in converted_entries(schema, version, name, &old_path)? {
         let existing =
             system::map_lookup(new.as_fd(), &entry.key, new_shape.value_size as usize)
                 .map_err(|error| migrate_error(version, format!("cannot read {name}: {error}")))?;

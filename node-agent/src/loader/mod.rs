@@ -84,6 +84,10 @@ pub struct LoaderSettings {
     /// cgroup v2 directory the socket hooks attach to; `None` attaches none.
     pub cgroup_path: Option<PathBuf>,
     pub attach_mode: AttachMode,
+    /// The map layouts and the conversions between them: [`schema::SCHEMA`]
+    /// except in tests that need another history (e.g. a previous version with
+    /// the current layout, to take maps over under load).
+    pub schema: &'static schema::Schema,
 }
 
 impl Default for LoaderSettings {
@@ -93,6 +97,7 @@ impl Default for LoaderSettings {
             map_sizes: MapSizes::default(),
             cgroup_path: default_cgroup_path(),
             attach_mode: AttachMode::Auto,
+            schema: &schema::SCHEMA,
         }
     }
 }
@@ -120,9 +125,9 @@ pub struct Datapath {
     /// Older schema versions found at load, newest first; their pins are removed
     /// by [`Datapath::finish_migration`] once the new programs run on every hook.
     migrated_versions: Vec<u32>,
-    /// Ids of the programs this process loaded: a hook runs "the new programs"
-    /// when its link (or clsact marker) names one of these.
-    program_ids: std::collections::BTreeSet<u32>,
+    /// The programs this process loaded (instructions and maps): a hook runs
+    /// "the new programs" when its program is identical to one of these.
+    programs: std::collections::BTreeSet<attach::ProgramIdentity>,
     /// Whether the wait for hooks still running old programs has been logged.
     migration_wait_reported: bool,
 }
@@ -145,8 +150,17 @@ impl Datapath {
     pub fn load(settings: LoaderSettings) -> Result<Self, Error> {
         // Decide from what is pinned before touching anything: a refusal leaves
         // the pin directory exactly as it was.
+        if settings.schema.current != SCHEMA_VERSION {
+            return Err(Error::LoadPrograms {
+                reason: format!(
+                    "the schema's current version {} is not the programs' {SCHEMA_VERSION}",
+                    settings.schema.current
+                ),
+            });
+        }
         let observation = migrate::observe(&settings.pin_directory)?;
-        let plan = schema::SCHEMA
+        let plan = settings
+            .schema
             .plan(&observation)
             .map_err(|refusal| Error::MigrateMaps {
                 from_version: refusal.version(),
@@ -202,7 +216,7 @@ impl Datapath {
             })
             .collect();
         for (name, path) in &reused {
-            loader.map_pin_path(*name, path.as_path());
+            loader.map_pin_path(name, path.as_path());
         }
         let mut ebpf = loader
             .load(PROGRAM_OBJECT)
@@ -220,6 +234,7 @@ impl Datapath {
         for (name, source) in &plan.maps {
             if let schema::MapSource::Convert { version } = source {
                 let converted = migrate::convert_map(
+                    settings.schema,
                     *version,
                     name,
                     &old_path(name, *version),
@@ -235,24 +250,24 @@ impl Datapath {
         std::fs::create_dir_all(&programs_directory)
             .map_err(io_error("create", &programs_directory))?;
 
-        let mut program_ids = std::collections::BTreeSet::new();
+        let mut programs = std::collections::BTreeSet::new();
         for name in TC_PROGRAMS {
             let program: &mut SchedClassifier = program_mut(&mut ebpf, name)?;
             program.load().map_err(|error| load_error(name, error))?;
-            program_ids.insert(program_id(program.fd(), name)?);
+            programs.insert(program_identity(program.fd(), name)?);
             pin_program(program.fd(), &programs_directory, name)?;
         }
         for name in attach::SOCKET_HOOKS.iter().map(|hook| hook.program) {
             let program: &mut CgroupSockAddr = program_mut(&mut ebpf, name)?;
             program.load().map_err(|error| load_error(name, error))?;
-            program_ids.insert(program_id(program.fd(), name)?);
+            programs.insert(program_identity(program.fd(), name)?);
             pin_program(program.fd(), &programs_directory, name)?;
         }
         Ok(Self {
             ebpf,
             settings,
             migrated_versions: plan.older_versions,
-            program_ids,
+            programs,
             migration_wait_reported: false,
         })
     }
@@ -300,7 +315,7 @@ impl Datapath {
             return Ok(());
         }
         let waiting =
-            attach::hooks_running_other_programs(&self.settings.pin_directory, &self.program_ids)?;
+            attach::hooks_running_other_programs(&self.settings.pin_directory, &self.programs)?;
         if !waiting.is_empty() {
             if !self.migration_wait_reported {
                 tracing::info!(
@@ -315,7 +330,12 @@ impl Datapath {
         // leftovers whose state is already in it.
         if let Some(newest) = self.migrated_versions.first().copied() {
             for name in schema::FLOW_STATE_MAPS {
-                let merged = migrate::merge_flow_state(&self.settings.pin_directory, newest, name)?;
+                let merged = migrate::merge_flow_state(
+                    self.settings.schema,
+                    &self.settings.pin_directory,
+                    newest,
+                    name,
+                )?;
                 if merged > 0 {
                     tracing::info!(map = %name, from_version = newest, entries = merged, "merged flow state written by the old programs during the switch");
                 }
@@ -370,17 +390,15 @@ where
     })
 }
 
-fn program_id(
+fn program_identity(
     fd: Result<&aya::programs::ProgramFd, aya::programs::ProgramError>,
     name: &str,
-) -> Result<u32, Error> {
+) -> Result<attach::ProgramIdentity, Error> {
     use std::os::fd::AsFd as _;
     let fd = fd.map_err(|error| load_error(name, error))?;
-    system::program_identity(fd.as_fd())
-        .map(|(id, _)| id)
-        .map_err(|error| Error::LoadPrograms {
-            reason: format!("cannot read the id of program {name}: {error}"),
-        })
+    attach::ProgramIdentity::of_fd(fd.as_fd()).map_err(|error| Error::LoadPrograms {
+        reason: format!("cannot read the identity of program {name}: {error}"),
+    })
 }
 
 fn load_error(name: &str, error: aya::programs::ProgramError) -> Error {

@@ -157,6 +157,7 @@ impl Node {
             },
             cgroup_path: self.cgroup.clone(),
             attach_mode: loader::AttachMode::Auto,
+            schema: &loader::schema::SCHEMA,
         }
     }
 }

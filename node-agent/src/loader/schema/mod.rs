@@ -167,6 +167,19 @@ pub struct Schema {
     pub steps: &'static [VersionStep],
 }
 
+impl std::fmt::Debug for Schema {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("Schema")
+            .field("current", &self.current)
+            .field(
+                "steps_from",
+                &self.steps.iter().map(|step| step.from).collect::<Vec<_>>(),
+            )
+            .finish()
+    }
+}
+
 /// The agent's schema: [`SCHEMA_VERSION`], [`CURRENT_LAYOUTS`] and [`STEPS`].
 pub static SCHEMA: Schema = Schema {
     current: SCHEMA_VERSION,
