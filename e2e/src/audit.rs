@@ -49,6 +49,9 @@ pub struct AuditEvent {
     pub response_status: Option<AuditResponseStatus>,
     /// RFC 3339 with microseconds, as the API server writes it (sorts as text).
     pub stage_timestamp: String,
+    /// The client's User-Agent.
+    #[serde(default)]
+    pub user_agent: Option<String>,
 }
 
 impl AuditEvent {

@@ -185,52 +185,28 @@ impl Drop for TestNamespace {
 
 fn run_cluster_script(arguments: &[&str]) -> Result<String> {
     let script = ClusterPaths::cluster_script();
-    let command = format!("{} {}", script.display(), arguments.join(" "));
-    let output = Command::new("bash")
+    let mut command = Command::new("bash");
+    command
         .arg(&script)
         .args(arguments)
-        .env("SWITCHYARD_E2E_INSIDE", "1")
-        .output()
-        .map_err(|error| E2eError::RunCommand {
-            command: command.clone(),
-            message: error.to_string(),
-        })?;
-    if !output.status.success() {
-        return Err(E2eError::RunCommand {
-            command,
-            message: format!(
-                "{}: {}",
-                output.status,
-                String::from_utf8_lossy(&output.stderr).trim()
-            ),
-        });
-    }
-    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+        .env("SWITCHYARD_E2E_INSIDE", "1");
+    standard_output_of(
+        command,
+        format!("{} {}", script.display(), arguments.join(" ")),
+    )
 }
 
 /// Runs a command inside a named network namespace of the cluster (e.g.
 /// `iptables-save` in `node-1`) and returns its standard output.
 pub fn run_in_namespace(name: &str, program: &str, arguments: &[&str]) -> Result<String> {
-    let command = format!("ip netns exec {name} {program} {}", arguments.join(" "));
-    let output = Command::new("ip")
+    let mut command = Command::new("ip");
+    command
         .args(["netns", "exec", name, program])
-        .args(arguments)
-        .output()
-        .map_err(|error| E2eError::RunCommand {
-            command: command.clone(),
-            message: error.to_string(),
-        })?;
-    if !output.status.success() {
-        return Err(E2eError::RunCommand {
-            command,
-            message: format!(
-                "{}: {}",
-                output.status,
-                String::from_utf8_lossy(&output.stderr).trim()
-            ),
-        });
-    }
-    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+        .args(arguments);
+    standard_output_of(
+        command,
+        format!("ip netns exec {name} {program} {}", arguments.join(" ")),
+    )
 }
 
 /// Runs a command inside a node's network and mount namespaces (where its
@@ -243,21 +219,29 @@ pub fn run_in_node(
     arguments: &[&str],
 ) -> Result<String> {
     let holder = crate::cluster::read_trimmed(&paths.node_holder_pid_file(node))?;
-    let command = format!(
-        "nsenter -t {holder} -n -m -- {program} {}",
-        arguments.join(" ")
-    );
-    let output = Command::new("nsenter")
+    let mut command = Command::new("nsenter");
+    command
         .args(["-t", &holder, "-n", "-m", "--", program])
-        .args(arguments)
-        .output()
-        .map_err(|error| E2eError::RunCommand {
-            command: command.clone(),
-            message: error.to_string(),
-        })?;
+        .args(arguments);
+    standard_output_of(
+        command,
+        format!(
+            "nsenter -t {holder} -n -m -- {program} {}",
+            arguments.join(" ")
+        ),
+    )
+}
+
+/// Runs `command` to completion: its standard output, or an error naming it
+/// (`description`) with its exit status and standard error.
+fn standard_output_of(mut command: Command, description: String) -> Result<String> {
+    let output = command.output().map_err(|error| E2eError::RunCommand {
+        command: description.clone(),
+        message: error.to_string(),
+    })?;
     if !output.status.success() {
         return Err(E2eError::RunCommand {
-            command,
+            command: description,
             message: format!(
                 "{}: {}",
                 output.status,
@@ -284,6 +268,24 @@ mod tests {
         let socket = thread.tcp_socket().await.unwrap();
         let (connected, accepted) = tokio::join!(socket.connect(address), listener.accept());
         assert!(connected.is_ok() && accepted.is_ok());
+    }
+
+    #[test]
+    fn a_failing_command_is_named_with_its_status_and_standard_error() {
+        let mut command = Command::new("sh");
+        command.args(["-c", "echo out; echo broken >&2; exit 3"]);
+        let error = standard_output_of(command, "sh -c test".into()).unwrap_err();
+        let text = error.to_string();
+        assert!(
+            text.contains("sh -c test") && text.contains("broken") && text.contains('3'),
+            "{text}"
+        );
+        let mut command = Command::new("sh");
+        command.args(["-c", "echo out"]);
+        assert_eq!(
+            standard_output_of(command, "sh -c echo".into()).unwrap(),
+            "out\n"
+        );
     }
 
     #[test]

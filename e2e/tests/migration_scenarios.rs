@@ -1,14 +1,18 @@
-//! The migration under traffic (issue 6's e2e scenarios 1, 2, 3, 5 and 7, issue 8's e2e
-//! part) on one 3-node cluster with real kube-proxy, the chart installed by helm and the
-//! real agent and operator binaries: `make e2e-migration` starts the cluster, runs this
-//! inside it and tears it down. Scenarios the operator smoke test already covers with
-//! simulated agents (an operator killed mid-transition, kube-proxy owned by another tool,
-//! leader election) are not repeated here.
+//! Issue 6's seven e2e scenarios (and issue 8's e2e part) on one 3-node cluster with real
+//! kube-proxy, the chart installed by helm and the real agent and operator binaries, in this
+//! order: (1) helm install and KubeProxy -> Ebpf, (7) `kubectl wait` and the columns, (2) agent
+//! upgrade by `helm upgrade`, (3) rollback with draining, (4) KubeProxy -> Ebpf with the
+//! operator SIGKILLed in ActivatingNodes and again in DisablingKubeProxy, then kube-proxy's
+//! nodeSelector reset under eBPF and the rollback restoring it exactly, (6) kube-proxy owned by
+//! Argo CD (`Managed` refused, `External` waits until the test deletes it, then it comes back),
+//! (5) an agent that never becomes Ready, and the DataplaneConfig deleted mid-transition.
+//! `make e2e-operator` starts the cluster, runs the operator's own cluster tests and then this
+//! inside it, and tears it down.
 //!
 //! New connections run all the time (a client pod on node-1 to the ClusterIP, outside to
-//! node-1's NodePort, each ~100 a second) and every failure is counted; before each
-//! transition 20 long-lived connections from each client are opened, each sending a line
-//! every 200 ms. Orderings are proved by etcd revision: the recorder sees every version of
+//! node-1's NodePort, each ~100 a second) and every failure is counted; before the
+//! transitions of (1) and (3) 20 long-lived connections from each client are opened, each
+//! sending a line every 200 ms. Orderings are proved by etcd revision: the recorder sees every version of
 //! the DataplaneNodes, the kube-proxy DaemonSet and its pods, and the one etcd gives
 //! every write of every resource a place in one sequence. The API server's audit log
 //! tells who wrote (the operator's ServiceAccount) and when.
@@ -24,7 +28,8 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use migration_support::*;
 use switchyard_crds::{
-    condition_types, find_condition, ConditionStatus, DataplaneMode, DataplaneNode, DataplanePhase,
+    condition_types, find_condition, ConditionStatus, DataplaneConfig, DataplaneMode,
+    DataplaneNode, DataplanePhase,
 };
 use switchyard_e2e::audit::{read_audit_events, AuditEvent};
 use switchyard_e2e::traffic::{TrafficGenerator, TrafficReport};
@@ -182,6 +187,36 @@ async fn a_cluster_moves_to_ebpf_and_back_under_traffic_without_breaking_a_conne
     println!(
         "helm install to every agent reporting: {:.1?}",
         helm_started.elapsed()
+    );
+    // Every Node got its DataplaneNode from the operator, owned by the Node (so it goes with
+    // it), with an Event about it on the Node.
+    for (name, node) in world.dataplane_nodes().await.expect("list DataplaneNodes") {
+        let owners = node.metadata.owner_references.clone().unwrap_or_default();
+        assert!(
+            owners.len() == 1 && owners[0].kind == "Node" && owners[0].name == name,
+            "DataplaneNode {name} owned by {owners:?}"
+        );
+        let managers: Vec<String> = node
+            .metadata
+            .managed_fields
+            .iter()
+            .flatten()
+            .filter_map(|entry| entry.manager.clone())
+            .collect();
+        assert!(
+            managers
+                .iter()
+                .any(|manager| manager == "switchyard-operator"),
+            "DataplaneNode {name} managed by {managers:?}"
+        );
+    }
+    assert!(
+        world
+            .event_count("default", "Node", "node-1", "DataplaneNodeCreated")
+            .await
+            .expect("Events")
+            > 0,
+        "no DataplaneNodeCreated Event about node-1"
     );
 
     let dataplane_nodes = Recorder::start(Api::<DataplaneNode>::all(world.client.clone()));
@@ -375,6 +410,83 @@ async fn a_cluster_moves_to_ebpf_and_back_under_traffic_without_breaking_a_conne
             "{pod} deleted before the operator patched kube-proxy"
         );
     }
+    // Every write the operator made carries Switchyard's User-Agent.
+    let operator_writes: Vec<&AuditEvent> = recent
+        .iter()
+        .filter(|event| {
+            event.stage == "ResponseComplete"
+                && event.user.username == OPERATOR_SERVICE_ACCOUNT
+                && ["create", "patch", "update", "delete"].contains(&event.verb.as_str())
+        })
+        .collect();
+    assert!(!operator_writes.is_empty(), "no operator write audited");
+    for event in &operator_writes {
+        let agent = event.user_agent.as_deref().unwrap_or_default();
+        assert!(
+            agent.starts_with("switchyard-operator/") && agent.len() > "switchyard-operator/".len(),
+            "an operator write without Switchyard's User-Agent: {event:?}"
+        );
+    }
+    println!(
+        "{} operator writes audited, all with User-Agent {:?}",
+        operator_writes.len(),
+        operator_writes[0].user_agent
+    );
+    // An Event for every step.
+    for (namespace, kind, name, reason) in [
+        ("default", "DataplaneConfig", "default", "PhaseChanged"),
+        ("default", "DataplaneConfig", "default", "NodesInstructed"),
+        ("default", "DataplaneConfig", "default", "KubeProxyDisabled"),
+        (
+            "kube-system",
+            "DaemonSet",
+            "kube-proxy",
+            "KubeProxyDisabled",
+        ),
+    ] {
+        let count = world
+            .event_count(namespace, kind, name, reason)
+            .await
+            .expect("Events");
+        assert!(
+            count > 0,
+            "no {reason} Event about {kind} {namespace}/{name}"
+        );
+    }
+    // The operator's metrics, and no reconcile loop at rest (nothing changes while Ready).
+    let operator = world.operator_process().expect("the operator's process");
+    let metrics = world
+        .operator_metrics(&operator)
+        .expect("the operator's metrics");
+    assert_eq!(
+        metric_value(
+            &metrics,
+            "switchyard_operator_transition_phase{phase=\"Ready\"}"
+        ),
+        Some(1.0),
+        "{metrics}"
+    );
+    assert_eq!(
+        metric_value(&metrics, "switchyard_operator_nodes{state=\"serving\"}"),
+        Some(3.0),
+        "{metrics}"
+    );
+    let reconciles = |metrics: &str| {
+        metric_value(
+            metrics,
+            "switchyard_operator_reconcile_duration_seconds_count",
+        )
+        .unwrap_or_default()
+    };
+    assert!(reconciles(&metrics) > 0.0, "{metrics}");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let at_rest =
+        reconciles(&world.operator_metrics(&operator).expect("metrics")) - reconciles(&metrics);
+    println!("operator reconciles at rest: {at_rest} in 5 s");
+    assert!(
+        at_rest <= 5.0,
+        "{at_rest} reconciles in 5 s with nothing changing"
+    );
     for node in NODES {
         let rules = world.kube_proxy_rules(node).expect("iptables-save");
         assert_eq!(
@@ -470,6 +582,7 @@ async fn a_cluster_moves_to_ebpf_and_back_under_traffic_without_breaking_a_conne
         }
     };
     let mut last_line = String::new();
+    let mut saw_upgrading = false;
     loop {
         let nodes = world.dataplane_nodes().await.expect("list");
         let config = world.config().await.expect("read");
@@ -488,6 +601,7 @@ async fn a_cluster_moves_to_ebpf_and_back_under_traffic_without_breaking_a_conne
             .and_then(|config| config.status.as_ref())
             .map(|status| status.phase.to_string())
             .unwrap_or_default();
+        saw_upgrading |= phase == "UpgradingAgents";
         let line = format!("{phase} agents on the new revision: {upgraded}/3");
         if line != last_line {
             println!("{:>5.1}s {line}", upgrade_started.elapsed().as_secs_f64());
@@ -593,6 +707,36 @@ async fn a_cluster_moves_to_ebpf_and_back_under_traffic_without_breaking_a_conne
         after_upgrade.attempts() - before_upgrade.attempts()
     );
     drop(agent_pods);
+    assert!(
+        world
+            .event_count("default", "DataplaneConfig", "default", "AgentPodsDeleted")
+            .await
+            .expect("Events")
+            > 0,
+        "no AgentPodsDeleted Event"
+    );
+    assert!(
+        saw_upgrading,
+        "phase UpgradingAgents never seen during the agent upgrade"
+    );
+    // Agents are upgraded by deleting pods: Helm stays the only writer of their DaemonSet.
+    let agent_daemon_set = Api::<DaemonSet>::namespaced(world.client.clone(), RELEASE_NAMESPACE)
+        .get("switchyard-agent")
+        .await
+        .expect("read the agent DaemonSet");
+    let writers: Vec<String> = agent_daemon_set
+        .metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter_map(|entry| entry.manager.clone())
+        .collect();
+    assert!(
+        !writers
+            .iter()
+            .any(|manager| manager == "switchyard-operator"),
+        "the operator wrote the agent DaemonSet: {writers:?}"
+    );
 
     // (3) Rollback to KubeProxy, with 20 + 20 connections now carried by eBPF.
     let long_lived = world
@@ -797,6 +941,19 @@ async fn a_cluster_moves_to_ebpf_and_back_under_traffic_without_breaking_a_conne
         detached_after.as_secs_f64()
     );
 
+    // (4) and (6), under new connections all the time.
+    let traffic = world.short_traffic().expect("traffic");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    the_operator_killed_twice_finishes_without_repeating_or_skipping_a_step(&world, &traffic).await;
+    a_kube_proxy_owned_by_argo_cd_is_refused_then_waited_for(&world, &traffic).await;
+    let report = traffic.stop().await;
+    println!("{report}");
+    assert_eq!(
+        report.failure_count(),
+        0,
+        "failed new connections in scenarios 4 and 6\n{report}"
+    );
+
     // (5) An agent that never becomes Ready: node-3's bpffs is hidden under a tmpfs (pins
     // fail there) and its agent is restarted; mode Ebpf then halts with Degraded naming
     // node-3, and kube-proxy is left alone.
@@ -893,11 +1050,984 @@ async fn a_cluster_moves_to_ebpf_and_back_under_traffic_without_breaking_a_conne
             "kube-proxy's rules gone on {node}: {rules:?}"
         );
     }
+    // Deleting the DataplaneConfig leaves the dataplane as it is, mid-transition included.
+    let nodes_before = world.dataplane_nodes().await.expect("list");
+    let daemon_set_before = world
+        .kube_proxy_daemon_set()
+        .get("kube-proxy")
+        .await
+        .expect("read");
+    Api::<DataplaneConfig>::all(world.client.clone())
+        .delete("default", &kube::api::DeleteParams::default())
+        .await
+        .expect("delete the DataplaneConfig");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let nodes_after = world.dataplane_nodes().await.expect("list");
+    assert_eq!(
+        nodes_after.len(),
+        3,
+        "DataplaneNodes removed with the config"
+    );
+    for (name, node) in &nodes_after {
+        assert_eq!(
+            node.spec, nodes_before[name].spec,
+            "{name} changed after the DataplaneConfig was deleted"
+        );
+    }
+    let daemon_set_after = world
+        .kube_proxy_daemon_set()
+        .get("kube-proxy")
+        .await
+        .expect("read");
+    assert_eq!(
+        daemon_set_after.metadata.generation, daemon_set_before.metadata.generation,
+        "kube-proxy changed after the DataplaneConfig was deleted"
+    );
     let report = traffic.stop().await;
     println!("{report}");
     assert_eq!(
         report.failure_count(),
         0,
-        "failed new connections while halted\n{report}"
+        "failed new connections while halted and after the DataplaneConfig was deleted\n{report}"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Scenarios 4 and 6, under the same traffic as the others.
+// ---------------------------------------------------------------------------
+
+fn kill(pid: u32, signal: i32) {
+    // SAFETY: kill(2) on a pid the pod runner reported for the operator's container.
+    let result = unsafe { libc::kill(pid as i32, signal) };
+    assert_eq!(result, 0, "kill {pid}: {}", std::io::Error::last_os_error());
+}
+
+/// The phases a DataplaneConfig went through, as polled (each one once in a row).
+#[derive(Default)]
+struct Phases {
+    seen: Vec<DataplanePhase>,
+    started: Option<Instant>,
+    last_line: String,
+}
+
+impl Phases {
+    /// Polls every 100 ms, printing each change, until `check` returns `Some`; fails the test
+    /// after `timeout`.
+    async fn wait_until<T>(
+        &mut self,
+        world: &World,
+        traffic: &TrafficGenerator,
+        description: &str,
+        timeout: Duration,
+        mut check: impl FnMut(&DataplaneConfig, &BTreeMap<String, DataplaneNode>) -> Option<T>,
+    ) -> T {
+        let started = *self.started.get_or_insert_with(Instant::now);
+        let waiting_since = Instant::now();
+        loop {
+            let config = world
+                .config()
+                .await
+                .expect("read the DataplaneConfig")
+                .expect("the DataplaneConfig");
+            let nodes = world.dataplane_nodes().await.expect("list DataplaneNodes");
+            if let Some(status) = &config.status {
+                if self.seen.last() != Some(&status.phase) {
+                    self.seen.push(status.phase);
+                }
+            }
+            let degraded = config
+                .status
+                .as_ref()
+                .and_then(|status| find_condition(&status.conditions, condition_types::DEGRADED))
+                .filter(|condition| condition.status == ConditionStatus::True)
+                .map(|condition| format!("  Degraded {}", condition.reason))
+                .unwrap_or_default();
+            let line = format!(
+                "{}{degraded}",
+                progress_line(Some(&config), &nodes, config.spec.mode)
+            );
+            if line != self.last_line {
+                let report = traffic.snapshot();
+                println!(
+                    "{:>5.1}s {line}  connections {} failed {}",
+                    started.elapsed().as_secs_f64(),
+                    report.attempts(),
+                    report.failure_count()
+                );
+                self.last_line = line;
+            }
+            if let Some(value) = check(&config, &nodes) {
+                return value;
+            }
+            assert!(
+                waiting_since.elapsed() < timeout,
+                "failed to {description} within {timeout:?}: {:#?}",
+                config.status
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+fn degraded_condition(config: &DataplaneConfig) -> Option<switchyard_crds::Condition> {
+    config
+        .status
+        .as_ref()
+        .and_then(|status| find_condition(&status.conditions, condition_types::DEGRADED))
+        .filter(|condition| condition.status == ConditionStatus::True)
+        .cloned()
+}
+
+fn config_revision(config: &DataplaneConfig) -> u64 {
+    config
+        .metadata
+        .resource_version
+        .as_deref()
+        .and_then(|version| version.parse().ok())
+        .unwrap_or(0)
+}
+
+/// When each pod was last written (deleted, or its finalizer removed), per the audit log.
+fn pod_gone_at(audit: &[AuditEvent], pod: &str) -> Option<SystemTime> {
+    audit
+        .iter()
+        .filter(|event| {
+            ["delete", "patch", "update"]
+                .iter()
+                .any(|verb| event.is_successful(verb, "pods", pod))
+        })
+        .map(audit_time)
+        .max()
+}
+
+fn generations(nodes: &BTreeMap<String, DataplaneNode>) -> BTreeMap<String, i64> {
+    nodes
+        .iter()
+        .map(|(name, node)| (name.clone(), node.metadata.generation.unwrap_or(0)))
+        .collect()
+}
+
+/// Scenario 4: KubeProxy -> Ebpf with the operator SIGKILLed during ActivatingNodes and again
+/// during DisablingKubeProxy (held there by a finalizer on node-3's kube-proxy pod, so that the
+/// second kill falls between "kube-proxy disabled, node-1 and node-2 told to clean" and "node-3
+/// told to clean"). The operator that comes back finishes the transition without repeating or
+/// skipping a step: the audit log shows one kube-proxy patch and exactly two instructions per
+/// node (Ebpf, then cleanup after its kube-proxy pod was gone); every DataplaneNode's generation
+/// grew by exactly two; the KubeProxyDisabled Event was published once; no Preflight again.
+/// Then `kubeadm upgrade`'s reset of the nodeSelector under eBPF (kube-proxy comes back on every
+/// node, the operator disables it again) and the rollback, which restores the selector exactly.
+async fn the_operator_killed_twice_finishes_without_repeating_or_skipping_a_step(
+    world: &World,
+    traffic: &TrafficGenerator,
+) {
+    println!("\n(4) the operator killed during ActivatingNodes and during DisablingKubeProxy");
+    let before = traffic.snapshot();
+    let dataplane_nodes = Recorder::start(Api::<DataplaneNode>::all(world.client.clone()));
+    let daemon_sets = Recorder::start(world.kube_proxy_daemon_set());
+    let kube_proxy_pods = Recorder::start(world.kube_proxy_pods());
+    let pods = world
+        .kube_proxy_pods_by_node()
+        .await
+        .expect("kube-proxy pods");
+    assert_eq!(pods.len(), 3, "a kube-proxy pod on every node: {pods:?}");
+    let pod_names: BTreeMap<String, String> = pods
+        .iter()
+        .map(|(node, pod)| (node.clone(), pod.metadata.name.clone().unwrap_or_default()))
+        .collect();
+    let original = world
+        .kube_proxy_daemon_set()
+        .get("kube-proxy")
+        .await
+        .expect("read kube-proxy");
+    let original_selector = node_selector(&original);
+    assert_eq!(
+        original_selector
+            .get("kubernetes.io/os")
+            .map(String::as_str),
+        Some("linux"),
+        "kube-proxy's own nodeSelector (e2e/manifests/kube-proxy.yaml)"
+    );
+    let generations_before = generations(&world.dataplane_nodes().await.expect("list"));
+    let disabled_events_before = world
+        .event_count(
+            "kube-system",
+            "DaemonSet",
+            "kube-proxy",
+            "KubeProxyDisabled",
+        )
+        .await
+        .expect("Events");
+    let held_pod = pod_names["node-3"].clone();
+    world
+        .hold_pod(&held_pod, true)
+        .await
+        .expect("hold node-3's kube-proxy pod");
+
+    let applied_at = SystemTime::now();
+    world
+        .apply_config(
+            DataplaneMode::Ebpf,
+            serde_json::json!({"maxUnavailable": 1, "nodeReadyTimeoutSeconds": 60, "drainTimeoutSeconds": 120}),
+        )
+        .await
+        .expect("apply mode Ebpf");
+    let start_revision = config_revision(
+        &world
+            .config()
+            .await
+            .expect("read")
+            .expect("the DataplaneConfig"),
+    );
+    let mut phases = Phases::default();
+
+    // First kill: as soon as the status says ActivatingNodes about this generation.
+    let at_first_kill = phases
+        .wait_until(
+            world,
+            traffic,
+            "see ActivatingNodes",
+            Duration::from_secs(60),
+            |config, nodes| {
+                let status = config.status.as_ref()?;
+                (status.phase == DataplanePhase::ActivatingNodes
+                    && status.observed_generation == config.metadata.generation)
+                    .then(|| nodes.clone())
+            },
+        )
+        .await;
+    let first = world.operator_process().expect("the operator's process");
+    let first_pid = first.pid.expect("a pid");
+    kill(first_pid, libc::SIGKILL);
+    let killed_at = Instant::now();
+    let asked: Vec<&String> = at_first_kill
+        .iter()
+        .filter(|(_, node)| node.spec.mode == DataplaneMode::Ebpf)
+        .map(|(name, _)| name)
+        .collect();
+    let serving: Vec<&String> = at_first_kill
+        .iter()
+        .filter(|(_, node)| is_serving(node))
+        .map(|(name, _)| name)
+        .collect();
+    println!("SIGKILL operator pid {first_pid} in ActivatingNodes: told Ebpf {asked:?}, serving {serving:?}");
+    assert!(
+        asked.len() < 3 || serving.len() < 3,
+        "killed too late: every node already served"
+    );
+    let second = world
+        .wait_operator_leading(Some(first_pid), Duration::from_secs(60))
+        .await
+        .expect("a new operator leads");
+    println!(
+        "new operator pid {:?} leads {:.1} s after the kill",
+        second.pid,
+        killed_at.elapsed().as_secs_f64()
+    );
+    let second_pid = second.pid.expect("a pid");
+
+    // Second kill: kube-proxy disabled, node-1 and node-2 told to clean (their kube-proxy pods
+    // are gone), node-3 not (its pod is held).
+    let at_second_kill = phases
+        .wait_until(
+            world,
+            traffic,
+            "see DisablingKubeProxy with node-1 and node-2 told to clean",
+            Duration::from_secs(90),
+            |config, nodes| {
+                let status = config.status.as_ref()?;
+                let cleaning = |name: &str| {
+                    nodes
+                        .get(name)
+                        .is_some_and(|node| node.spec.iptables_cleanup)
+                };
+                (status.phase == DataplanePhase::DisablingKubeProxy
+                    && cleaning("node-1")
+                    && cleaning("node-2"))
+                .then(|| nodes.clone())
+            },
+        )
+        .await;
+    assert!(
+        !at_second_kill["node-3"].spec.iptables_cleanup,
+        "node-3 told to clean while its kube-proxy pod is still there"
+    );
+    kill(second_pid, libc::SIGKILL);
+    let killed_at = Instant::now();
+    println!(
+        "SIGKILL operator pid {second_pid} in DisablingKubeProxy (node-3's kube-proxy pod held)"
+    );
+    let third = world
+        .wait_operator_leading(Some(second_pid), Duration::from_secs(60))
+        .await
+        .expect("a new operator leads");
+    println!(
+        "new operator pid {:?} leads {:.1} s after the kill",
+        third.pid,
+        killed_at.elapsed().as_secs_f64()
+    );
+    // The new operator had its snapshot and its reconcile: nothing may have moved.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let held = world.dataplane_nodes().await.expect("list");
+    assert!(
+        !held["node-3"].spec.iptables_cleanup,
+        "node-3 told to clean while its kube-proxy pod is still there"
+    );
+    assert_eq!(
+        generations(&held),
+        generations(&at_second_kill),
+        "a DataplaneNode was written again by the new operator"
+    );
+    let phase = world
+        .config()
+        .await
+        .expect("read")
+        .and_then(|config| config.status)
+        .map(|status| status.phase);
+    assert_eq!(phase, Some(DataplanePhase::DisablingKubeProxy));
+
+    // node-3's kube-proxy pod goes: the transition finishes.
+    world
+        .hold_pod(&held_pod, false)
+        .await
+        .expect("release node-3's kube-proxy pod");
+    phases
+        .wait_until(
+            world,
+            traffic,
+            "reach Ready on Ebpf",
+            Duration::from_secs(60),
+            |config, _| config_ready(config, DataplaneMode::Ebpf).then_some(()),
+        )
+        .await;
+    println!("phases seen: {:?}", phases.seen);
+    let after_first_kill = phases
+        .seen
+        .iter()
+        .skip_while(|phase| **phase != DataplanePhase::ActivatingNodes);
+    for phase in after_first_kill {
+        assert_ne!(
+            *phase,
+            DataplanePhase::Preflight,
+            "went back to Preflight after a kill: {:?}",
+            phases.seen
+        );
+    }
+    for phase in [
+        DataplanePhase::ActivatingNodes,
+        DataplanePhase::DisablingKubeProxy,
+        DataplanePhase::Ready,
+    ] {
+        assert!(
+            phases.seen.contains(&phase),
+            "{phase} never seen: {:?}",
+            phases.seen
+        );
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    // The evidence.
+    let nodes = world.dataplane_nodes().await.expect("list");
+    for node in NODES {
+        assert_eq!(
+            nodes[node].metadata.generation.unwrap_or(0) - generations_before[node],
+            2,
+            "{node}: exactly two instructions (Ebpf, then cleanup) expected"
+        );
+        assert!(
+            nodes[node].spec.iptables_cleanup,
+            "{node} never told to clean"
+        );
+    }
+    let audit: Vec<AuditEvent> = read_audit_events(&world.paths.audit_log())
+        .expect("the audit log")
+        .into_iter()
+        .filter(|event| audit_time(event) >= applied_at)
+        .collect();
+    let daemon_set_patches = audit_writes(&audit, OPERATOR_SERVICE_ACCOUNT, "patch", "daemonsets")
+        .filter(|event| object_name(event) == "kube-proxy")
+        .count();
+    assert_eq!(
+        daemon_set_patches, 1,
+        "patches of kube-proxy by the operator"
+    );
+    let disabled_revision = daemon_sets
+        .versions()
+        .iter()
+        .filter(|version| version.revision > start_revision && kube_proxy_disabled(&version.object))
+        .map(|version| version.revision)
+        .min()
+        .expect("the kube-proxy DaemonSet was disabled");
+    let node_versions = dataplane_nodes.versions();
+    let pod_versions = kube_proxy_pods.versions();
+    for node in NODES {
+        let instructions: Vec<SystemTime> =
+            audit_writes(&audit, OPERATOR_SERVICE_ACCOUNT, "patch", "dataplanenodes")
+                .filter(|event| object_name(event) == node)
+                .map(audit_time)
+                .collect();
+        assert_eq!(
+            instructions.len(),
+            2,
+            "{node}: the operator's writes of its DataplaneNode (Ebpf, then cleanup)"
+        );
+        let pod = &pod_names[node];
+        let gone_at = pod_gone_at(&audit, pod).unwrap_or_else(|| panic!("{pod} never deleted"));
+        assert!(
+            gone_at < instructions[1],
+            "{node} told to clean before its kube-proxy pod {pod} was gone"
+        );
+        let serving = first_revision_where(&node_versions, start_revision, node, |version| {
+            is_serving(&version.object)
+        })
+        .unwrap_or_else(|| panic!("{node} never served from eBPF"));
+        let cleanup = first_revision_where(&node_versions, start_revision, node, |version| {
+            version.object.spec.iptables_cleanup
+        })
+        .unwrap_or_else(|| panic!("{node} was never told to clean"));
+        let gone = pod_versions
+            .iter()
+            .filter(|version| {
+                version.deleted && version.object.metadata.name.as_deref() == Some(pod.as_str())
+            })
+            .map(|version| version.revision)
+            .min()
+            .unwrap_or_else(|| panic!("{pod} never seen deleted"));
+        assert!(
+            serving < disabled_revision,
+            "{node} served only after kube-proxy was disabled"
+        );
+        assert!(
+            gone < cleanup,
+            "{node} told to clean at {cleanup}, before {pod} was gone at {gone}"
+        );
+        println!("{node}: served at revision {serving}; kube-proxy disabled at {disabled_revision}; {pod} gone at {gone}; told to clean at {cleanup}; operator writes of its DataplaneNode: 2");
+    }
+    let disabled_events = world
+        .event_count(
+            "kube-system",
+            "DaemonSet",
+            "kube-proxy",
+            "KubeProxyDisabled",
+        )
+        .await
+        .expect("Events");
+    assert_eq!(
+        disabled_events - disabled_events_before,
+        1,
+        "KubeProxyDisabled Events published during the transition"
+    );
+    let runner_events =
+        switchyard_e2e::pod_runner::events::read_events(&world.paths.pod_runner_events())
+            .expect("the pod runner's events");
+    let operator_starts = runner_events
+        .iter()
+        .filter(|event| {
+            event.container == OPERATOR_CONTAINER
+                && event.kind == switchyard_e2e::pod_runner::events::EventKind::Started
+        })
+        .count();
+    println!("operator processes started so far: {operator_starts}");
+    for node in NODES {
+        let rules = world.kube_proxy_rules(node).expect("iptables-save");
+        assert_eq!(
+            rules.service_chains, 0,
+            "kube-proxy Service chains left on {node}"
+        );
+    }
+    let report = traffic.snapshot();
+    assert_eq!(
+        report.failure_count(),
+        0,
+        "failed new connections with the operator killed twice\n{report}"
+    );
+    println!(
+        "operator killed twice: Ready; new connections {} made, 0 failed",
+        report.attempts() - before.attempts()
+    );
+
+    // `kubeadm upgrade` resets kube-proxy's nodeSelector while the cluster is on eBPF: kube-proxy
+    // comes back on every node, the agents stop cleaning, the operator disables it again.
+    let again_before = world
+        .event_count(
+            "default",
+            "DataplaneConfig",
+            "default",
+            "KubeProxyDisabledAgain",
+        )
+        .await
+        .expect("Events");
+    let reset = serde_json::json!({"spec": {"template": {"spec": {"nodeSelector": {KUBE_PROXY_DISABLED_KEY: null}}}}});
+    world
+        .kube_proxy_daemon_set()
+        .patch(
+            "kube-proxy",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&reset),
+        )
+        .await
+        .expect("reset kube-proxy's nodeSelector");
+    let reset_started = Instant::now();
+    loop {
+        let again = world
+            .event_count(
+                "default",
+                "DataplaneConfig",
+                "default",
+                "KubeProxyDisabledAgain",
+            )
+            .await
+            .expect("Events");
+        if again > again_before {
+            break;
+        }
+        assert!(
+            reset_started.elapsed() < Duration::from_secs(60),
+            "failed to see KubeProxyDisabledAgain within 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Same generation, so a Ready read proves nothing by itself: wait for kube-proxy gone again
+    // and every node told to clean again, then Ready.
+    loop {
+        let pods = world.kube_proxy_pods_by_node().await.expect("pods");
+        let nodes = world.dataplane_nodes().await.expect("list");
+        let config = world
+            .config()
+            .await
+            .expect("read")
+            .expect("the DataplaneConfig");
+        if pods.is_empty()
+            && nodes.values().all(|node| node.spec.iptables_cleanup)
+            && config_ready(&config, DataplaneMode::Ebpf)
+        {
+            break;
+        }
+        assert!(
+            reset_started.elapsed() < Duration::from_secs(90),
+            "failed to see kube-proxy disabled again and every node cleaned within 90 s"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let daemon_set = world
+        .kube_proxy_daemon_set()
+        .get("kube-proxy")
+        .await
+        .expect("read");
+    assert!(
+        kube_proxy_disabled(&daemon_set),
+        "kube-proxy disabled again"
+    );
+    println!(
+        "kubeadm-style reset of kube-proxy's nodeSelector: disabled again, every node clean and Ready after {:.1} s",
+        reset_started.elapsed().as_secs_f64()
+    );
+
+    // Rollback: the DaemonSet gets back exactly the nodeSelector it had.
+    let restored_before = world
+        .event_count("default", "DataplaneConfig", "default", "KubeProxyRestored")
+        .await
+        .expect("Events");
+    world
+        .apply_config(
+            DataplaneMode::KubeProxy,
+            serde_json::json!({"nodeReadyTimeoutSeconds": 60, "drainTimeoutSeconds": 120}),
+        )
+        .await
+        .expect("apply mode KubeProxy");
+    let mut phases = Phases::default();
+    phases
+        .wait_until(
+            world,
+            traffic,
+            "reach Ready on KubeProxy",
+            Duration::from_secs(90),
+            |config, _| config_ready(config, DataplaneMode::KubeProxy).then_some(()),
+        )
+        .await;
+    let restored = world
+        .kube_proxy_daemon_set()
+        .get("kube-proxy")
+        .await
+        .expect("read");
+    assert_eq!(
+        node_selector(&restored),
+        original_selector,
+        "kube-proxy's nodeSelector not restored exactly"
+    );
+    assert!(
+        !restored
+            .metadata
+            .annotations
+            .unwrap_or_default()
+            .contains_key(PREVIOUS_SELECTOR_ANNOTATION),
+        "the recorded selector left on kube-proxy"
+    );
+    let restored_after = world
+        .event_count("default", "DataplaneConfig", "default", "KubeProxyRestored")
+        .await
+        .expect("Events");
+    assert!(
+        restored_after > restored_before,
+        "no KubeProxyRestored Event"
+    );
+    let report = traffic.snapshot();
+    assert_eq!(
+        report.failure_count(),
+        0,
+        "failed new connections\n{report}"
+    );
+    println!("rolled back to KubeProxy, nodeSelector restored exactly: {original_selector:?}");
+}
+
+/// Scenario 6: the kube-proxy DaemonSet carries Argo CD's tracking annotation. `Managed` is
+/// refused in Preflight (Degraded KubeProxyManagedExternally, a message naming
+/// `spec.kubeProxy.management` External) and kube-proxy is left untouched; `External` activates
+/// every node and waits in DisablingKubeProxy without touching it; the test deletes the
+/// DaemonSet (as Argo CD would) and the transition finishes. Then the DaemonSet comes back
+/// (re-synced by its owner): Degraded KubeProxyReturned, cleanup withdrawn where it runs, still
+/// untouched; and back to KubeProxy.
+async fn a_kube_proxy_owned_by_argo_cd_is_refused_then_waited_for(
+    world: &World,
+    traffic: &TrafficGenerator,
+) {
+    println!("\n(6) kube-proxy managed by Argo CD");
+    let before = traffic.snapshot();
+    let kube_proxy_pods = Recorder::start(world.kube_proxy_pods());
+    let mark = serde_json::json!({"metadata": {"annotations": {"argocd.argoproj.io/tracking-id": "addons:apps/DaemonSet:kube-system/kube-proxy"}}});
+    let marked = world
+        .kube_proxy_daemon_set()
+        .patch(
+            "kube-proxy",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&mark),
+        )
+        .await
+        .expect("mark kube-proxy as Argo CD's");
+    let pods_before = world.kube_proxy_pods_by_node().await.expect("pods");
+    assert_eq!(pods_before.len(), 3, "kube-proxy on every node");
+    let refusals_before = world
+        .event_count(
+            "default",
+            "DataplaneConfig",
+            "default",
+            "KubeProxyManagedExternally",
+        )
+        .await
+        .expect("Events");
+    let generations_before = generations(&world.dataplane_nodes().await.expect("list"));
+    world
+        .apply_config(
+            DataplaneMode::Ebpf,
+            serde_json::json!({"maxUnavailable": 3, "nodeReadyTimeoutSeconds": 60, "drainTimeoutSeconds": 120}),
+        )
+        .await
+        .expect("apply mode Ebpf");
+    let mut phases = Phases::default();
+    let refused = phases
+        .wait_until(
+            world,
+            traffic,
+            "see Degraded KubeProxyManagedExternally",
+            Duration::from_secs(60),
+            |config, _| {
+                degraded_condition(config).filter(|condition| {
+                    condition.reason == "KubeProxyManagedExternally"
+                        && config
+                            .status
+                            .as_ref()
+                            .map(|status| status.observed_generation)
+                            == Some(config.metadata.generation)
+                })
+            },
+        )
+        .await;
+    println!("Managed refused: {}", refused.message);
+    assert!(
+        refused.message.contains("spec.kubeProxy.management")
+            && refused.message.contains("External"),
+        "the message must tell the user to set management External: {}",
+        refused.message
+    );
+    assert!(
+        refused.message.contains("Argo CD"),
+        "the message names the owner: {}",
+        refused.message
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let refusals = world
+        .event_count(
+            "default",
+            "DataplaneConfig",
+            "default",
+            "KubeProxyManagedExternally",
+        )
+        .await
+        .expect("Events");
+    assert!(refusals > refusals_before, "no Event about the refusal");
+    let untouched = world
+        .kube_proxy_daemon_set()
+        .get("kube-proxy")
+        .await
+        .expect("read");
+    assert_eq!(
+        untouched.metadata.generation, marked.metadata.generation,
+        "a refused kube-proxy DaemonSet was changed"
+    );
+    assert_eq!(
+        untouched.metadata.resource_version,
+        marked.metadata.resource_version
+    );
+    let nodes = world.dataplane_nodes().await.expect("list");
+    assert_eq!(
+        generations(&nodes),
+        generations_before,
+        "a node was instructed while refused"
+    );
+    let pods = world.kube_proxy_pods_by_node().await.expect("pods");
+    assert_eq!(
+        pods.values()
+            .map(|pod| pod.metadata.uid.clone())
+            .collect::<Vec<_>>(),
+        pods_before
+            .values()
+            .map(|pod| pod.metadata.uid.clone())
+            .collect::<Vec<_>>(),
+        "kube-proxy pods replaced while refused"
+    );
+    for node in NODES {
+        let rules = world.kube_proxy_rules(node).expect("iptables-save");
+        assert!(
+            rules.demo_service,
+            "kube-proxy's rules gone on {node} while refused"
+        );
+    }
+    let report = traffic.snapshot();
+    assert_eq!(
+        report.failure_count(),
+        0,
+        "failed new connections while refused\n{report}"
+    );
+
+    // External: every node is activated, then the operator waits for kube-proxy's owner.
+    let config = serde_json::json!({
+        "apiVersion": "switchyard.dev/v1alpha1",
+        "kind": "DataplaneConfig",
+        "metadata": {"name": "default"},
+        "spec": {
+            "mode": "Ebpf",
+            "kubeProxy": {"management": "External"},
+            "rollout": {"maxUnavailable": 3, "nodeReadyTimeoutSeconds": 60, "drainTimeoutSeconds": 120},
+        },
+    });
+    Api::<DataplaneConfig>::all(world.client.clone())
+        .patch(
+            "default",
+            &kube::api::PatchParams::apply("switchyard-demo").force(),
+            &kube::api::Patch::Apply(&config),
+        )
+        .await
+        .expect("apply management External");
+    let waiting = phases
+        .wait_until(
+            world,
+            traffic,
+            "see External wait in DisablingKubeProxy with every node serving",
+            Duration::from_secs(60),
+            |config, nodes| {
+                let status = config.status.as_ref()?;
+                (status.phase == DataplanePhase::DisablingKubeProxy
+                    && status.observed_generation == config.metadata.generation
+                    && nodes.values().all(is_serving))
+                .then(|| status.message.clone().unwrap_or_default())
+            },
+        )
+        .await;
+    println!("External, waiting: {waiting}");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let untouched = world
+        .kube_proxy_daemon_set()
+        .get("kube-proxy")
+        .await
+        .expect("read");
+    assert_eq!(
+        untouched.metadata.generation, marked.metadata.generation,
+        "External must not change kube-proxy"
+    );
+    let config = world
+        .config()
+        .await
+        .expect("read")
+        .expect("the DataplaneConfig");
+    assert_eq!(
+        config.status.as_ref().map(|status| status.phase),
+        Some(DataplanePhase::DisablingKubeProxy),
+        "External went on without kube-proxy's owner"
+    );
+    for (name, node) in world.dataplane_nodes().await.expect("list") {
+        assert!(
+            !node.spec.iptables_cleanup,
+            "{name} told to clean while kube-proxy runs"
+        );
+    }
+
+    // Its owner deletes the DaemonSet: the transition continues.
+    let deleted_at = Instant::now();
+    world
+        .kube_proxy_daemon_set()
+        .delete("kube-proxy", &kube::api::DeleteParams::default())
+        .await
+        .expect("delete kube-proxy");
+    phases
+        .wait_until(
+            world,
+            traffic,
+            "reach Ready on Ebpf once kube-proxy is deleted",
+            Duration::from_secs(60),
+            |config, _| config_ready(config, DataplaneMode::Ebpf).then_some(()),
+        )
+        .await;
+    println!(
+        "External: Ready {:.1} s after the DaemonSet was deleted; phases seen {:?}",
+        deleted_at.elapsed().as_secs_f64(),
+        phases.seen
+    );
+    let pod_versions = kube_proxy_pods.versions();
+    let nodes = world.dataplane_nodes().await.expect("list");
+    for node in NODES {
+        let pod = pods_before[node].metadata.name.clone().unwrap_or_default();
+        let gone = pod_versions
+            .iter()
+            .filter(|version| {
+                version.deleted && version.object.metadata.name.as_deref() == Some(pod.as_str())
+            })
+            .map(|version| version.revision)
+            .min()
+            .unwrap_or_else(|| panic!("{pod} never seen deleted"));
+        let cleanup_generation = nodes[node].metadata.generation.unwrap_or(0);
+        assert!(
+            nodes[node].spec.iptables_cleanup,
+            "{node} not told to clean"
+        );
+        let rules = world.kube_proxy_rules(node).expect("iptables-save");
+        assert_eq!(
+            rules.service_chains, 0,
+            "kube-proxy Service chains left on {node}"
+        );
+        println!(
+            "{node}: {pod} gone at revision {gone}; cleaned (generation {cleanup_generation})"
+        );
+    }
+    let report = traffic.snapshot();
+    assert_eq!(
+        report.failure_count(),
+        0,
+        "failed new connections, External\n{report}"
+    );
+
+    // Its owner puts kube-proxy back: External reports it and touches nothing; no node cleans
+    // rules of the kube-proxy that came back.
+    switchyard_e2e::objects::create_kube_proxy_daemonset(&world.client)
+        .await
+        .expect("re-create kube-proxy");
+    // The Degraded condition lasts while a node is still told to clean; the Event stays.
+    let mut returned_condition = None;
+    phases
+        .wait_until(
+            world,
+            traffic,
+            "see Degraded KubeProxyReturned and cleanup withdrawn everywhere",
+            Duration::from_secs(60),
+            |config, nodes| {
+                if let Some(condition) = degraded_condition(config)
+                    .filter(|condition| condition.reason == "KubeProxyReturned")
+                {
+                    returned_condition = Some(condition.message);
+                }
+                (returned_condition.is_some()
+                    && nodes.values().all(|node| !node.spec.iptables_cleanup))
+                .then_some(())
+            },
+        )
+        .await;
+    println!(
+        "External, kube-proxy returned: {}",
+        returned_condition.unwrap_or_default()
+    );
+    assert!(
+        world
+            .event_count("default", "DataplaneConfig", "default", "KubeProxyReturned")
+            .await
+            .expect("Events")
+            > 0,
+        "no KubeProxyReturned Event"
+    );
+    let back = world
+        .kube_proxy_daemon_set()
+        .get("kube-proxy")
+        .await
+        .expect("read");
+    assert!(
+        !kube_proxy_disabled(&back),
+        "External must not disable kube-proxy"
+    );
+    // kube-proxy programs every node again and its rules stay.
+    let started = Instant::now();
+    for node in NODES {
+        loop {
+            if world
+                .kube_proxy_rules(node)
+                .expect("iptables-save")
+                .demo_service
+            {
+                break;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "kube-proxy's rules never back on {node}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for node in NODES {
+        let rules = world.kube_proxy_rules(node).expect("iptables-save");
+        assert!(
+            rules.demo_service,
+            "rules of the returned kube-proxy cleaned on {node}"
+        );
+    }
+    let report = traffic.snapshot();
+    assert_eq!(
+        report.failure_count(),
+        0,
+        "failed new connections, kube-proxy returned\n{report}"
+    );
+
+    // Back to KubeProxy (its owner runs it again, External lets it be).
+    world
+        .apply_config(
+            DataplaneMode::KubeProxy,
+            serde_json::json!({"nodeReadyTimeoutSeconds": 60, "drainTimeoutSeconds": 120}),
+        )
+        .await
+        .expect("apply mode KubeProxy");
+    phases
+        .wait_until(
+            world,
+            traffic,
+            "reach Ready on KubeProxy",
+            Duration::from_secs(90),
+            |config, _| config_ready(config, DataplaneMode::KubeProxy).then_some(()),
+        )
+        .await;
+    let report = traffic.snapshot();
+    assert_eq!(
+        report.failure_count(),
+        0,
+        "failed new connections\n{report}"
+    );
+    println!(
+        "kube-proxy owned by Argo CD: new connections {} made, 0 failed",
+        report.attempts() - before.attempts()
     );
 }

@@ -30,6 +30,7 @@ use switchyard_e2e::netns::TestNamespace;
 use switchyard_e2e::objects::{
     create_kube_proxy_daemonset, endpoint_slice_v1beta1, endpoint_slices_v1beta1, Endpoint,
 };
+use switchyard_e2e::pod_runner::events::{read_events, running_processes, RunnerEvent};
 use switchyard_e2e::traffic::{
     exchange_once, EchoServer, Flow, FlowMode, Timeouts, TrafficGenerator,
 };
@@ -46,6 +47,15 @@ pub const KUBE_PROXY_DISABLED_KEY: &str = "switchyard.dev/kube-proxy";
 pub const AGENT_SERVICE_ACCOUNT: &str = "system:serviceaccount:switchyard-system:switchyard-agent";
 pub const OPERATOR_SERVICE_ACCOUNT: &str =
     "system:serviceaccount:switchyard-system:switchyard-operator";
+/// The operator's container in the chart's Deployment (the pod runner's event log names it).
+pub const OPERATOR_CONTAINER: &str = "operator";
+/// The chart's `operator.metricsPort` (the operator pod serves it in its node's namespace).
+pub const OPERATOR_METRICS_PORT: u16 = 8080;
+/// The annotation in which the operator records kube-proxy's nodeSelector before disabling it.
+pub const PREVIOUS_SELECTOR_ANNOTATION: &str = "switchyard.dev/previous-node-selector";
+/// A finalizer of the tests' own: a kube-proxy pod carrying it stays (terminating, its
+/// process gone) until the test removes it, which holds a transition in DisablingKubeProxy.
+pub const HOLD_FINALIZER: &str = "switchyard.dev/e2e-hold";
 
 pub type Failure = Box<dyn std::error::Error + Send + Sync>;
 pub type Outcome<T> = Result<T, Failure>;
@@ -539,6 +549,142 @@ impl World {
     pub fn kube_proxy_daemon_set(&self) -> Api<DaemonSet> {
         Api::namespaced(self.client.clone(), "kube-system")
     }
+
+    /// kube-proxy's pod on each node (pods not yet terminating).
+    pub async fn kube_proxy_pods_by_node(&self) -> Outcome<BTreeMap<String, Pod>> {
+        let pods = self
+            .kube_proxy_pods()
+            .list(&ListParams::default().labels("k8s-app=kube-proxy"))
+            .await?;
+        Ok(pods
+            .items
+            .into_iter()
+            .filter(|pod| pod.metadata.deletion_timestamp.is_none())
+            .filter_map(|pod| Some((pod.spec.as_ref()?.node_name.clone()?, pod)))
+            .collect())
+    }
+
+    /// The operator's process, as the pod runner reports it (the chart runs one replica here).
+    pub fn operator_process(&self) -> Outcome<RunnerEvent> {
+        let events = read_events(&self.paths.pod_runner_events())?;
+        let running = running_processes(&events, OPERATOR_CONTAINER);
+        let mut processes = running.into_values();
+        match (processes.next(), processes.next()) {
+            (Some(process), None) if process.pid.is_some() => Ok(process),
+            other => Err(format!("failed to find the one operator process: {other:?}").into()),
+        }
+    }
+
+    /// The operator's `/metrics`, read from its node's address.
+    pub fn operator_metrics(&self, process: &RunnerEvent) -> Outcome<String> {
+        let address = SocketAddr::V4(SocketAddrV4::new(
+            self.node_address(&process.node),
+            OPERATOR_METRICS_PORT,
+        ));
+        http_get(address, "/metrics")
+    }
+
+    /// Waits until an operator process other than `replaced` (by pid) runs and holds the
+    /// leader Lease (its `switchyard_operator_leader` gauge is 1); returns it.
+    pub async fn wait_operator_leading(
+        &self,
+        replaced: Option<u32>,
+        timeout: Duration,
+    ) -> Outcome<RunnerEvent> {
+        let started = Instant::now();
+        let mut last = String::from("nothing observed yet");
+        while started.elapsed() < timeout {
+            match self.operator_process() {
+                Ok(process) if process.pid != replaced => match self.operator_metrics(&process) {
+                    Ok(metrics)
+                        if metric_value(&metrics, "switchyard_operator_leader") == Some(1.0) =>
+                    {
+                        return Ok(process)
+                    }
+                    Ok(_) => last = format!("pid {:?} not leading yet", process.pid),
+                    Err(error) => last = format!("pid {:?}: {error}", process.pid),
+                },
+                Ok(process) => last = format!("still pid {:?}", process.pid),
+                Err(error) => last = error.to_string(),
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Err(format!("failed to see a new operator lead within {timeout:?}: {last}").into())
+    }
+
+    /// Adds (`true`) or removes (`false`) [`HOLD_FINALIZER`] on a kube-proxy pod.
+    pub async fn hold_pod(&self, name: &str, hold: bool) -> Outcome<()> {
+        let finalizers = if hold {
+            serde_json::json!([HOLD_FINALIZER])
+        } else {
+            serde_json::Value::Null
+        };
+        let patch = serde_json::json!({"metadata": {"finalizers": finalizers}});
+        self.kube_proxy_pods()
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        Ok(())
+    }
+
+    /// The sum of the `count` of the Events with `reason` about `kind` `name` in `namespace`
+    /// (the operator folds repeats of one Event into its count).
+    pub async fn event_count(
+        &self,
+        namespace: &str,
+        kind: &str,
+        name: &str,
+        reason: &str,
+    ) -> Outcome<i32> {
+        let events: Api<k8s_openapi::api::core::v1::Event> =
+            Api::namespaced(self.client.clone(), namespace);
+        Ok(events
+            .list(&ListParams::default())
+            .await?
+            .items
+            .iter()
+            .filter(|event| {
+                event.involved_object.kind.as_deref() == Some(kind)
+                    && event.involved_object.name.as_deref() == Some(name)
+                    && event.reason.as_deref() == Some(reason)
+            })
+            .map(|event| event.count.unwrap_or(1))
+            .sum())
+    }
+}
+
+/// A plain HTTP/1.1 GET; the body.
+pub fn http_get(address: SocketAddr, path: &str) -> Outcome<String> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect_timeout(&address, Duration::from_secs(1))?;
+    stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: e2e\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer)?;
+    Ok(answer
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_string())
+        .unwrap_or(answer))
+}
+
+/// The value of a Prometheus series (`name{labels}` as printed) in a metrics text.
+pub fn metric_value(metrics: &str, series: &str) -> Option<f64> {
+    metrics.lines().find_map(|line| {
+        let rest = line.strip_prefix(series)?;
+        rest.starts_with(' ').then(|| rest.trim().parse().ok())?
+    })
+}
+
+/// The template's nodeSelector of a DaemonSet (empty when it has none).
+pub fn node_selector(daemon_set: &DaemonSet) -> BTreeMap<String, String> {
+    daemon_set
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.template.spec.as_ref())
+        .and_then(|spec| spec.node_selector.clone())
+        .unwrap_or_default()
 }
 
 async fn create_service(client: &Client) -> Outcome<Ipv4Addr> {
