@@ -336,11 +336,11 @@ fn benchmark_datapath_against_iptables_and_direct() {
         let full_program = started.elapsed();
         // The measured Service's only slice, with and without its first endpoint.
         let changed_slice = |round: usize| {
-            let skip = (round % 2 == 0).then_some(MEASURED_SERVICE + 1);
+            let skip = round.is_multiple_of(2).then_some(MEASURED_SERVICE + 1);
             let (_, slices) = models(&pods, skip);
             slices[MEASURED_SERVICE + 1].clone()
         };
-        let rounds = 20;
+        let rounds: usize = 20;
 
         // Before partial syncs (same run, for comparison): the agent recomputed
         // the whole desired state, laid it out against the current entries,
@@ -350,7 +350,7 @@ fn benchmark_datapath_against_iptables_and_direct() {
         let mut stages = [Duration::ZERO; 4];
         let mut full_operations = 0;
         for round in 0..rounds {
-            let skip = (round % 2 == 0).then_some(MEASURED_SERVICE + 1);
+            let skip = round.is_multiple_of(2).then_some(MEASURED_SERVICE + 1);
             let (services, slices) = models(&pods, skip);
             let started = Instant::now();
             let desired = desired_services(&services, &slices, &node_view);

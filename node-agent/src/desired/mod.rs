@@ -201,12 +201,37 @@ fn view_of(policy: TrafficPolicy) -> EndpointView {
 
 /// One Service's share of the desired state, before other Services are
 /// considered: what the incremental syncer caches per Service.
+///
+/// Sorted vectors rather than maps: the syncer keeps one share per Service
+/// (10,000 and more), most with one or two frontends and groups, and a
+/// `BTreeMap` allocates a node for eleven entries even for one (about 3 KiB per
+/// Service instead of a few hundred bytes).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ServiceDesired {
-    pub frontends: BTreeMap<FrontendKey, DesiredFrontend>,
-    pub groups: BTreeMap<GroupKey, Vec<BackendValue>>,
+    /// Sorted by key, keys distinct.
+    pub frontends: Vec<(FrontendKey, DesiredFrontend)>,
+    /// Sorted by group, groups distinct; backends sorted, distinct.
+    pub groups: Vec<(GroupKey, Vec<BackendValue>)>,
     /// Addresses the Service claims twice with different meanings.
     pub conflicts: Vec<FrontendConflict>,
+}
+
+impl ServiceDesired {
+    pub fn frontend_keys(&self) -> impl Iterator<Item = &FrontendKey> {
+        self.frontends.iter().map(|(key, _)| key)
+    }
+
+    pub fn group_keys(&self) -> impl Iterator<Item = &GroupKey> {
+        self.groups.iter().map(|(group, _)| group)
+    }
+
+    /// The backends of one of this Service's groups.
+    pub fn backends_of(&self, group: &GroupKey) -> Option<&Vec<BackendValue>> {
+        self.groups
+            .binary_search_by(|(candidate, _)| candidate.cmp(group))
+            .ok()
+            .map(|index| &self.groups[index].1)
+    }
 }
 
 /// EndpointSlices grouped by the Service they belong to.
@@ -229,8 +254,9 @@ pub fn service_desired(
     let mut desired = DesiredServices::default();
     add_service(&mut desired, service, slices, node);
     ServiceDesired {
-        frontends: desired.frontends,
-        groups: desired.groups,
+        // Collected from sorted maps: sorted, distinct, and exactly sized.
+        frontends: desired.frontends.into_iter().collect(),
+        groups: desired.groups.into_iter().collect(),
         conflicts: desired.conflicts,
     }
 }
@@ -246,7 +272,7 @@ pub fn merge<'a>(services: impl IntoIterator<Item = &'a ServiceDesired>) -> Desi
             match desired.frontends.entry(*key) {
                 Entry::Vacant(vacant) => {
                     if !desired.groups.contains_key(&frontend.group) {
-                        if let Some(backends) = service.groups.get(&frontend.group) {
+                        if let Some(backends) = service.backends_of(&frontend.group) {
                             desired
                                 .groups
                                 .insert(frontend.group.clone(), backends.clone());

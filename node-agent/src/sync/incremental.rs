@@ -33,8 +33,10 @@ use crate::model::ServiceName;
 #[derive(Clone, Debug, Default)]
 pub struct Index {
     services: HashMap<ServiceName, ServiceDesired>,
-    /// Services claiming each frontend key, with what they want there.
-    claims: HashMap<FrontendKey, BTreeMap<ServiceName, DesiredFrontend>>,
+    /// What the Services claiming each frontend key want there, sorted by
+    /// Service (a frontend's group names its Service); the first wins. A
+    /// vector, as nearly every key has a single claimant.
+    claims: HashMap<FrontendKey, Vec<DesiredFrontend>>,
     /// Ids of live groups (used by at least one winning frontend).
     group_ids: HashMap<GroupKey, u32>,
     /// Ids in use in the maps or assigned: never handed to a new group.
@@ -50,16 +52,12 @@ impl Index {
         let mut index = Index::default();
         for (name, desired) in services {
             for (key, frontend) in &desired.frontends {
-                index
-                    .claims
-                    .entry(*key)
-                    .or_default()
-                    .insert(name.clone(), frontend.clone());
+                index.claim(*key, frontend.clone());
             }
             index.services.insert(name, desired);
         }
         for (key, claimants) in &index.claims {
-            let Some((_, winner)) = claimants.iter().next() else {
+            let Some(winner) = claimants.first() else {
                 continue;
             };
             if let Some(value) = state.frontends.get(key) {
@@ -77,15 +75,33 @@ impl Index {
     }
 
     fn winner(&self, key: &FrontendKey) -> Option<&DesiredFrontend> {
-        self.claims
-            .get(key)
-            .and_then(|claimants| claimants.values().next())
+        self.claims.get(key).and_then(|claimants| claimants.first())
+    }
+
+    /// Records (or replaces) the claim of `frontend`'s Service on `key`.
+    fn claim(&mut self, key: FrontendKey, frontend: DesiredFrontend) {
+        let claimants = self.claims.entry(key).or_default();
+        match claimants
+            .binary_search_by(|claimant| claimant.group.service.cmp(&frontend.group.service))
+        {
+            Ok(position) => claimants[position] = frontend,
+            Err(position) => claimants.insert(position, frontend),
+        }
+    }
+
+    fn unclaim(&mut self, key: &FrontendKey, service: &ServiceName) {
+        if let Some(claimants) = self.claims.get_mut(key) {
+            claimants.retain(|claimant| &claimant.group.service != service);
+            if claimants.is_empty() {
+                self.claims.remove(key);
+            }
+        }
     }
 
     fn backends_of(&self, group: &GroupKey) -> Option<&Vec<switchyard_common::BackendValue>> {
         self.services
             .get(&group.service)
-            .and_then(|service| service.groups.get(group))
+            .and_then(|service| service.backends_of(group))
     }
 
     /// Records `changes` (a Service's new share, or `None` when it is gone) and
@@ -100,12 +116,12 @@ impl Index {
         let mut touched_groups: BTreeSet<GroupKey> = BTreeSet::new();
         for (name, new) in &changes {
             if let Some(old) = self.services.get(name) {
-                touched_keys.extend(old.frontends.keys().copied());
-                touched_groups.extend(old.groups.keys().cloned());
+                touched_keys.extend(old.frontend_keys().copied());
+                touched_groups.extend(old.group_keys().cloned());
             }
             if let Some(new) = new {
-                touched_keys.extend(new.frontends.keys().copied());
-                touched_groups.extend(new.groups.keys().cloned());
+                touched_keys.extend(new.frontend_keys().copied());
+                touched_groups.extend(new.group_keys().cloned());
             }
         }
         let old_winners: HashMap<FrontendKey, GroupKey> = touched_keys
@@ -115,21 +131,13 @@ impl Index {
 
         for (name, new) in changes {
             if let Some(old) = self.services.remove(&name) {
-                for key in old.frontends.keys() {
-                    if let Some(claimants) = self.claims.get_mut(key) {
-                        claimants.remove(&name);
-                        if claimants.is_empty() {
-                            self.claims.remove(key);
-                        }
-                    }
+                for key in old.frontend_keys() {
+                    self.unclaim(key, &name);
                 }
             }
             if let Some(new) = new {
                 for (key, frontend) in &new.frontends {
-                    self.claims
-                        .entry(*key)
-                        .or_default()
-                        .insert(name.clone(), frontend.clone());
+                    self.claim(*key, frontend.clone());
                 }
                 self.services.insert(name, new);
             }
