@@ -137,14 +137,14 @@ fn converted_entries(
     old_path: &Path,
 ) -> Result<Vec<schema::Entry>, Error> {
     let (old, shape) = open(version, old_path)?;
-    let keys = system::map_keys(old.as_fd(), shape.key_size as usize)
-        .map_err(|error| migrate_error(version, format!("cannot list {name}: {error}")))?;
-    let mut entries = Vec::with_capacity(keys.len());
-    for key in keys {
-        let value = system::map_lookup(old.as_fd(), &key, shape.value_size as usize)
-            .map_err(|error| migrate_error(version, format!("cannot read {name}: {error}")))?;
-        // An entry evicted between listing and reading is simply gone.
-        let Some(value) = value else { continue };
+    let raw = system::map_entries(
+        old.as_fd(),
+        shape.key_size as usize,
+        shape.value_size as usize,
+    )
+    .map_err(|error| migrate_error(version, format!("cannot read {name}: {error}")))?;
+    let mut entries = Vec::with_capacity(raw.len());
+    for (key, value) in raw {
         match schema.convert_entry(version, name, &key, &value) {
             Ok(Some(entry)) => entries.push(entry),
             Ok(None) => {}
@@ -168,24 +168,52 @@ pub(crate) fn convert_map(
     old_path: &Path,
     new_path: &Path,
 ) -> Result<usize, Error> {
-    let entries = converted_entries(schema, version, name, old_path)?;
-    let (new, _) = open(version, new_path)?;
-    for entry in &entries {
-        system::map_update(new.as_fd(), &entry.key, &entry.value, system::UPDATE_ANY)
-            .map_err(|error| migrate_error(version, format!("cannot write {name}: {error}")))?;
-    }
+    let mut entries = converted_entries(schema, version, name, old_path)?;
+    let (new, shape) = open(version, new_path)?;
+    schema::order_for_insertion(name, &mut entries);
+    write_entries(version, name, &new, shape.map_type, &entries)?;
     Ok(entries.len())
 }
 
+/// Writes entries into a new map. An LRU map gets them from every CPU in turn, in
+/// their order (so each CPU's share of a per-CPU-list LRU holds its part, and
+/// within it the entries written last are the last to be evicted).
+fn write_entries(
+    version: u32,
+    name: &str,
+    map: &std::os::fd::OwnedFd,
+    map_type: u32,
+    entries: &[schema::Entry],
+) -> Result<(), Error> {
+    let write = |entry: &schema::Entry| {
+        system::map_update(map.as_fd(), &entry.key, &entry.value, system::UPDATE_ANY)
+    };
+    let result = if map_type == schema::MAP_TYPE_LRU_HASH && entries.len() > 1 {
+        system::on_each_cpu(|index, cpus| {
+            entries
+                .iter()
+                .enumerate()
+                .filter(|(position, _)| position % cpus == index)
+                .try_for_each(|(_, entry)| write(entry))
+        })
+    } else {
+        entries.iter().try_for_each(write)
+    };
+    result.map_err(|error| migrate_error(version, format!("cannot write {name}: {error}")))
+}
+
 /// After the switch: copies into the current flow-state map `name` the entries of
-/// the old version's map that the new one lacks or holds older (what the old
-/// programs wrote between the conversion and the switch). Nothing to do when both
-/// pins are the same object (a map taken over). Returns how many were written.
+/// the old version's map that the old programs wrote or refreshed since
+/// `since_nanoseconds` (the conversion) and that the new map lacks or holds
+/// older. Older entries were converted already; copying them again would only
+/// push live entries out of the LRU. Nothing to do when both pins are the same
+/// object (a map taken over). Returns how many were written.
 pub(crate) fn merge_flow_state(
     schema: &schema::Schema,
     pin_directory: &Path,
     version: u32,
     name: &str,
+    since_nanoseconds: u64,
 ) -> Result<usize, Error> {
     let old_path = version_directory(pin_directory, version).join(name);
     let new_path = version_directory(pin_directory, SCHEMA_VERSION).join(name);
@@ -215,18 +243,25 @@ pub(crate) fn merge_flow_state(
         ));
     }
     drop(old);
-    let mut written = 0;
+    let mut winners = Vec::new();
     for entry in converted_entries(schema, version, name, &old_path)? {
+        // Most entries predate the conversion: skip them before any syscall, so
+        // the merge (and with it the moment the switch is complete) is quick.
+        if schema::last_used_nanoseconds(name, &entry.value)
+            .is_some_and(|used| used < since_nanoseconds)
+        {
+            continue;
+        }
         let existing =
             system::map_lookup(new.as_fd(), &entry.key, new_shape.value_size as usize)
                 .map_err(|error| migrate_error(version, format!("cannot read {name}: {error}")))?;
-        if schema::old_entry_wins(name, existing.as_deref(), &entry.value) {
-            system::map_update(new.as_fd(), &entry.key, &entry.value, system::UPDATE_ANY)
-                .map_err(|error| migrate_error(version, format!("cannot write {name}: {error}")))?;
-            written += 1;
+        if schema::old_entry_wins(name, existing.as_deref(), &entry.value, since_nanoseconds) {
+            winners.push(entry);
         }
     }
-    Ok(written)
+    schema::order_for_insertion(name, &mut winners);
+    write_entries(version, name, &new, new_shape.map_type, &winners)?;
+    Ok(winners.len())
 }
 
 /// Removes an old version's pins (its maps disappear with their last user).

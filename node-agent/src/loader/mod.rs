@@ -130,6 +130,9 @@ pub struct Datapath {
     programs: std::collections::BTreeSet<attach::ProgramIdentity>,
     /// Whether the wait for hooks still running old programs has been logged.
     migration_wait_reported: bool,
+    /// `CLOCK_MONOTONIC` when this process started converting maps (zero when it
+    /// converted none: a previous process did, so every old entry is merged).
+    converted_at_nanoseconds: u64,
 }
 
 fn io_error<'a>(step: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> Error + 'a {
@@ -195,6 +198,11 @@ impl Datapath {
         for directory in [&maps_directory, &links_directory(&settings.pin_directory)] {
             std::fs::create_dir_all(directory).map_err(io_error("create", directory))?;
         }
+        let converted_at_nanoseconds = if plan.converts() {
+            system::monotonic_nanoseconds()
+        } else {
+            0
+        };
         let sizes = settings.map_sizes;
         let mut loader = EbpfLoader::new();
         loader
@@ -269,6 +277,7 @@ impl Datapath {
             migrated_versions: plan.older_versions,
             programs,
             migration_wait_reported: false,
+            converted_at_nanoseconds,
         })
     }
 
@@ -335,6 +344,7 @@ impl Datapath {
                     &self.settings.pin_directory,
                     newest,
                     name,
+                    self.converted_at_nanoseconds,
                 )?;
                 if merged > 0 {
                     tracing::info!(map = %name, from_version = newest, entries = merged, "merged flow state written by the old programs during the switch");

@@ -291,6 +291,61 @@ pub fn map_keys(map: BorrowedFd<'_>, key_size: usize) -> io::Result<Vec<Vec<u8>>
     }
 }
 
+const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
+
+/// Every entry of a hash or array map, read in batches (`BPF_MAP_LOOKUP_BATCH`),
+/// which walks a hash map bucket by bucket: entries evicted or added meanwhile
+/// never make it start over or stop early, as a key-by-key walk does when the
+/// key it continues from has been evicted (an LRU map under load).
+pub fn map_entries(
+    map: BorrowedFd<'_>,
+    key_size: usize,
+    value_size: usize,
+) -> io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    const CHUNK: usize = 4096;
+    let mut entries = Vec::new();
+    let mut keys = vec![0u8; key_size * CHUNK];
+    let mut values = vec![0u8; value_size * CHUNK];
+    // The batch token is a bucket index for hash maps and a key for arrays.
+    let token_size = key_size.max(8);
+    let mut in_token = vec![0u8; token_size];
+    let mut out_token = vec![0u8; token_size];
+    let mut first = true;
+    loop {
+        // struct { u64 in_batch; u64 out_batch; u64 keys; u64 values; u32 count;
+        //          u32 map_fd; u64 elem_flags; u64 flags; }
+        let mut attribute = [0u8; 56];
+        put_u64(
+            &mut attribute,
+            0,
+            if first { 0 } else { in_token.as_ptr() as u64 },
+        );
+        put_u64(&mut attribute, 8, out_token.as_mut_ptr() as u64);
+        put_u64(&mut attribute, 16, keys.as_mut_ptr() as u64);
+        put_u64(&mut attribute, 24, values.as_mut_ptr() as u64);
+        put_u32(&mut attribute, 32, CHUNK as u32);
+        put_u32(&mut attribute, 36, map.as_raw_fd() as u32);
+        let result = bpf(BPF_MAP_LOOKUP_BATCH, &mut attribute);
+        let done = match result {
+            Ok(_) => false,
+            Err(error) if error.raw_os_error() == Some(libc::ENOENT) => true,
+            Err(error) => return Err(error),
+        };
+        let count = (get_u32(&attribute, 32) as usize).min(CHUNK);
+        for index in 0..count {
+            entries.push((
+                keys[index * key_size..(index + 1) * key_size].to_vec(),
+                values[index * value_size..(index + 1) * value_size].to_vec(),
+            ));
+        }
+        if done {
+            return Ok(entries);
+        }
+        in_token.copy_from_slice(&out_token);
+        first = false;
+    }
+}
+
 /// The value of `key`, or `None` if absent.
 pub fn map_lookup(
     map: BorrowedFd<'_>,
@@ -350,4 +405,44 @@ pub fn map_id(map: BorrowedFd<'_>) -> io::Result<u32> {
     put_u64(&mut attribute, 8, info.as_mut_ptr() as u64);
     bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attribute)?;
     Ok(get_u32(&info, 4))
+}
+
+/// Runs `body` on each CPU in turn (`sched_setaffinity` of the calling thread),
+/// with the CPU's index and the number of CPUs, then restores the thread's
+/// affinity. Used to fill LRU maps with per-CPU lists (`BPF_F_NO_COMMON_LRU`),
+/// which take an insert from the inserting CPU's share only: filled from one CPU,
+/// they would evict their own new entries after `max_entries / CPUs`.
+pub fn on_each_cpu(mut body: impl FnMut(usize, usize) -> io::Result<()>) -> io::Result<()> {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; the calls get its size.
+    let mut original: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    let size = std::mem::size_of::<libc::cpu_set_t>();
+    // SAFETY: valid out-pointer of the size passed.
+    if unsafe { libc::sched_getaffinity(0, size, &mut original) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let cpus: Vec<usize> = (0..libc::CPU_SETSIZE as usize)
+        // SAFETY: index below CPU_SETSIZE.
+        .filter(|cpu| unsafe { libc::CPU_ISSET(*cpu, &original) })
+        .collect();
+    let mut result = Ok(());
+    for (index, cpu) in cpus.iter().enumerate() {
+        // SAFETY: as above.
+        let mut only: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        // SAFETY: index below CPU_SETSIZE.
+        unsafe { libc::CPU_SET(*cpu, &mut only) };
+        // SAFETY: valid set of the size passed.
+        if unsafe { libc::sched_setaffinity(0, size, &only) } != 0 {
+            result = Err(io::Error::last_os_error());
+            break;
+        }
+        if let Err(error) = body(index, cpus.len()) {
+            result = Err(error);
+            break;
+        }
+    }
+    // SAFETY: restores the set read above.
+    if unsafe { libc::sched_setaffinity(0, size, &original) } != 0 && result.is_ok() {
+        result = Err(io::Error::last_os_error());
+    }
+    result
 }

@@ -22,7 +22,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use switchyard_common::{
     map_names, AffinityKey, AffinityValue, BackendSlotKey, BackendValue, ConntrackKey,
     ConntrackValue, DatapathConfig, FrontendKey, FrontendValue, SocketReverseKey,
-    SocketReverseValue, SCHEMA_VERSION,
+    SocketReverseValue, SCHEMA_VERSION, TCP_STATE_FIN_FROM_BACKEND, TCP_STATE_FIN_FROM_CLIENT,
+    TCP_STATE_RESET,
 };
 
 /// Kernel map types used by the datapath (`enum bpf_map_type`).
@@ -464,10 +465,52 @@ impl Schema {
     }
 }
 
+/// When a flow-state entry was last used by the programs (`bpf_ktime_get_ns`), for
+/// the maps that record it.
+pub fn last_used_nanoseconds(map: &str, value: &[u8]) -> Option<u64> {
+    match map {
+        map_names::CONNTRACK => {
+            from_bytes::<ConntrackValue>(value).map(|value| value.last_seen_nanoseconds)
+        }
+        map_names::AFFINITY => {
+            from_bytes::<AffinityValue>(value).map(|value| value.last_used_nanoseconds)
+        }
+        _ => None,
+    }
+}
+
+/// Orders entries for writing into a new LRU map: least recently used first, so
+/// that if the map's share on a CPU fills up, what it evicts is the stalest, and
+/// connections already closing go before every live one (they only still
+/// translate a teardown).
+pub fn order_for_insertion(map: &str, entries: &mut [Entry]) {
+    let both_fins = TCP_STATE_FIN_FROM_CLIENT | TCP_STATE_FIN_FROM_BACKEND;
+    entries.sort_by_key(|entry| {
+        let closing = map == map_names::CONNTRACK
+            && from_bytes::<ConntrackValue>(&entry.value).is_some_and(|value| {
+                value.tcp_state & TCP_STATE_RESET != 0 || value.tcp_state & both_fins == both_fins
+            });
+        (
+            !closing,
+            last_used_nanoseconds(map, &entry.value).unwrap_or(0),
+        )
+    });
+}
+
 /// For a flow-state map, after the switch: whether a converted entry of the old
-/// map should overwrite what the new map holds (`existing`). An entry the new
-/// programs wrote or refreshed more recently wins; an absent one is always written.
-pub fn old_entry_wins(map: &str, existing: Option<&[u8]>, converted: &[u8]) -> bool {
+/// map should be written over what the new map holds (`existing`). Only entries
+/// the old programs used since `since_nanoseconds` (the conversion, which copied
+/// everything older) are candidates; an entry the new programs wrote or refreshed
+/// more recently wins; an absent one is written.
+pub fn old_entry_wins(
+    map: &str,
+    existing: Option<&[u8]>,
+    converted: &[u8],
+    since_nanoseconds: u64,
+) -> bool {
+    if last_used_nanoseconds(map, converted).is_some_and(|used| used < since_nanoseconds) {
+        return false;
+    }
     let Some(existing) = existing else {
         return true;
     };

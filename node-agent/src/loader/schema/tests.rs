@@ -704,41 +704,47 @@ fn affinity_value(last_used: u64) -> Vec<u8> {
 #[test]
 fn an_old_entry_fills_a_gap_but_never_overwrites_a_fresher_new_one() {
     let old = conntrack_value(100);
-    assert!(old_entry_wins(map_names::CONNTRACK, None, &old));
+    assert!(old_entry_wins(map_names::CONNTRACK, None, &old, 0));
     assert!(old_entry_wins(
         map_names::CONNTRACK,
         Some(&conntrack_value(50)),
-        &old
+        &old,
+        0
     ));
     assert!(!old_entry_wins(
         map_names::CONNTRACK,
         Some(&conntrack_value(100)),
-        &old
+        &old,
+        0
     ));
     assert!(!old_entry_wins(
         map_names::CONNTRACK,
         Some(&conntrack_value(150)),
-        &old
+        &old,
+        0
     ));
     assert!(old_entry_wins(
         map_names::AFFINITY,
         Some(&affinity_value(1)),
-        &affinity_value(2)
+        &affinity_value(2),
+        0
     ));
     assert!(!old_entry_wins(
         map_names::AFFINITY,
         Some(&affinity_value(2)),
-        &affinity_value(1)
+        &affinity_value(1),
+        0
     ));
 }
 
 #[test]
 fn a_socket_reverse_entry_present_in_both_keeps_the_new_one() {
-    assert!(old_entry_wins(map_names::SOCKET_REVERSE, None, &[0; 20]));
+    assert!(old_entry_wins(map_names::SOCKET_REVERSE, None, &[0; 20], 5));
     assert!(!old_entry_wins(
         map_names::SOCKET_REVERSE,
         Some(&[1; 20]),
-        &[0; 20]
+        &[0; 20],
+        5
     ));
 }
 
@@ -747,13 +753,76 @@ fn unreadable_values_never_overwrite() {
     assert!(!old_entry_wins(
         map_names::CONNTRACK,
         Some(&[0; 3]),
-        &conntrack_value(9)
+        &conntrack_value(9),
+        0
     ));
     assert!(!old_entry_wins(
         map_names::AFFINITY,
         Some(&affinity_value(1)),
-        &[0; 3]
+        &[0; 3],
+        0
     ));
+}
+
+#[test]
+fn entries_the_old_programs_last_used_before_the_conversion_are_not_merged_again() {
+    // The conversion at 100 copied them; merging them again would only push live
+    // entries out of the LRU (and revive closed flows the new programs let expire).
+    assert!(!old_entry_wins(
+        map_names::CONNTRACK,
+        None,
+        &conntrack_value(99),
+        100
+    ));
+    assert!(old_entry_wins(
+        map_names::CONNTRACK,
+        None,
+        &conntrack_value(100),
+        100
+    ));
+    assert!(!old_entry_wins(
+        map_names::AFFINITY,
+        None,
+        &affinity_value(50),
+        100
+    ));
+    assert_eq!(
+        last_used_nanoseconds(map_names::CONNTRACK, &conntrack_value(7)),
+        Some(7)
+    );
+    assert_eq!(
+        last_used_nanoseconds(map_names::SOCKET_REVERSE, &[0; 20]),
+        None
+    );
+}
+
+#[test]
+fn closing_connections_go_first_then_live_ones_least_recently_used_first() {
+    let conntrack = |last_seen: u64, tcp_state: u8| Entry {
+        key: vec![last_seen as u8],
+        value: bytes_of(&ConntrackValue {
+            new_source_address: POD_B,
+            new_destination_address: POD_A,
+            new_source_port_big_endian: 1,
+            new_destination_port_big_endian: 2,
+            flags: 0,
+            tcp_state,
+            reserved: [0; 2],
+            last_seen_nanoseconds: last_seen,
+        }),
+    };
+    let both_fins = TCP_STATE_FIN_FROM_CLIENT | switchyard_common::TCP_STATE_FIN_FROM_BACKEND;
+    let mut entries = vec![
+        conntrack(30, 0),
+        conntrack(40, both_fins),
+        conntrack(10, 0),
+        conntrack(50, switchyard_common::TCP_STATE_RESET),
+        conntrack(20, TCP_STATE_FIN_FROM_CLIENT),
+    ];
+    order_for_insertion(map_names::CONNTRACK, &mut entries);
+    let order: Vec<u8> = entries.iter().map(|entry| entry.key[0]).collect();
+    // Half-closed (20) still carries data: it counts as live.
+    assert_eq!(order, vec![40, 50, 10, 20, 30]);
 }
 
 #[test]
