@@ -12,10 +12,15 @@
 //!
 //! The layout is versioned by [`SCHEMA_VERSION`]: the agent pins maps under a
 //! directory named after it, so a process of a newer version never misreads old
-//! maps: it takes over those whose shape is unchanged and refuses (until a
-//! converter exists) those whose layout changed (see `docs/datapath.md`).
+//! maps: it takes over those whose layout is unchanged and converts the others
+//! entry by entry into new maps, with one conversion step per older version in
+//! the agent (`node-agent/src/loader/schema`); a newer version's maps are refused
+//! (see `docs/datapath.md`, "Schema upgrades").
 
-/// Version of the map layout. Bump it whenever any type below changes size or meaning.
+/// Version of the map layout. Bump it whenever any type below changes size, field
+/// order or meaning, and add the conversion step from the previous version to
+/// the agent's `loader::schema::STEPS` (a changed order at the same size is
+/// invisible to every shape check: only the version tells).
 pub const SCHEMA_VERSION: u32 = 1;
 
 /// A 16-byte address: IPv6, or IPv4 mapped into IPv6 (`::ffff:a.b.c.d`), network byte order.
