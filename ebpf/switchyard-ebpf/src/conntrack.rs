@@ -3,11 +3,11 @@
 
 use aya_ebpf::programs::TcContext;
 use switchyard_common::{
-    ConntrackKey, ConntrackValue, DatapathConfig, CONNTRACK_FLAG_MASQUERADE, CONNTRACK_FLAG_REPLY,
-    CONNTRACK_FLAG_REWRITE_DESTINATION, CONNTRACK_FLAG_REWRITE_SOURCE,
-    DEFAULT_TCP_CLOSING_TIMEOUT_SECONDS, DEFAULT_TCP_IDLE_TIMEOUT_SECONDS,
-    DEFAULT_UDP_IDLE_TIMEOUT_SECONDS, PROTOCOL_TCP, TCP_STATE_FIN_FROM_BACKEND,
-    TCP_STATE_FIN_FROM_CLIENT, TCP_STATE_RESET,
+    ConntrackKey, ConntrackValue, DatapathConfig, CONNTRACK_FLAG_MASQUERADE,
+    CONNTRACK_FLAG_PORT_TRANSLATED, CONNTRACK_FLAG_REPLY, CONNTRACK_FLAG_REWRITE_DESTINATION,
+    CONNTRACK_FLAG_REWRITE_SOURCE, DEFAULT_TCP_CLOSING_TIMEOUT_SECONDS,
+    DEFAULT_TCP_IDLE_TIMEOUT_SECONDS, DEFAULT_UDP_IDLE_TIMEOUT_SECONDS, PROTOCOL_TCP,
+    TCP_STATE_FIN_FROM_BACKEND, TCP_STATE_FIN_FROM_CLIENT, TCP_STATE_RESET,
 };
 
 use crate::{
@@ -57,6 +57,114 @@ pub fn is_live(entry: &ConntrackValue, protocol: u8, config: &DatapathConfig, no
         )
     };
     now.wrapping_sub(entry.last_seen_nanoseconds) < timeout_seconds * 1_000_000_000
+}
+
+/// How long after its last packet a UDP flow keeps its claim on its backend-side
+/// tuple when it has no request waiting for an answer. UDP has no end: a flow
+/// whose last request was answered may be over (a DNS client closes its socket)
+/// or not (one socket asking several Services). Within this window a new flow
+/// that would need the same tuple gets another source port; after it, the new
+/// flow takes the tuple over and the old one chooses again on its next datagram.
+const UDP_IN_USE_NANOSECONDS: u64 = 1_000_000_000;
+
+/// Whether a hairpin flow's entry (sent straight back out), as opposed to a
+/// source or destination rewrite that only undoes a source port translation.
+#[inline(always)]
+pub fn is_hairpin(entry: &ConntrackValue) -> bool {
+    entry.flags & CONNTRACK_FLAG_PORT_TRANSLATED == 0
+}
+
+/// Whether `reply`, a reply-direction entry, translates back to the client side of
+/// the client-direction tuple `flow`: it belongs to that flow.
+#[inline(always)]
+fn answers(reply: &ConntrackValue, flow: &ConntrackKey) -> bool {
+    reply.flags & CONNTRACK_FLAG_REPLY != 0
+        && reply.new_source_address == flow.destination_address
+        && reply.new_source_port_big_endian == flow.destination_port_big_endian
+        && reply.new_destination_address == flow.source_address
+        && reply.new_destination_port_big_endian == flow.source_port_big_endian
+}
+
+/// Whether the live reply entry of the client-direction entry `entry` at `key`
+/// still belongs to it. It may not: the LRU may have evicted it, or a newer flow
+/// from the same client port through another frontend to the same backend may
+/// have taken its tuple over. Replies would then be lost or come back from the
+/// wrong address, so the caller treats the flow as new.
+// Not inlined: a function of its own keeps its keys off `try_ingress`'s stack.
+#[inline(never)]
+pub fn reply_belongs_to(
+    key: &ConntrackKey,
+    entry: &ConntrackValue,
+    config: &DatapathConfig,
+    now: u64,
+) -> bool {
+    let reply_key = paired_key(key, entry);
+    // SAFETY: read at once; a concurrent update gives at worst a stale answer.
+    match unsafe { CONNTRACK.get(&reply_key) } {
+        Some(reply) => answers(reply, key) && is_live(reply, key.protocol, config, now),
+        None => false,
+    }
+}
+
+/// Whether the backend-side tuple `reply_key` is held by a live flow other than
+/// `flow` (the client-direction tuple of a new flow) that may still get packets
+/// through it: then the new flow must not take the tuple, or one of the two would
+/// get the other's replies (the backend cannot tell them apart). Stale holders
+/// (expired, orphaned, closed TCP, UDP idle past `UDP_IN_USE_NANOSECONDS` with no
+/// request waiting) do not count: the new flow takes their tuple over.
+// Not inlined: see `reply_belongs_to`.
+#[inline(never)]
+pub fn held_by_another_flow(
+    reply_key: &ConntrackKey,
+    flow: &ConntrackKey,
+    config: &DatapathConfig,
+    now: u64,
+) -> bool {
+    // SAFETY: fields are read from the map value in place; a concurrent update
+    // gives at worst a stale answer.
+    let Some(reply) = (unsafe { CONNTRACK.get(reply_key) }) else {
+        return false;
+    };
+    if !is_live(reply, reply_key.protocol, config, now) {
+        return false;
+    }
+    if reply.flags & CONNTRACK_FLAG_REPLY == 0 {
+        // The client direction of a flow that itself uses this exact tuple.
+        return true;
+    }
+    if answers(reply, flow) {
+        // This flow's own earlier entry (its client-direction entry expired or
+        // was evicted): taken over by the same flow.
+        return false;
+    }
+    let owner_key = paired_key(reply_key, reply);
+    // SAFETY: as above.
+    let Some(owner) = (unsafe { CONNTRACK.get(&owner_key) }) else {
+        return false;
+    };
+    if owner.flags & CONNTRACK_FLAG_REPLY != 0 || !is_live(owner, reply_key.protocol, config, now) {
+        return false;
+    }
+    // The owner's client-direction entry must still lead to this reply entry
+    // (else it belongs to a newer flow and this reply entry is an orphan).
+    let owner_rewrites_source = owner.flags & CONNTRACK_FLAG_REWRITE_SOURCE != 0;
+    let (owner_client_address, owner_client_port) = if owner_rewrites_source {
+        (owner.new_source_address, owner.new_source_port_big_endian)
+    } else {
+        (owner_key.source_address, owner_key.source_port_big_endian)
+    };
+    if owner.new_destination_address != reply_key.source_address
+        || owner.new_destination_port_big_endian != reply_key.source_port_big_endian
+        || owner_client_address != reply_key.destination_address
+        || owner_client_port != reply_key.destination_port_big_endian
+    {
+        return false;
+    }
+    if reply_key.protocol == PROTOCOL_TCP {
+        return !is_closing(reply.tcp_state) && !is_closing(owner.tcp_state);
+    }
+    let waiting_for_an_answer = owner.last_seen_nanoseconds > reply.last_seen_nanoseconds;
+    waiting_for_an_answer || now.wrapping_sub(reply.last_seen_nanoseconds) < UDP_IN_USE_NANOSECONDS
 }
 
 /// The key of the other direction's entry of the same connection.
@@ -143,7 +251,7 @@ pub fn apply_at_ingress(
         let rewrite = *entry;
         return rewrite_forward(ctx, packet, &rewrite, masquerade_mark);
     }
-    if entry.flags & CONNTRACK_FLAG_REWRITE_DESTINATION != 0 {
+    if entry.flags & CONNTRACK_FLAG_REWRITE_DESTINATION != 0 && is_hairpin(entry) {
         // The reply of a hairpin flow, coming back from the pod that is both
         // client and backend: translate both ends and send it straight back.
         refresh(entry, packet, key, now);
@@ -164,13 +272,15 @@ pub fn apply_at_ingress(
         )?;
         return crate::bounce(ctx);
     }
-    // A plain reply on its way in (at the backend's interface): it is translated
-    // at egress towards the client, after netfilter has seen it untranslated.
+    // A plain (or port-translated) reply on its way in (at the backend's
+    // interface): it is translated at egress towards the client, after netfilter
+    // has seen it untranslated.
     Ok(PASS)
 }
 
-/// Applies a client-direction entry: destination to the backend, and for a
-/// hairpin flow the source to the hairpin address, sent straight back out.
+/// Applies a client-direction entry: destination to the backend; for a hairpin
+/// flow the source to the hairpin address, sent straight back out; for a
+/// port-translated flow the source port.
 #[inline(always)]
 pub fn rewrite_forward(
     ctx: &TcContext,
@@ -198,7 +308,9 @@ pub fn rewrite_forward(
             rewrite.new_source_address,
             rewrite.new_source_port_big_endian,
         )?;
-        return crate::bounce(ctx);
+        if is_hairpin(rewrite) {
+            return crate::bounce(ctx);
+        }
     }
     Ok(PASS)
 }

@@ -26,10 +26,11 @@ use aya_ebpf::{
 use switchyard_common::{
     counter, AffinityKey, AffinityValue, BackendSlotKey, BackendValue, ConntrackKey,
     ConntrackValue, DatapathConfig, FrontendKey, FrontendValue, SocketReverseKey,
-    SocketReverseValue, BACKEND_FLAG_LOCAL, CONNTRACK_FLAG_MASQUERADE, CONNTRACK_FLAG_REPLY,
-    CONNTRACK_FLAG_REWRITE_DESTINATION, CONNTRACK_FLAG_REWRITE_SOURCE, DATAPATH_MODE_ACTIVE,
-    FRONTEND_FLAG_MASQUERADE_REMOTE, FRONTEND_FLAG_PRESERVE_CLIENT_ADDRESS,
-    FRONTEND_FLAG_SESSION_AFFINITY, PROTOCOL_TCP, SCOPE_EXTERNAL, SCOPE_INTERNAL,
+    SocketReverseValue, BACKEND_FLAG_LOCAL, CONNTRACK_FLAG_MASQUERADE,
+    CONNTRACK_FLAG_PORT_TRANSLATED, CONNTRACK_FLAG_REPLY, CONNTRACK_FLAG_REWRITE_DESTINATION,
+    CONNTRACK_FLAG_REWRITE_SOURCE, DATAPATH_MODE_ACTIVE, FRONTEND_FLAG_MASQUERADE_REMOTE,
+    FRONTEND_FLAG_PRESERVE_CLIENT_ADDRESS, FRONTEND_FLAG_SESSION_AFFINITY, PROTOCOL_TCP,
+    PROTOCOL_UDP, SCOPE_EXTERNAL, SCOPE_INTERNAL,
 };
 
 use crate::packet::Packet;
@@ -41,6 +42,12 @@ const BPF_F_NO_COMMON_LRU: u32 = 1 << 1;
 /// "Next program, or the stack": `TCX_NEXT` under TCX and `TC_ACT_UNSPEC` under
 /// clsact are the same value (-1), so one return code serves both attach modes.
 pub const PASS: i32 = TC_ACT_UNSPEC;
+
+/// Source ports tried for a new flow whose backend-side tuple is held by another
+/// live flow, before it takes the tuple over anyway (see `held_by_another_flow`).
+const PORT_TRANSLATION_ATTEMPTS: u32 = 4;
+/// Translated source ports are drawn from 1024-65535, as netfilter's NAT does.
+const FIRST_TRANSLATED_PORT: u32 = 1024;
 
 // Sizes here are placeholders: the agent sets every size from its configuration
 // at load time (`EbpfLoader::map_max_entries`), and reuses pinned maps as they are.
@@ -57,6 +64,31 @@ static AFFINITY: LruHashMap<AffinityKey, AffinityValue> = LruHashMap::pinned(65_
 static CONFIG: Array<DatapathConfig> = Array::pinned(1, 0);
 #[map(name = "SY_COUNTERS")]
 static COUNTERS: PerCpuArray<u64> = PerCpuArray::pinned(counter::COUNT, 0);
+/// Room for a new flow's keys and entries while they are built (see
+/// `on_conntrack_miss`). It holds nothing between two packets, but it is pinned
+/// like the other maps: a program's identity includes the maps it uses, and a
+/// fresh map at every start would make the next process replace programs that
+/// are in fact identical. Its value type is private to the programs; it changes
+/// only with the shared types it is made of, which bump `SCHEMA_VERSION` (so the
+/// pin directory) anyway. The loader's schema leaves it alone (not one of
+/// `map_names`): nothing in it needs converting.
+#[map(name = "SY_NEW_FLOW")]
+static SCRATCH: PerCpuArray<NewFlow> = PerCpuArray::pinned(1, 0);
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct NewFlow {
+    key: ConntrackKey,
+    frontend_key: FrontendKey,
+    frontend: FrontendValue,
+    backend: BackendValue,
+    affinity_key: AffinityKey,
+    affinity: AffinityValue,
+    reply_key: ConntrackKey,
+    reply: ConntrackValue,
+    forward: ConntrackValue,
+}
+
 #[map(name = "SY_SOCK_REVERSE")]
 static SOCKET_REVERSE: LruHashMap<SocketReverseKey, SocketReverseValue> =
     LruHashMap::pinned(65_536, 0);
@@ -116,20 +148,31 @@ fn config() -> Option<&'static DatapathConfig> {
     CONFIG.get(0)
 }
 
-/// The backend for a new flow from `client` to `frontend`: the client's affinity
-/// entry if the frontend has session affinity and that entry is fresh and its slot
-/// still holds the same backend, otherwise a uniformly random slot.
+/// Where `choose_backend` works: its affinity key and entry, and the result.
+/// TC ingress keeps it in its per-CPU scratch slot, the socket hooks on their
+/// stack (they run in process context, where a slot could be shared).
+pub struct BackendChoice<'a> {
+    pub affinity_key: &'a mut AffinityKey,
+    pub affinity: &'a mut AffinityValue,
+    pub backend: &'a mut BackendValue,
+}
+
+/// Chooses the backend of a new flow from `client` to `frontend` into
+/// `choice.backend`: the client's affinity entry if the frontend has session
+/// affinity and that entry is fresh and its slot still holds the same backend,
+/// otherwise a uniformly random slot. `false` if there is none.
 #[inline(always)]
 fn choose_backend(
     frontend: &FrontendValue,
     client: &[u8; 16],
     now: u64,
-) -> Option<(u32, BackendValue)> {
+    choice: BackendChoice<'_>,
+) -> bool {
     let count = frontend.backend_count;
     if count == 0 {
-        return None;
+        return false;
     }
-    let affinity_key = AffinityKey {
+    *choice.affinity_key = AffinityKey {
         client_address: *client,
         group_id: frontend.group_id,
     };
@@ -137,21 +180,23 @@ fn choose_backend(
     if with_affinity {
         // SAFETY: the value is copied out at once; a concurrent update can at worst
         // give a stale choice, which the slot check below catches.
-        if let Some(entry) = unsafe { AFFINITY.get(&affinity_key) } {
-            let entry = *entry;
+        if let Some(entry) = unsafe { AFFINITY.get(&*choice.affinity_key) } {
+            *choice.affinity = *entry;
             let timeout = frontend.affinity_timeout_seconds as u64 * 1_000_000_000;
-            if entry.ordinal < count && now.wrapping_sub(entry.last_used_nanoseconds) < timeout {
+            let ordinal = choice.affinity.ordinal;
+            if ordinal < count && now.wrapping_sub(choice.affinity.last_used_nanoseconds) < timeout
+            {
                 let slot_key = BackendSlotKey {
                     group_id: frontend.group_id,
-                    ordinal: entry.ordinal,
+                    ordinal,
                 };
                 if let Some(slot) = unsafe { BACKEND_SLOTS.get(&slot_key) } {
-                    if slot.address == entry.backend_address
-                        && slot.port_big_endian == entry.backend_port_big_endian
+                    if slot.address == choice.affinity.backend_address
+                        && slot.port_big_endian == choice.affinity.backend_port_big_endian
                     {
-                        let backend = *slot;
-                        remember_affinity(&affinity_key, entry.ordinal, &backend, now);
-                        return Some((entry.ordinal, backend));
+                        *choice.backend = *slot;
+                        remember_affinity(choice, ordinal, now);
+                        return true;
                     }
                 }
             }
@@ -163,26 +208,31 @@ fn choose_backend(
         group_id: frontend.group_id,
         ordinal,
     };
-    let backend = *unsafe { BACKEND_SLOTS.get(&slot_key) }?;
+    // SAFETY: copied out at once.
+    let Some(slot) = (unsafe { BACKEND_SLOTS.get(&slot_key) }) else {
+        return false;
+    };
+    *choice.backend = *slot;
     if with_affinity {
-        remember_affinity(&affinity_key, ordinal, &backend, now);
+        remember_affinity(choice, ordinal, now);
     }
-    Some((ordinal, backend))
+    true
 }
 
 #[inline(always)]
-fn remember_affinity(key: &AffinityKey, ordinal: u32, backend: &BackendValue, now: u64) {
-    let value = AffinityValue {
-        backend_address: backend.address,
-        backend_port_big_endian: backend.port_big_endian,
+fn remember_affinity(choice: BackendChoice<'_>, ordinal: u32, now: u64) {
+    *choice.affinity = AffinityValue {
+        backend_address: choice.backend.address,
+        backend_port_big_endian: choice.backend.port_big_endian,
         reserved: 0,
         ordinal,
         last_used_nanoseconds: now,
     };
     // A full LRU map evicts its oldest entry; a failure only costs affinity.
-    let _ = AFFINITY.insert(key, &value, 0);
+    let _ = AFFINITY.insert(&*choice.affinity_key, &*choice.affinity, 0);
 }
 
+#[inline(always)]
 fn try_ingress(ctx: &TcContext, scope: u8) -> Result<i32, ()> {
     let Some(packet) = Packet::parse(ctx) else {
         return Ok(PASS);
@@ -199,28 +249,74 @@ fn try_ingress(ctx: &TcContext, scope: u8) -> Result<i32, ()> {
         // written one at a time, which is what an LRU entry allows.
         let entry = unsafe { &mut *entry };
         let is_new_syn = packet.is_tcp_syn() && conntrack::is_closing(entry.tcp_state);
-        if conntrack::is_live(entry, packet.protocol, config, now) && !is_new_syn {
-            return conntrack::apply_at_ingress(
-                ctx,
-                &packet,
-                &key,
-                entry,
-                config.masquerade_mark,
-                now,
-            );
+        // A UDP flow has no SYN to start it again: each datagram of a client-direction
+        // entry checks that its reply entry is still its own (a DNS client's next
+        // socket may get the same port, and its flow may have taken that entry over).
+        let reply_lost = packet.protocol == PROTOCOL_UDP
+            && entry.flags & CONNTRACK_FLAG_REPLY == 0
+            && !conntrack::reply_belongs_to(&key, entry, config, now);
+        if conntrack::is_live(entry, packet.protocol, config, now) && !is_new_syn && !reply_lost {
+            return Ok(on_conntrack_hit(ctx, &packet, entry, config, now));
         }
     }
+    Ok(on_conntrack_miss(ctx, &packet, config, scope, now))
+}
 
-    let frontend_key = FrontendKey {
+// The two halves of ingress are functions of their own (BPF-to-BPF calls), so
+// their stack frames do not add up against the verifier's 512-byte limit for the
+// whole call chain. They return the action itself: a `Result` would be passed
+// through a sixth argument, on the stack, which BPF calls cannot do.
+
+/// A packet of a live flow: its entry's rewrite.
+#[inline(never)]
+fn on_conntrack_hit(
+    ctx: &TcContext,
+    packet: &Packet,
+    entry: &mut ConntrackValue,
+    config: &DatapathConfig,
+    now: u64,
+) -> i32 {
+    let key = packet.conntrack_key();
+    conntrack::apply_at_ingress(ctx, packet, &key, entry, config.masquerade_mark, now)
+        .unwrap_or_else(|()| count_error())
+}
+
+/// A packet without a live flow: a new flow if it goes to a frontend.
+#[inline(never)]
+fn on_conntrack_miss(
+    ctx: &TcContext,
+    packet: &Packet,
+    config: &DatapathConfig,
+    scope: u8,
+    now: u64,
+) -> i32 {
+    try_conntrack_miss(ctx, packet, config, scope, now).unwrap_or_else(|()| count_error())
+}
+
+#[inline(always)]
+fn try_conntrack_miss(
+    ctx: &TcContext,
+    packet: &Packet,
+    config: &DatapathConfig,
+    scope: u8,
+    now: u64,
+) -> Result<i32, ()> {
+    // A new flow's keys and entries are built in a per-CPU scratch slot rather
+    // than on the stack, which the call chain of ingress would otherwise outgrow.
+    let flow = SCRATCH.get_ptr_mut(0).ok_or(())?;
+    // SAFETY: this CPU's slot; ingress programs do not nest on one CPU.
+    let flow = unsafe { &mut *flow };
+    flow.frontend_key = FrontendKey {
         address: packet.destination_address(),
         port_big_endian: packet.destination_port,
         protocol: packet.protocol,
         scope,
     };
     // SAFETY: copied out at once.
-    let Some(frontend) = (unsafe { FRONTENDS.get(&frontend_key) }).copied() else {
+    let Some(frontend) = (unsafe { FRONTENDS.get(&flow.frontend_key) }) else {
         return Ok(PASS);
     };
+    flow.frontend = *frontend;
     count(counter::CONNTRACK_MISS);
     if packet.protocol == PROTOCOL_TCP && !packet.is_tcp_syn() {
         // A flow that netfilter (kube-proxy's rules) translated before the switch:
@@ -231,59 +327,102 @@ fn try_ingress(ctx: &TcContext, scope: u8) -> Result<i32, ()> {
     if config.mode != DATAPATH_MODE_ACTIVE {
         return Ok(PASS);
     }
-    if frontend.backend_count == 0 {
+    if flow.frontend.backend_count == 0 {
         count(counter::NO_BACKEND);
-        return packet::reject_with_icmp_port_unreachable(ctx, &packet);
+        return Ok(refuse(ctx, packet));
     }
-    let client = packet.source_address();
-    let Some((_, backend)) = choose_backend(&frontend, &client, now) else {
-        return Err(());
-    };
+    flow.key = packet.conntrack_key();
+    open_flow(ctx, packet, flow, config, now)
+}
 
-    let hairpin = backend.address == client;
-    let masquerade = frontend.flags & FRONTEND_FLAG_MASQUERADE_REMOTE != 0
-        && frontend.flags & FRONTEND_FLAG_PRESERVE_CLIENT_ADDRESS == 0
-        && backend.flags & BACKEND_FLAG_LOCAL == 0
+/// Answers a packet to a frontend without backends with ICMP port unreachable.
+// Not inlined: see `on_conntrack_hit`.
+#[inline(never)]
+fn refuse(ctx: &TcContext, packet: &Packet) -> i32 {
+    packet::reject_with_icmp_port_unreachable(ctx, packet).unwrap_or_else(|()| count_error())
+}
+
+/// A new flow (`flow.key` to `flow.frontend`): chooses its backend (and, if
+/// needed, a source port), writes both conntrack entries, translates the packet.
+#[inline(always)]
+fn open_flow(
+    ctx: &TcContext,
+    packet: &Packet,
+    flow: &mut NewFlow,
+    config: &DatapathConfig,
+    now: u64,
+) -> Result<i32, ()> {
+    let chosen = choose_backend(
+        &flow.frontend,
+        &flow.key.source_address,
+        now,
+        BackendChoice {
+            affinity_key: &mut flow.affinity_key,
+            affinity: &mut flow.affinity,
+            backend: &mut flow.backend,
+        },
+    );
+    if !chosen {
+        return Err(());
+    }
+    let hairpin = flow.backend.address == flow.key.source_address;
+    let masquerade = flow.frontend.flags & FRONTEND_FLAG_MASQUERADE_REMOTE != 0
+        && flow.frontend.flags & FRONTEND_FLAG_PRESERVE_CLIENT_ADDRESS == 0
+        && flow.backend.flags & BACKEND_FLAG_LOCAL == 0
         && config.masquerade_mark != 0;
     // The address the backend sees as the client, and answers to.
-    let (seen_client_address, seen_client_port) = if hairpin {
-        (config.hairpin_address, packet.source_port)
-    } else {
-        (client, packet.source_port)
+    flow.reply_key = ConntrackKey {
+        source_address: flow.backend.address,
+        destination_address: if hairpin {
+            config.hairpin_address
+        } else {
+            flow.key.source_address
+        },
+        source_port_big_endian: flow.backend.port_big_endian,
+        destination_port_big_endian: packet.source_port,
+        protocol: packet.protocol,
+        reserved: [0; 3],
     };
+    // Another live flow from this client port may already reach this backend
+    // through another frontend: the backend could not tell the two apart, and
+    // one reply entry cannot translate back to both. Give the new flow another
+    // source port, as netfilter's NAT does when a tuple is taken.
+    let mut port_translated = false;
+    if !hairpin && conntrack::held_by_another_flow(&flow.reply_key, &flow.key, config, now) {
+        for _ in 0..PORT_TRANSLATION_ATTEMPTS {
+            // SAFETY: helper without arguments.
+            let random = unsafe { bpf_get_prandom_u32() };
+            let candidate =
+                (FIRST_TRANSLATED_PORT + random % (65_536 - FIRST_TRANSLATED_PORT)) as u16;
+            flow.reply_key.destination_port_big_endian = candidate.to_be();
+            if !conntrack::held_by_another_flow(&flow.reply_key, &flow.key, config, now) {
+                port_translated = true;
+                break;
+            }
+        }
+        if !port_translated {
+            // Every port tried is held too: take the tuple over (the older flow
+            // chooses again on its next datagram; a TCP one may break).
+            flow.reply_key.destination_port_big_endian = packet.source_port;
+        }
+    }
 
+    let mut reply_flags = CONNTRACK_FLAG_REPLY | CONNTRACK_FLAG_REWRITE_SOURCE;
     let mut forward_flags = CONNTRACK_FLAG_REWRITE_DESTINATION;
     if hairpin {
+        reply_flags |= CONNTRACK_FLAG_REWRITE_DESTINATION;
         forward_flags |= CONNTRACK_FLAG_REWRITE_SOURCE;
+    }
+    if port_translated {
+        reply_flags |= CONNTRACK_FLAG_REWRITE_DESTINATION | CONNTRACK_FLAG_PORT_TRANSLATED;
+        forward_flags |= CONNTRACK_FLAG_REWRITE_SOURCE | CONNTRACK_FLAG_PORT_TRANSLATED;
     }
     if masquerade {
         forward_flags |= CONNTRACK_FLAG_MASQUERADE;
     }
-    let forward = ConntrackValue {
-        new_source_address: seen_client_address,
-        new_destination_address: backend.address,
-        new_source_port_big_endian: seen_client_port,
-        new_destination_port_big_endian: backend.port_big_endian,
-        flags: forward_flags,
-        tcp_state: 0,
-        reserved: [0; 2],
-        last_seen_nanoseconds: now,
-    };
-    let reply_key = ConntrackKey {
-        source_address: backend.address,
-        destination_address: seen_client_address,
-        source_port_big_endian: backend.port_big_endian,
-        destination_port_big_endian: seen_client_port,
-        protocol: packet.protocol,
-        reserved: [0; 3],
-    };
-    let mut reply_flags = CONNTRACK_FLAG_REPLY | CONNTRACK_FLAG_REWRITE_SOURCE;
-    if hairpin {
-        reply_flags |= CONNTRACK_FLAG_REWRITE_DESTINATION;
-    }
-    let reply = ConntrackValue {
-        new_source_address: frontend_key.address,
-        new_destination_address: client,
+    flow.reply = ConntrackValue {
+        new_source_address: flow.key.destination_address,
+        new_destination_address: flow.key.source_address,
         new_source_port_big_endian: packet.destination_port,
         new_destination_port_big_endian: packet.source_port,
         flags: reply_flags,
@@ -291,12 +430,26 @@ fn try_ingress(ctx: &TcContext, scope: u8) -> Result<i32, ()> {
         reserved: [0; 2],
         last_seen_nanoseconds: now,
     };
+    flow.forward = ConntrackValue {
+        new_source_address: flow.reply_key.destination_address,
+        new_destination_address: flow.backend.address,
+        new_source_port_big_endian: flow.reply_key.destination_port_big_endian,
+        new_destination_port_big_endian: flow.backend.port_big_endian,
+        flags: forward_flags,
+        tcp_state: 0,
+        reserved: [0; 2],
+        last_seen_nanoseconds: now,
+    };
     // Reply entry first: a reply can never arrive before the packet it answers has
     // been sent on, and that happens only after both writes.
-    CONNTRACK.insert(&reply_key, &reply, 0).map_err(|_| ())?;
-    CONNTRACK.insert(&key, &forward, 0).map_err(|_| ())?;
+    CONNTRACK
+        .insert(&flow.reply_key, &flow.reply, 0)
+        .map_err(|_| ())?;
+    CONNTRACK
+        .insert(&flow.key, &flow.forward, 0)
+        .map_err(|_| ())?;
     count(counter::TRANSLATED);
-    conntrack::rewrite_forward(ctx, &packet, &forward, config.masquerade_mark)
+    conntrack::rewrite_forward(ctx, packet, &flow.forward, config.masquerade_mark)
 }
 
 fn try_egress(ctx: &TcContext) -> Result<i32, ()> {
@@ -312,10 +465,10 @@ fn try_egress(ctx: &TcContext) -> Result<i32, ()> {
     };
     // SAFETY: see try_ingress.
     let entry = unsafe { &mut *entry };
-    // Only plain replies are translated here; hairpin replies never reach egress
-    // untranslated (ingress sends them straight back out).
+    // Only plain and port-translated replies are translated here; hairpin replies
+    // never reach egress untranslated (ingress sends them straight back out).
     if entry.flags & CONNTRACK_FLAG_REPLY == 0
-        || entry.flags & CONNTRACK_FLAG_REWRITE_DESTINATION != 0
+        || (entry.flags & CONNTRACK_FLAG_REWRITE_DESTINATION != 0 && conntrack::is_hairpin(entry))
     {
         return Ok(PASS);
     }
@@ -325,12 +478,22 @@ fn try_egress(ctx: &TcContext) -> Result<i32, ()> {
     }
     conntrack::refresh(entry, &packet, &key, now);
     count(counter::REVERSE_TRANSLATED);
+    let rewrite = *entry;
     packet::rewrite_source(
         ctx,
         &packet,
-        entry.new_source_address,
-        entry.new_source_port_big_endian,
+        rewrite.new_source_address,
+        rewrite.new_source_port_big_endian,
     )?;
+    if rewrite.flags & CONNTRACK_FLAG_PORT_TRANSLATED != 0 {
+        // Back to the port the client sent from.
+        packet::rewrite_destination(
+            ctx,
+            &packet,
+            rewrite.new_destination_address,
+            rewrite.new_destination_port_big_endian,
+        )?;
+    }
     Ok(PASS)
 }
 

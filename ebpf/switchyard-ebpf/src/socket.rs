@@ -12,11 +12,12 @@ use aya_ebpf::{
     EbpfContext,
 };
 use switchyard_common::{
-    counter, ipv4_mapped, DatapathConfig, FrontendKey, SocketReverseKey, SocketReverseValue,
-    DATAPATH_MODE_ACTIVE, PROTOCOL_TCP, PROTOCOL_UDP, SCOPE_INTERNAL,
+    counter, ipv4_mapped, AffinityKey, AffinityValue, BackendValue, DatapathConfig, FrontendKey,
+    SocketReverseKey, SocketReverseValue, DATAPATH_MODE_ACTIVE, PROTOCOL_TCP, PROTOCOL_UDP,
+    SCOPE_INTERNAL,
 };
 
-use crate::{choose_backend, config, count, FRONTENDS, SOCKET_REVERSE};
+use crate::{choose_backend, config, count, BackendChoice, FRONTENDS, SOCKET_REVERSE};
 
 const ALLOW: i32 = 1;
 const REFUSE: i32 = 0;
@@ -97,10 +98,31 @@ fn translate(ctx: &SockAddrContext) -> i32 {
     // affinity they count as one client, the node (as with kube-proxy, where they
     // usually leave with the node's address).
     let now = unsafe { bpf_ktime_get_ns() };
-    let Some((_, backend)) = choose_backend(&frontend, &[0; 16], now) else {
+    let mut affinity_key = AffinityKey {
+        client_address: [0; 16],
+        group_id: 0,
+    };
+    let mut affinity = AffinityValue {
+        backend_address: [0; 16],
+        backend_port_big_endian: 0,
+        reserved: 0,
+        ordinal: 0,
+        last_used_nanoseconds: 0,
+    };
+    let mut backend = BackendValue {
+        address: [0; 16],
+        port_big_endian: 0,
+        flags: 0,
+    };
+    let choice = BackendChoice {
+        affinity_key: &mut affinity_key,
+        affinity: &mut affinity,
+        backend: &mut backend,
+    };
+    if !choose_backend(&frontend, &[0; 16], now, choice) {
         count(counter::ERROR);
         return ALLOW;
-    };
+    }
     let backend_ipv4 = [
         backend.address[12],
         backend.address[13],
