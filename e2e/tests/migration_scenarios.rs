@@ -1996,6 +1996,18 @@ async fn a_kube_proxy_owned_by_argo_cd_is_refused_then_waited_for(
             "rules of the returned kube-proxy cleaned on {node}"
         );
     }
+    // And the report lasts while kube-proxy runs (not only until cleanup is withdrawn).
+    let config = world
+        .config()
+        .await
+        .expect("read")
+        .expect("the DataplaneConfig");
+    assert_eq!(
+        degraded_condition(&config).map(|condition| condition.reason),
+        Some("KubeProxyReturned".to_string()),
+        "Degraded KubeProxyReturned gone while kube-proxy still runs: {:#?}",
+        config.status
+    );
     let report = traffic.snapshot();
     assert_eq!(
         report.failure_count(),

@@ -171,7 +171,8 @@ pub fn plan(config: Option<&DataplaneConfig>, observed: &ObservedCluster) -> Pla
 
     let facts: Vec<NodeFacts> = nodes.iter().map(|node| NodeFacts::new(node)).collect();
     let holding = without_config == Some(WithoutConfig::Hold);
-    let context = Context::new(&settings, &facts, observed, now);
+    let mut context = Context::new(&settings, &facts, observed, now);
+    context.kube_proxy_reported_returned = reported_kube_proxy_returned(config);
     let mut decision = match settings.mode {
         _ if holding => context.hold(),
         DataplaneMode::Ebpf => context.toward_ebpf(),
@@ -298,6 +299,35 @@ pub(crate) struct Context<'a> {
     pub(crate) kube_proxy_schedules: bool,
     /// No kube-proxy pod anywhere and the DaemonSet schedules nowhere.
     pub(crate) kube_proxy_gone: bool,
+    /// The last status said kube-proxy came back (still waiting for it to leave): once cleanup
+    /// is withdrawn from every node, this is what still remembers that it had been gone.
+    pub(crate) kube_proxy_reported_returned: bool,
+}
+
+/// Whether the DataplaneConfig's last status shows kube-proxy had left and is now back: it says
+/// so (in DisablingKubeProxy), or the transition to `Ebpf` of this very spec had got past
+/// kube-proxy (CleaningRules, Ready, UpgradingAgents). Needed once no node is told to clean any
+/// more: the round that withdrew cleanup may have failed before its status was written (a
+/// conflicting kube-proxy patch), and the next one must still know.
+fn reported_kube_proxy_returned(config: Option<&DataplaneConfig>) -> bool {
+    let Some(config) = config else {
+        return false;
+    };
+    let Some(status) = config.status.as_ref() else {
+        return false;
+    };
+    let says_so = status.phase == DataplanePhase::DisablingKubeProxy
+        && status.conditions.iter().any(|condition| {
+            condition.reason == reasons::KUBE_PROXY_RETURNED
+                && condition.status == switchyard_crds::ConditionStatus::True
+        });
+    let was_past_kube_proxy = config.spec.mode == DataplaneMode::Ebpf
+        && status.observed_generation == config.metadata.generation
+        && matches!(
+            status.phase,
+            DataplanePhase::CleaningRules | DataplanePhase::Ready | DataplanePhase::UpgradingAgents
+        );
+    says_so || was_past_kube_proxy
 }
 
 /// At most this many node names in a message, so that status stays small on big clusters.
@@ -345,6 +375,7 @@ impl<'a> Context<'a> {
             failed,
             kube_proxy_schedules,
             kube_proxy_gone,
+            kube_proxy_reported_returned: false,
         }
     }
 
@@ -654,7 +685,7 @@ impl<'a> Context<'a> {
 
     /// Whether kube-proxy left after the cluster had cleaned its rules and is now back.
     fn kube_proxy_returned(&self) -> bool {
-        self.facts.iter().any(NodeFacts::cleanup_requested)
+        self.kube_proxy_reported_returned || self.facts.iter().any(NodeFacts::cleanup_requested)
     }
 
     /// `DisablingKubeProxy`: every node serves from eBPF; kube-proxy has to go.

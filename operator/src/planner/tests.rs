@@ -734,6 +734,86 @@ fn an_externally_managed_kube_proxy_coming_back_is_reported_degraded() {
     );
 }
 
+#[test]
+fn kube_proxy_coming_back_is_still_reported_when_the_round_that_withdrew_cleanup_failed() {
+    // Ready on eBPF; then kube-proxy's nodeSelector is reset. The round that withdrew cleanup
+    // wrote the DataplaneNodes but its kube-proxy patch conflicted: the status still says Ready.
+    let mut config = ebpf_config();
+    let mut cluster = cluster(vec![cleaned_node("node-1"), cleaned_node("node-2")]);
+    cluster.kube_proxy_daemon_set = Some(disabled_kube_proxy_daemon_set());
+    let ready = plan(Some(&config), &cluster);
+    assert_eq!(phase(&ready), DataplanePhase::Ready);
+    config.status = ready.status.clone();
+    cluster.kube_proxy_daemon_set = Some(kube_proxy_daemon_set());
+    for name in ["node-1", "node-2"] {
+        let node = node_mut(&mut cluster, name);
+        node.kube_proxy_pod = Some(pod(&format!("kube-proxy-{name}"), "kp-2", at(-3)));
+        set_spec(node, Ebpf, false, at(-2));
+        report(node, Report::following(Ebpf), None, OLD_REVISION);
+    }
+    let retried = plan(Some(&config), &cluster);
+    assert_eq!(retried.kube_proxy, KubeProxyAction::Disable);
+    assert_eq!(
+        condition_of(&retried, types::PROGRESSING).reason,
+        reasons::KUBE_PROXY_RETURNED
+    );
+
+    // A status about an earlier spec (another generation) says nothing about this one.
+    let mut changed = config.clone();
+    changed.metadata.generation = Some(changed.metadata.generation.unwrap_or(1) + 1);
+    let disabling = plan(Some(&changed), &cluster);
+    assert_eq!(disabling.kube_proxy, KubeProxyAction::Disable);
+    assert_ne!(
+        condition_of(&disabling, types::PROGRESSING).reason,
+        reasons::KUBE_PROXY_RETURNED
+    );
+}
+
+#[test]
+fn an_externally_managed_kube_proxy_that_came_back_stays_degraded_after_cleanup_is_withdrawn() {
+    let mut config = ebpf_config();
+    config.spec.kube_proxy.management = KubeProxyManagement::External;
+    let mut cluster = cluster(vec![cleaned_node("node-1")]);
+    node_mut(&mut cluster, "node-1").kube_proxy_pod =
+        Some(pod("kube-proxy-node-1", "kp-2", at(-3)));
+    let returned = plan(Some(&config), &cluster);
+    assert_eq!(
+        condition_of(&returned, types::DEGRADED).reason,
+        reasons::KUBE_PROXY_RETURNED
+    );
+    // The next round: cleanup withdrawn as written, the agent follows, kube-proxy still runs.
+    config.status = returned.status.clone();
+    let node = node_mut(&mut cluster, "node-1");
+    set_spec(node, Ebpf, false, at(-2));
+    report(node, Report::following(Ebpf), None, OLD_REVISION);
+    let still = plan(Some(&config), &cluster);
+    assert_eq!(phase(&still), DataplanePhase::DisablingKubeProxy);
+    assert_eq!(
+        condition_of(&still, types::DEGRADED).reason,
+        reasons::KUBE_PROXY_RETURNED,
+        "the report must last while kube-proxy runs"
+    );
+    assert_eq!(still.kube_proxy, KubeProxyAction::None);
+    assert!(
+        still.dataplane_nodes.is_empty(),
+        "{:?}",
+        still.dataplane_nodes
+    );
+
+    // Its owner removes it again: the transition goes on and the report goes with it.
+    config.status = still.status.clone();
+    node_mut(&mut cluster, "node-1").kube_proxy_pod = None;
+    cluster.kube_proxy_daemon_set = None;
+    let after = plan(Some(&config), &cluster);
+    assert_ne!(phase(&after), DataplanePhase::DisablingKubeProxy);
+    let degraded = condition_of(&after, types::DEGRADED);
+    assert!(
+        degraded.reason != reasons::KUBE_PROXY_RETURNED
+            || degraded.status == ConditionStatus::False,
+        "{degraded:?}"
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // Nodes joining a cluster on eBPF
 // ---------------------------------------------------------------------------------------------
