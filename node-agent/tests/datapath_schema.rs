@@ -802,6 +802,18 @@ fn a_conversion_under_load_keeps_established_connections_and_fails_only_flows_in
             })
             .expect("load");
             let loaded = started.elapsed();
+            // Opened after the conversion copied the old maps, before any hook
+            // switched: only in the old map until the merge before the switch.
+            let opened_meanwhile: Vec<LongLivedConnection> = (0..6)
+                .map(|index| {
+                    let (namespace, address) = if index % 2 == 0 {
+                        ("pod3", cluster_ip)
+                    } else {
+                        ("client", node_port)
+                    };
+                    LongLivedConnection::open(Some(namespace), address, Duration::from_millis(5))
+                })
+                .collect();
             let switch_started = Instant::now();
             for pod in &pods {
                 datapath
@@ -822,8 +834,9 @@ fn a_conversion_under_load_keeps_established_connections_and_fails_only_flows_in
                 assert!(map_ids.contains(&new_conntrack), "{link}: {map_ids:?}");
             }
             println!(
-                "load with conversion {loaded:?}; every hook switched in {switched:?}; \
-                 flow state merged and old pins removed {finished:?} after the first switch"
+                "load with conversion {loaded:?}; attach calls (the merge before the first \
+                 switch included) {switched:?}; flow state merged again and old pins removed \
+                 {finished:?} after the first attach call"
             );
 
             std::thread::sleep(Duration::from_secs(3));
@@ -841,13 +854,16 @@ fn a_conversion_under_load_keeps_established_connections_and_fails_only_flows_in
                 failures.extend(failed);
             }
             let mut requests = 0;
-            for connection in connections {
+            for connection in connections.into_iter().chain(opened_meanwhile) {
                 let long_lived = connection.close();
                 assert!(long_lived.failure.is_none(), "{long_lived:?}");
                 requests += long_lived.requests;
             }
             println!("new connections: {}", report.join("; "));
-            println!("established: 10 connections, {requests} requests, 0 failures");
+            println!(
+                "established: 10 before the conversion and 6 after it, {requests} requests, \
+                 0 failures"
+            );
             // The design's stated limit: a connection whose first reply crosses
             // the switch before the merge (opened by an old ingress program, its
             // reply seen by a new egress program that has no entry yet) loses it.

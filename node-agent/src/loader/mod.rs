@@ -130,9 +130,12 @@ pub struct Datapath {
     programs: std::collections::BTreeSet<attach::ProgramIdentity>,
     /// Whether the wait for hooks still running old programs has been logged.
     migration_wait_reported: bool,
-    /// `CLOCK_MONOTONIC` when this process started converting maps (zero when it
-    /// converted none: a previous process did, so every old entry is merged).
+    /// `CLOCK_MONOTONIC` when this process last copied flow state from the old
+    /// maps (the conversion, then each merge); zero when it converted none (a
+    /// previous process did, so every old entry is a candidate for the merge).
     converted_at_nanoseconds: u64,
+    /// Whether a hook has been switched to the new programs yet.
+    switch_started: bool,
 }
 
 fn io_error<'a>(step: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> Error + 'a {
@@ -278,6 +281,7 @@ impl Datapath {
             programs,
             migration_wait_reported: false,
             converted_at_nanoseconds,
+            switch_started: false,
         })
     }
 
@@ -297,15 +301,58 @@ impl Datapath {
         interface: &str,
         kind: InterfaceKind,
     ) -> Result<[AttachOutcome; 2], Error> {
+        self.merge_before_the_switch()?;
         attach::attach_interface(&mut self.ebpf, &self.settings, interface, kind)
     }
 
     /// Attaches the socket hooks to the configured cgroup (idempotent too).
     pub fn attach_socket_hooks(&mut self) -> Result<Vec<AttachOutcome>, Error> {
+        self.merge_before_the_switch()?;
         match self.settings.cgroup_path.clone() {
             Some(cgroup) => attach::attach_socket_hooks(&mut self.ebpf, &self.settings, &cgroup),
             None => Ok(Vec::new()),
         }
+    }
+
+    /// Merges into converted flow-state maps what the old programs wrote or
+    /// refreshed since the last merge (or the conversion), newest older version
+    /// only: any older ones are leftovers whose state is already in it.
+    fn merge_flow_state(&mut self, when: &str) -> Result<(), Error> {
+        let Some(newest) = self.migrated_versions.first().copied() else {
+            return Ok(());
+        };
+        let started = if self.converted_at_nanoseconds == 0 {
+            0
+        } else {
+            system::monotonic_nanoseconds()
+        };
+        for name in schema::FLOW_STATE_MAPS {
+            let merged = migrate::merge_flow_state(
+                self.settings.schema,
+                &self.settings.pin_directory,
+                newest,
+                name,
+                self.converted_at_nanoseconds,
+            )?;
+            if merged > 0 {
+                tracing::info!(map = %name, from_version = newest, entries = merged, "merged flow state written by the old programs {when}");
+            }
+        }
+        self.converted_at_nanoseconds = started;
+        Ok(())
+    }
+
+    /// Right before the first hook of a converting process switches: merges what
+    /// the old programs wrote while the new ones were being verified (hundreds of
+    /// milliseconds), so only flows opened during the switch itself wait for the
+    /// merge after it.
+    fn merge_before_the_switch(&mut self) -> Result<(), Error> {
+        if self.switch_started || self.converted_at_nanoseconds == 0 {
+            return Ok(());
+        }
+        self.merge_flow_state("while the new programs were loaded")?;
+        self.switch_started = true;
+        Ok(())
     }
 
     /// Removes this agent's programs from one interface (its links and pins).
@@ -337,20 +384,7 @@ impl Datapath {
         }
         // Only the newest older version was taken over; any older ones are
         // leftovers whose state is already in it.
-        if let Some(newest) = self.migrated_versions.first().copied() {
-            for name in schema::FLOW_STATE_MAPS {
-                let merged = migrate::merge_flow_state(
-                    self.settings.schema,
-                    &self.settings.pin_directory,
-                    newest,
-                    name,
-                    self.converted_at_nanoseconds,
-                )?;
-                if merged > 0 {
-                    tracing::info!(map = %name, from_version = newest, entries = merged, "merged flow state written by the old programs during the switch");
-                }
-            }
-        }
+        self.merge_flow_state("during the switch")?;
         for version in std::mem::take(&mut self.migrated_versions) {
             migrate::finish(&self.settings.pin_directory, version)?;
             tracing::info!(version, "removed the pins of an older schema version");
