@@ -9,7 +9,7 @@
 //!
 //! Layout:
 //! - `node` (pure): what the agent takes from its Node, and whether an update matters.
-//! - `store` (pure): the watched collections in the model, replaced whole on relists.
+//! - `store` (pure): the changes watchers send (a whole list, or one object).
 //! - `status` (pure): the DataplaneNode status from the agent's state.
 //! - `agent`: the state machine between inputs and the datapath (tested with fakes).
 //! - `datapath`: the datapath trait and its loader-backed implementation.

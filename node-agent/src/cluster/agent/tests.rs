@@ -596,3 +596,30 @@ fn only_services_with_a_health_check_port_are_answered_with_their_local_endpoint
     agent.receive(Input::Services(StoreChange::Remove(key_of("api"))), later);
     assert!(agent.local_service_health().is_empty());
 }
+
+#[test]
+fn a_watch_event_before_the_first_complete_list_does_not_open_the_gate() {
+    let start = Instant::now();
+    let mut agent =
+        ClusterAgent::start(settings(), FakeDatapath::default(), start).expect("starts");
+    agent.receive(
+        Input::Services(StoreChange::Upsert(key_of("web"), service().into())),
+        start,
+    );
+    agent.receive(
+        Input::EndpointSlices(StoreChange::Upsert(key_of("web-1"), slice())),
+        start,
+    );
+    agent.receive(Input::Node(node_facts(&["10.99.0.11"])), start);
+    agent.receive(host(None, &["p-client"]), start);
+    agent.receive(dataplane_node(DataplaneMode::Ebpf, 1), start);
+    agent.tick(start, wall());
+    assert!(!agent.gate_is_open(), "single events are not a list");
+    assert_eq!(agent.datapath.maps.mutations_attempted, 0);
+    for input in every_input_but_the_dataplane_node() {
+        agent.receive(input, start);
+    }
+    agent.tick(start, wall());
+    assert!(agent.gate_is_open());
+    assert!(agent.datapath.maps.mutations_applied > 0);
+}
