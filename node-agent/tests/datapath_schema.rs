@@ -139,15 +139,12 @@ type RawEntries = Vec<(Vec<u8>, Vec<u8>)>;
 fn raw_entries(path: &Path) -> RawEntries {
     let map = system::open_pinned(path).expect("open map");
     let shape = system::map_shape(map.as_fd()).expect("map shape");
-    system::map_keys(map.as_fd(), shape.key_size as usize)
-        .expect("list keys")
-        .into_iter()
-        .filter_map(|key| {
-            let value = system::map_lookup(map.as_fd(), &key, shape.value_size as usize)
-                .expect("lookup")?;
-            Some((key, value))
-        })
-        .collect()
+    system::map_entries(
+        map.as_fd(),
+        shape.key_size as usize,
+        shape.value_size as usize,
+    )
+    .expect("read the entries")
 }
 
 fn pod<T: aya::Pod>(bytes: &[u8]) -> T {

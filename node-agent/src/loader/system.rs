@@ -216,7 +216,6 @@ pub fn interface_name(index: u32) -> Option<String> {
 const BPF_MAP_CREATE: libc::c_long = 0;
 const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
 const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
-const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
 /// `BPF_NOEXIST`: insert only if the key is absent.
 pub const UPDATE_NO_EXIST: u64 = 1;
 /// `BPF_ANY`: insert or overwrite.
@@ -264,31 +263,6 @@ fn element_attribute(map: BorrowedFd<'_>, key: u64, value: u64, flags: u64) -> [
     put_u64(&mut attribute, 16, value);
     put_u64(&mut attribute, 24, flags);
     attribute
-}
-
-/// Every key of a hash or array map, as raw bytes of `key_size`. Keys deleted
-/// while listing are simply missing; a key deleted under our feet restarts the
-/// walk from the start (as `bpf_map_get_next_key` does), which the set removes.
-pub fn map_keys(map: BorrowedFd<'_>, key_size: usize) -> io::Result<Vec<Vec<u8>>> {
-    let mut keys: Vec<Vec<u8>> = Vec::new();
-    let mut seen = std::collections::HashSet::new();
-    let mut current: Option<Vec<u8>> = None;
-    loop {
-        let mut next = vec![0u8; key_size];
-        let key_pointer = current.as_ref().map_or(0, |key| key.as_ptr() as u64);
-        let mut attribute = element_attribute(map, key_pointer, next.as_mut_ptr() as u64, 0);
-        match bpf(BPF_MAP_GET_NEXT_KEY, &mut attribute) {
-            Ok(_) => {}
-            Err(error) if error.raw_os_error() == Some(libc::ENOENT) => return Ok(keys),
-            Err(error) => return Err(error),
-        }
-        if !seen.insert(next.clone()) {
-            // The walk restarted (an entry was evicted): every key is listed.
-            return Ok(keys);
-        }
-        keys.push(next.clone());
-        current = Some(next);
-    }
 }
 
 const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
