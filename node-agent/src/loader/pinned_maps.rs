@@ -11,7 +11,7 @@ use switchyard_common::{
     TCP_STATE_RESET,
 };
 
-use super::{system, version_directory};
+use super::{schema, system, version_directory};
 use crate::{maps::ServiceMaps, Error};
 
 /// Opens one pinned map as an `aya::maps::Map`.
@@ -47,7 +47,8 @@ pub struct Counters {
 pub struct PinnedServiceMaps {
     frontends: HashMap<MapData, FrontendKey, FrontendValue>,
     backend_slots: HashMap<MapData, BackendSlotKey, BackendValue>,
-    conntrack: HashMap<MapData, ConntrackKey, ConntrackValue>,
+    /// Read in batches through its descriptor (see `conntrack_entries`).
+    conntrack: std::os::fd::OwnedFd,
     config: Array<MapData, DatapathConfig>,
     counters: PerCpuArray<MapData, u64>,
 }
@@ -68,10 +69,28 @@ impl PinnedServiceMaps {
                 open_map(directory, map_names::BACKEND_SLOTS)?,
                 map_names::BACKEND_SLOTS,
             )?,
-            conntrack: typed(
-                open_map(directory, map_names::CONNTRACK)?,
-                map_names::CONNTRACK,
-            )?,
+            conntrack: {
+                let read_error = |reason: String| Error::ReadMap {
+                    map: map_names::CONNTRACK,
+                    reason,
+                };
+                let path = directory.join(map_names::CONNTRACK);
+                let map = system::open_pinned(&path)
+                    .map_err(|error| read_error(format!("cannot open the pin: {error}")))?;
+                let shape = system::map_shape(std::os::fd::AsFd::as_fd(&map))
+                    .map_err(|error| read_error(error.to_string()))?;
+                let expected = (
+                    std::mem::size_of::<ConntrackKey>() as u32,
+                    std::mem::size_of::<ConntrackValue>() as u32,
+                );
+                if (shape.key_size, shape.value_size) != expected {
+                    return Err(read_error(format!(
+                        "unexpected layout: key {} and value {} bytes, not {} and {}",
+                        shape.key_size, shape.value_size, expected.0, expected.1
+                    )));
+                }
+                map
+            },
             config: typed(open_map(directory, map_names::CONFIG)?, map_names::CONFIG)?,
             counters: typed(
                 open_map(directory, map_names::COUNTERS)?,
@@ -103,23 +122,25 @@ impl PinnedServiceMaps {
         })
     }
 
-    /// Every conntrack entry (a snapshot; the programs keep writing).
+    /// Every conntrack entry (a snapshot; the programs keep writing). Read in
+    /// batches: a key-by-key walk starts over whenever the LRU evicts the key it
+    /// would continue from, and so counts entries twice under load.
     pub fn conntrack_entries(&self) -> Result<Vec<(ConntrackKey, ConntrackValue)>, Error> {
-        let mut entries = Vec::new();
-        for entry in self.conntrack.iter() {
-            match entry {
-                Ok(entry) => entries.push(entry),
-                // An entry evicted between listing its key and reading it.
-                Err(aya::maps::MapError::KeyNotFound) => {}
-                Err(error) => {
-                    return Err(Error::ReadMap {
-                        map: map_names::CONNTRACK,
-                        reason: error.to_string(),
-                    })
-                }
-            }
-        }
-        Ok(entries)
+        use std::os::fd::AsFd as _;
+        let read_error = |reason: String| Error::ReadMap {
+            map: map_names::CONNTRACK,
+            reason,
+        };
+        let raw = system::map_entries(
+            self.conntrack.as_fd(),
+            std::mem::size_of::<ConntrackKey>(),
+            std::mem::size_of::<ConntrackValue>(),
+        )
+        .map_err(|error| read_error(error.to_string()))?;
+        Ok(raw
+            .iter()
+            .filter_map(|(key, value)| Some((schema::from_bytes(key)?, schema::from_bytes(value)?)))
+            .collect())
     }
 
     /// Live TCP flows in Switchyard's conntrack: what a draining agent waits for.
