@@ -254,9 +254,97 @@ pub fn measure(
         row.servers_restarted as f64,
         "servers",
     );
+    if system == System::Switchyard {
+        // What the programs counted over the whole configuration (warm-up included):
+        // errors, and flows the programs could not translate, say where a failure
+        // came from.
+        match datapath_counters(&running.pin_directory) {
+            Ok(counters) => {
+                eprintln!(
+                    "bench: switchyard datapath counters at {services} Services: {}",
+                    counters
+                        .iter()
+                        .map(|(name, value)| format!("{name} {value}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+                for (name, value) in counters {
+                    summary.record(
+                        NAME,
+                        label,
+                        scale,
+                        &format!("datapath-{name}"),
+                        value as f64,
+                        "packets",
+                    );
+                }
+            }
+            Err(error) => eprintln!("bench: switchyard datapath counters: {error}"),
+        }
+    }
     running.stop();
     drop(topology);
     Ok(row)
+}
+
+/// Names of the programs' per-CPU counters, by index (`switchyard_common::counter`).
+const COUNTER_NAMES: [&str; 7] = [
+    "translated",
+    "no-backend",
+    "conntrack-hit",
+    "conntrack-miss",
+    "error",
+    "passed-untracked",
+    "reverse-translated",
+];
+
+/// The programs' per-CPU counters, summed over CPUs, read with bpftool from the
+/// agent's pins (the bench does not link the agent's map code).
+fn datapath_counters(pin_directory: &Path) -> Result<Vec<(&'static str, u64)>> {
+    let pattern = format!("{}/v*/SY_COUNTERS", pin_directory.display());
+    let output = crate::topology::sh(&format!(
+        "for map in {pattern}; do bpftool --json map dump pinned \"$map\"; done"
+    ))?;
+    let entries: Vec<serde_json::Value> = serde_json::from_str(output.trim())
+        .map_err(|error| Error::Load(format!("failed to read the counters: {error}")))?;
+    let mut sums = vec![0u64; COUNTER_NAMES.len()];
+    for entry in entries {
+        // bpftool prints a per-CPU array as {"key": n, "values": [{"cpu", "value"}]}
+        // when the map has BTF, and as byte arrays otherwise.
+        let index = entry
+            .get("key")
+            .and_then(json_number)
+            .or_else(|| entry.get("formatted")?.get("key").and_then(json_number));
+        let values = entry
+            .get("values")
+            .or_else(|| entry.get("formatted")?.get("values"))
+            .and_then(|values| values.as_array());
+        let (Some(index), Some(values)) = (index, values) else {
+            continue;
+        };
+        if let Some(sum) = sums.get_mut(index as usize) {
+            *sum += values
+                .iter()
+                .filter_map(|value| value.get("value").and_then(json_number))
+                .sum::<u64>();
+        }
+    }
+    Ok(COUNTER_NAMES.iter().copied().zip(sums).collect())
+}
+
+/// A number as bpftool prints it: a JSON number, or little-endian hex bytes.
+fn json_number(value: &serde_json::Value) -> Option<u64> {
+    if let Some(number) = value.as_u64() {
+        return Some(number);
+    }
+    let bytes = value.as_array()?;
+    let mut number = 0u64;
+    for (index, byte) in bytes.iter().enumerate().take(8) {
+        let text = byte.as_str()?;
+        let byte = u64::from_str_radix(text.trim_start_matches("0x"), 16).ok()?;
+        number |= byte << (8 * index);
+    }
+    Some(number)
 }
 
 fn report_failure(system: System, workload: &str, report: &LoadReport) {
