@@ -207,8 +207,10 @@ impl fmt::Display for TrafficReport {
             for failure in flow.failures.iter().take(20) {
                 writeln!(
                     formatter,
-                    "    at {:>8.3?}: {}",
-                    failure.after, failure.cause
+                    "    at {:>8.3?} ({} UTC): {}",
+                    failure.after,
+                    time_of_day(failure.at),
+                    failure.cause
                 )?;
             }
             if flow.failures.len() > 20 {
@@ -217,6 +219,19 @@ impl fmt::Display for TrafficReport {
         }
         Ok(())
     }
+}
+
+/// `HH:MM:SS.mmm` (UTC) of a wall-clock time, to find a failure in the components' logs.
+fn time_of_day(at: SystemTime) -> String {
+    let since_epoch = at.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let seconds = since_epoch.as_secs() % 86_400;
+    format!(
+        "{:02}:{:02}:{:02}.{:03}",
+        seconds / 3600,
+        seconds / 60 % 60,
+        seconds % 60,
+        since_epoch.subsec_millis()
+    )
 }
 
 // ---------------------------------------------------------------------------
@@ -547,6 +562,13 @@ async fn long_lived_loop(
 mod tests {
     use super::*;
     use std::io::{Error, ErrorKind};
+
+    #[test]
+    fn failure_times_are_shown_as_utc_time_of_day() {
+        // 2026-11-22T05:05:47.512Z
+        let at = std::time::UNIX_EPOCH + Duration::from_millis(1_795_323_947_512);
+        assert_eq!(time_of_day(at), "05:05:47.512");
+    }
 
     #[test]
     fn io_errors_map_to_their_causes() {
