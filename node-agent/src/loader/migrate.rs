@@ -13,10 +13,13 @@
 //!    step, so a process that dies half way leaves a staging directory (removed
 //!    and redone by the next one), never a half-filled `v<N>`.
 //! 3. The new programs are loaded against the new maps; the caller attaches them
-//!    (each hook's link is updated in place, so no hook is ever empty).
+//!    (each hook's link is updated in place, so no hook is ever empty). Right
+//!    before the first hook switches, [`merge_flow_state`] copies into the new
+//!    flow-state maps what the old programs wrote while the new ones were
+//!    verified.
 //! 4. Once every pinned hook runs one of the new programs, [`merge_flow_state`]
-//!    copies into the new flow-state maps what the old programs wrote since
-//!    step 2, and [`finish`] removes the old version's pins.
+//!    copies what the old programs wrote since, and [`finish`] removes the old
+//!    version's pins.
 
 use std::{
     os::fd::AsFd as _,

@@ -218,15 +218,17 @@ impl Datapath {
         let old_path = |name: &str, version: u32| {
             self::version_directory(&settings.pin_directory, version).join(name)
         };
-        let reused: Vec<(&str, PathBuf)> = plan
+        let reused: Vec<(&str, u32, PathBuf)> = plan
             .maps
             .iter()
             .filter_map(|(name, source)| match source {
-                schema::MapSource::Reuse { version } => Some((*name, old_path(name, *version))),
+                schema::MapSource::Reuse { version } => {
+                    Some((*name, *version, old_path(name, *version)))
+                }
                 _ => None,
             })
             .collect();
-        for (name, path) in &reused {
+        for (name, _, path) in &reused {
             loader.map_pin_path(name, path.as_path());
         }
         let mut ebpf = loader
@@ -234,9 +236,9 @@ impl Datapath {
             .map_err(|error| Error::LoadPrograms {
                 reason: describe(&error),
             })?;
-        for (name, path) in &reused {
+        for (name, version, path) in &reused {
             let fd = system::open_pinned(path).map_err(|error| Error::MigrateMaps {
-                from_version: 0,
+                from_version: *version,
                 reason: format!("cannot open {}: {error}", path.display()),
             })?;
             pin_fd(&fd, &maps_directory.join(name))?;
