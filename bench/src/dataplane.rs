@@ -12,11 +12,14 @@ use crate::report::{number, percentile, Spread, Summary, Table};
 use crate::systems::{probe_targets, Binaries, Running, System};
 use crate::topology::{
     backend_address, service_address, service_is_tcp, Prober, Topology, BACKEND_TCP_PORT,
-    BACKEND_UDP_PORT, CLIENT_NAMESPACE, SERVICE_TCP_PORT, SERVICE_UDP_PORT,
+    BACKEND_UDP_PORT, CLIENT_NAMESPACE, NODE_NAMESPACE, SERVICE_TCP_PORT, SERVICE_UDP_PORT,
 };
 
 pub const BACKENDS: u32 = 10;
 pub const NAME: &str = "dataplane";
+/// Set (to anything): the `direct` row runs with netfilter connection tracking
+/// on in the node's namespace (see `measure`), labelled `direct-with-conntrack`.
+pub const DIRECT_WITH_CONNTRACK: &str = "SWITCHYARD_BENCH_DIRECT_CONNTRACK";
 
 #[derive(Clone, Debug)]
 pub struct DataplaneSettings {
@@ -127,8 +130,20 @@ pub fn measure(
     let mut topology = Topology::build(work, BACKENDS, &binaries.bench)?;
     let prober = Prober::new(CLIENT_NAMESPACE)?;
     let mut running = Running::start(system, binaries, work, "1h")?;
+    let mut label = system.label().to_string();
+    if system == System::Direct && std::env::var_os(DIRECT_WITH_CONNTRACK).is_some() {
+        // Diagnostic: with no rule at all, netfilter does not track connections in
+        // the node's namespace, while the agent's rules (like kube-proxy's or any
+        // CNI's) turn connection tracking on for every packet. This rule (what
+        // kube-proxy's KUBE-FORWARD holds) turns it on for the direct path too, so
+        // the difference to Switchyard is the TC programs alone.
+        crate::topology::sh(&format!(
+            "ip netns exec {NODE_NAMESPACE} iptables -A FORWARD -m conntrack --ctstate INVALID -j DROP"
+        ))?;
+        label = format!("{label}-with-conntrack");
+    }
     let mut row = Row {
-        system: system.label().to_string(),
+        system: label.clone(),
         ..Row::default()
     };
     if system != System::Direct {
@@ -197,7 +212,7 @@ pub fn measure(
         }
     }
     let scale = services as u64;
-    let label = system.label();
+    let label = label.as_str();
     summary.record_runs(
         NAME,
         label,

@@ -259,8 +259,17 @@ fn try_ingress(ctx: &TcContext, scope: u8) -> Result<i32, ()> {
             return Ok(on_conntrack_hit(ctx, &packet, entry, config, now));
         }
     }
-    Ok(on_conntrack_miss(ctx, &packet, config, scope, now))
+    match on_conntrack_miss(ctx, &packet, config, scope, now) {
+        // Refused from here rather than from inside: `refuse` and
+        // `on_conntrack_miss` then never add up on the stack.
+        REFUSE => Ok(refuse(ctx, &packet)),
+        action => Ok(action),
+    }
 }
+
+/// What `on_conntrack_miss` returns for a new flow to a frontend without
+/// backends (no TC action has this value): the caller answers it with `refuse`.
+const REFUSE: i32 = i32::MIN;
 
 // The two halves of ingress are functions of their own (BPF-to-BPF calls), so
 // their stack frames do not add up against the verifier's 512-byte limit for the
@@ -329,7 +338,7 @@ fn try_conntrack_miss(
     }
     if flow.frontend.backend_count == 0 {
         count(counter::NO_BACKEND);
-        return Ok(refuse(ctx, packet));
+        return Ok(REFUSE);
     }
     flow.key = packet.conntrack_key();
     open_flow(ctx, packet, flow, config, now)
