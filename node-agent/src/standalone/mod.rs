@@ -107,6 +107,16 @@ pub struct Standalone<D: Datapath, H: HostView> {
     /// When the last full sync started; the next is due a resync period later.
     last_full_sync: Option<Instant>,
     resync_wanted: bool,
+    /// Successful syncs by kind, since start (logs and tests).
+    pub sync_counts: SyncCounts,
+}
+
+/// Successful syncs by kind.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SyncCounts {
+    pub partial: u64,
+    pub full: u64,
+    pub resync: u64,
 }
 
 /// How often a full sync re-reads the maps and recomputes every Service (the
@@ -175,6 +185,7 @@ impl<D: Datapath, H: HostView> Standalone<D, H> {
             inputs: SyncInputs::default(),
             last_full_sync: None,
             resync_wanted: false,
+            sync_counts: SyncCounts::default(),
         })
     }
 
@@ -333,6 +344,11 @@ impl<D: Datapath, H: HostView> Standalone<D, H> {
             Ok(None) => {}
             Ok(Some(outcome)) => {
                 let operations = outcome.report.operation_count();
+                match outcome.kind {
+                    SyncKind::Partial { .. } => self.sync_counts.partial += 1,
+                    SyncKind::Full => self.sync_counts.full += 1,
+                    SyncKind::Resync => self.sync_counts.resync += 1,
+                }
                 let services = match outcome.kind {
                     SyncKind::Partial { services } => services,
                     SyncKind::Full | SyncKind::Resync => {

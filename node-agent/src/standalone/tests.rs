@@ -394,3 +394,67 @@ fn programs_found_attached_but_never_activated_are_activated() {
         Some(DATAPATH_MODE_ACTIVE)
     );
 }
+
+#[test]
+fn a_change_to_one_services_manifest_is_a_partial_sync_and_a_resync_follows_the_period() {
+    let directory = TempDirectory::new("partial");
+    write(&directory, "web.yaml", SERVICE);
+    // "name: web}" also renames the slice's service-name label.
+    let api = SERVICE
+        .replace("name: web}", "name: api}")
+        .replace("name: web-1,", "name: api-1,")
+        .replace("10.96.0.10", "10.96.0.20")
+        .replace("nodePort: 30080", "nodePort: 30081");
+    write(&directory, "api.yaml", &api);
+    let now = Instant::now();
+    let mut agent = Standalone::start(options(&directory.0), FakeDatapath::default(), host(), now)
+        .expect("starts");
+    agent.tick(now);
+    assert_eq!(
+        agent.sync_counts,
+        SyncCounts {
+            full: 1,
+            ..SyncCounts::default()
+        }
+    );
+    let api_entries: Vec<_> = agent
+        .datapath
+        .maps
+        .state
+        .frontends
+        .iter()
+        .filter(|(key, _)| u16::from_be(key.port_big_endian) == 30081 || key.address[15] == 20)
+        .map(|(key, value)| (*key, *value))
+        .collect();
+    assert_eq!(api_entries.len(), 3, "ClusterIP and NodePort in two scopes");
+
+    // web loses an endpoint: only web is recomputed and written.
+    let writes = agent.datapath.maps.mutations_attempted;
+    write(
+        &directory,
+        "web.yaml",
+        &SERVICE.replace("- {addresses: [10.0.0.6], nodeName: node-a}\n", ""),
+    );
+    agent.tick(now + Duration::from_secs(1));
+    assert_eq!(agent.sync_counts.partial, 1);
+    assert_eq!(
+        agent.datapath.maps.state.frontends[&node_port_key()].backend_count,
+        1
+    );
+    // web's 3 frontends (new count) and its vacated slot; api untouched.
+    assert_eq!(agent.datapath.maps.mutations_attempted - writes, 4);
+    for (key, value) in &api_entries {
+        assert_eq!(agent.datapath.maps.state.frontends.get(key), Some(value));
+    }
+
+    // The periodic resync re-reads the maps and finds nothing to correct.
+    let writes = agent.datapath.maps.mutations_attempted;
+    agent.tick(now + FULL_RESYNC_PERIOD - Duration::from_secs(1));
+    assert_eq!(
+        agent.sync_counts.resync, 0,
+        "not yet: a period after the first sync"
+    );
+    agent.tick(now + FULL_RESYNC_PERIOD);
+    assert_eq!(agent.sync_counts.resync, 1);
+    assert_eq!(agent.datapath.maps.mutations_attempted, writes);
+}
