@@ -56,6 +56,10 @@ pub async fn run(
             "operator RSS (peak)",
         ],
     );
+    let mut requests_table = Table::new(
+        "Operator API requests during the transition, by verb and resource",
+        &["nodes", "request", "count", "per node"],
+    );
     for (round, nodes) in plan.node_counts.iter().copied().enumerate() {
         println!("operator scale: {nodes} nodes");
         let scale = nodes as u64;
@@ -141,6 +145,24 @@ pub async fn run(
         );
         summary.record(NAME, system, scale, "rss", figures.rss_mib, "MiB");
         summary.record(NAME, system, scale, "peak-rss", figures.peak_rss_mib, "MiB");
+        for (verb, count) in &figures.requests_by_verb {
+            summary.record(
+                NAME,
+                system,
+                scale,
+                &format!("api-requests-per-node-{verb}"),
+                *count as f64 / nodes as f64,
+                "requests",
+            );
+        }
+        for (request, count) in &figures.requests_by_verb_and_resource {
+            requests_table.row(vec![
+                number(nodes as f64, 0),
+                request.clone(),
+                number(*count as f64, 0),
+                number(*count as f64 / nodes as f64, 3),
+            ]);
+        }
         let mut verbs: Vec<String> = figures
             .requests_by_verb
             .iter()
@@ -172,6 +194,12 @@ pub async fn run(
     );
     print!("{}", table.render());
     tables.push(table);
+    requests_table.note(
+        "From the API server's audit log, the operator's user only, from the DataplaneConfig's \
+         creation to Ready; a watch counts once, when it is opened.",
+    );
+    print!("{}", requests_table.render());
+    tables.push(requests_table);
     Ok(())
 }
 
@@ -183,6 +211,7 @@ struct TransitionFigures {
     reconcile_p99: f64,
     requests: u64,
     requests_by_verb: BTreeMap<String, u64>,
+    requests_by_verb_and_resource: BTreeMap<String, u64>,
     rss_mib: f64,
     peak_rss_mib: f64,
 }
@@ -243,7 +272,10 @@ async fn transition(
                     .to_string(),
             ),
             ("POD_NAMESPACE".into(), OPERATOR_NAMESPACE.into()),
-            ("RUST_LOG".into(), "info".into()),
+            (
+                "RUST_LOG".into(),
+                "info,switchyard_operator::controller=debug".into(),
+            ),
         ],
         &work.join(format!("operator-{round}.log")),
     )?;
@@ -323,13 +355,20 @@ async fn transition(
     let reconciles = reconcile_after.subtract(&reconcile_before);
     // The audit log is written in batches: let the last ones land.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let (requests, requests_by_verb) = count_audit_requests(
+    let audit = count_audit_requests(
         &control_plane.audit_log,
         "switchyard-operator",
         started_unix_us,
         ended_unix_us,
     );
     let waiting_on_agents = waiting_on_agents(&answers, started_unix_us, ended_unix_us);
+    keep_logs(&[
+        (&control_plane.audit_log, format!("audit-{nodes}.log")),
+        (
+            &work.join(format!("operator-{round}.log")),
+            format!("operator-{nodes}.log"),
+        ),
+    ]);
     operator.stop(Duration::from_secs(5));
     agents.stop(Duration::from_secs(2));
     control_plane.stop();
@@ -339,11 +378,27 @@ async fn transition(
         reconciles: reconciles.count,
         reconcile_p50: reconciles.quantile(0.5),
         reconcile_p99: reconciles.quantile(0.99),
-        requests,
-        requests_by_verb,
+        requests: audit.total,
+        requests_by_verb: audit.by_verb,
+        requests_by_verb_and_resource: audit.by_verb_and_resource,
         rss_mib,
         peak_rss_mib,
     })
+}
+
+/// With `SWITCHYARD_BENCH_KEEP_OPERATOR_LOGS=<directory>`, copies the audit log and the
+/// operator's log there (the work directory goes away with the run), for a closer look.
+fn keep_logs(files: &[(&Path, String)]) {
+    let Some(directory) = std::env::var_os("SWITCHYARD_BENCH_KEEP_OPERATOR_LOGS") else {
+        return;
+    };
+    let directory = Path::new(&directory);
+    let _ = std::fs::create_dir_all(directory);
+    for (source, name) in files {
+        if let Err(error) = std::fs::copy(source, directory.join(name)) {
+            eprintln!("bench: failed to keep {}: {error}", source.display());
+        }
+    }
 }
 
 fn tail(text: &str, lines: usize) -> String {
@@ -528,17 +583,20 @@ fn reconcile_histogram() -> Option<Histogram> {
     )
 }
 
+/// Requests by one user in an audit log window: in all, per verb, and per verb and
+/// resource (`patch dataplanenodes`, `patch dataplaneconfigs/status`, ...).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct AuditCount {
+    pub total: u64,
+    pub by_verb: BTreeMap<String, u64>,
+    pub by_verb_and_resource: BTreeMap<String, u64>,
+}
+
 /// Requests by `user` in a JSON audit log between two instants (µs since the
-/// epoch, by `requestReceivedTimestamp`): the total and per verb.
-pub fn count_audit_requests(
-    log: &Path,
-    user: &str,
-    from_us: u64,
-    to_us: u64,
-) -> (u64, BTreeMap<String, u64>) {
+/// epoch, by `requestReceivedTimestamp`).
+pub fn count_audit_requests(log: &Path, user: &str, from_us: u64, to_us: u64) -> AuditCount {
     let text = std::fs::read_to_string(log).unwrap_or_default();
-    let mut total = 0;
-    let mut by_verb = BTreeMap::new();
+    let mut count = AuditCount::default();
     for line in text.lines() {
         let Ok(event) = serde_json::from_str::<serde_json::Value>(line) else {
             continue;
@@ -554,11 +612,23 @@ pub fn count_audit_requests(
         if received < from_us || received > to_us {
             continue;
         }
-        total += 1;
+        count.total += 1;
         let verb = event["verb"].as_str().unwrap_or("?").to_string();
-        *by_verb.entry(verb).or_insert(0) += 1;
+        let resource = match (
+            event["objectRef"]["resource"].as_str(),
+            event["objectRef"]["subresource"].as_str(),
+        ) {
+            (Some(resource), Some(subresource)) => format!("{resource}/{subresource}"),
+            (Some(resource), None) => resource.to_owned(),
+            (None, _) => "(no resource)".to_owned(),
+        };
+        *count
+            .by_verb_and_resource
+            .entry(format!("{verb} {resource}"))
+            .or_insert(0) += 1;
+        *count.by_verb.entry(verb).or_insert(0) += 1;
     }
-    (total, by_verb)
+    count
 }
 
 /// The time within `[from, to]` during which at least one agent was sitting on
@@ -780,8 +850,8 @@ mod tests {
         std::fs::write(
             &log,
             concat!(
-                "{\"user\":{\"username\":\"switchyard-operator\"},\"verb\":\"list\",\"requestReceivedTimestamp\":\"2026-01-01T00:00:01.000000Z\"}\n",
-                "{\"user\":{\"username\":\"switchyard-operator\"},\"verb\":\"patch\",\"requestReceivedTimestamp\":\"2026-01-01T00:00:02.000000Z\"}\n",
+                "{\"user\":{\"username\":\"switchyard-operator\"},\"verb\":\"list\",\"objectRef\":{\"resource\":\"nodes\"},\"requestReceivedTimestamp\":\"2026-01-01T00:00:01.000000Z\"}\n",
+                "{\"user\":{\"username\":\"switchyard-operator\"},\"verb\":\"patch\",\"objectRef\":{\"resource\":\"dataplanenodes\"},\"requestReceivedTimestamp\":\"2026-01-01T00:00:02.000000Z\"}\n",
                 "{\"user\":{\"username\":\"bench\"},\"verb\":\"create\",\"requestReceivedTimestamp\":\"2026-01-01T00:00:02.000000Z\"}\n",
                 "{\"user\":{\"username\":\"switchyard-operator\"},\"verb\":\"get\",\"requestReceivedTimestamp\":\"2026-01-01T00:00:09.000000Z\"}\n",
             ),
@@ -790,12 +860,16 @@ mod tests {
         let start = chrono::DateTime::parse_from_rfc3339("2026-01-01T00:00:00Z")
             .expect("time")
             .timestamp_micros() as u64;
-        let (total, by_verb) =
-            count_audit_requests(&log, "switchyard-operator", start, start + 5_000_000);
+        let count = count_audit_requests(&log, "switchyard-operator", start, start + 5_000_000);
         let _ = std::fs::remove_dir_all(&directory);
-        assert_eq!(total, 2);
-        assert_eq!(by_verb.get("list"), Some(&1));
-        assert_eq!(by_verb.get("patch"), Some(&1));
+        assert_eq!(count.total, 2);
+        assert_eq!(count.by_verb.get("list"), Some(&1));
+        assert_eq!(count.by_verb.get("patch"), Some(&1));
+        assert_eq!(
+            count.by_verb_and_resource.get("patch dataplanenodes"),
+            Some(&1)
+        );
+        assert_eq!(count.by_verb_and_resource.get("list nodes"), Some(&1));
     }
 
     #[test]

@@ -2,11 +2,13 @@
 //! DataplaneNodes, Nodes, the kube-proxy DaemonSet and its pods, and the agent DaemonSet and its
 //! pods (all mapped to the DataplaneConfig named `default`).
 //!
-//! One reconcile: read a snapshot of the cluster ([`fetch`], then the pure
-//! [`snapshot::observe`]) -> [`plan`] -> apply the plan (Server-Side Apply of DataplaneNode specs
-//! as `switchyard-operator`, the kube-proxy nodeSelector patch, agent pod deletions) -> publish
-//! the status (Server-Side Apply on the status subresource), with an Event for every step taken
-//! and every refusal.
+//! Every watch fills a reflector store ([`crate::cache`]); one reconcile: wait until the stores
+//! hold every write this operator made ([`OwnWrites`]), take a snapshot from them (no request to
+//! the API server, then the pure [`snapshot::observe`]) -> [`plan`] -> apply the plan
+//! (Server-Side Apply of DataplaneNode specs as `switchyard-operator`, at most
+//! [`MAX_NODE_WRITES_PER_RECONCILE`] per reconcile, the kube-proxy nodeSelector patch, agent pod
+//! deletions) -> publish the status (Server-Side Apply on the status subresource), with an Event
+//! for every step taken and every refusal.
 //!
 //! Without a DataplaneConfig named `default` (never created, or deleted) the operator only
 //! creates the DataplaneNodes that are missing (mode `KubeProxy`): deleting the DataplaneConfig
@@ -14,24 +16,27 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
 use std::time::Duration;
 
 use chrono::Utc;
-use futures::StreamExt;
+use futures::{Stream, StreamExt};
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
-use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, Preconditions};
+use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
+use kube::runtime::reflector::{self, ObjectRef};
+use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 use switchyard_crds::{
     condition_types, find_condition, reasons, ConditionStatus, DataplaneConfig,
     DataplaneConfigStatus, DataplaneNode, KubeProxySpec, DEFAULT_CONFIG_NAME,
 };
 
+use crate::cache::{self, OwnWrites, Stores, WrittenKind, WrittenObject};
 use crate::error::Error;
 use crate::error_policy;
 use crate::events::{reference_to, Occurrence, Recorder};
@@ -40,7 +45,7 @@ use crate::metrics::Metrics;
 use crate::planner::{
     plan, AgentPodDeletion, DataplaneNodeWrite, KubeProxyAction, ObservedCluster, Plan,
 };
-use crate::snapshot::{self, ClusterObjects, SnapshotNames};
+use crate::snapshot::{self, SnapshotNames};
 
 /// The field manager of every write the operator makes.
 pub const FIELD_MANAGER: &str = "switchyard-operator";
@@ -52,8 +57,32 @@ const RESYNC_PERIOD: Duration = Duration::from_secs(300);
 /// has its DataplaneNode (a retry of failed creations; triggers do it at once otherwise).
 const RESYNC_WITHOUT_CONFIG: Duration = Duration::from_secs(30);
 
-/// How long triggers are collected before one reconcile runs (many pods change at once).
-const DEBOUNCE: Duration = Duration::from_millis(500);
+/// How long triggers are collected before one reconcile runs (many pods change at once). Also
+/// the pause before a reconcile continues the writes the previous one left over.
+const DEBOUNCE: Duration = Duration::from_millis(200);
+
+/// The most DataplaneNode writes one reconcile makes, and how long it goes on starting new ones;
+/// the rest follow in the next reconcile right away (it plans again from the stores, which by
+/// then hold these writes, and picks the same remaining nodes: batches go in node-name order).
+/// Bounded work keeps every reconcile short, so a pause, a reversal or a returning kube-proxy is
+/// acted on within one short reconcile even while thousands of nodes are being told something.
+pub const MAX_NODE_WRITES_PER_RECONCILE: usize = 500;
+const NODE_WRITE_TIME_PER_RECONCILE: Duration = Duration::from_millis(100);
+
+/// DataplaneNode writes in flight at once within a reconcile.
+const NODE_WRITE_CONCURRENCY: usize = 16;
+
+/// How long a reconcile waits for the stores' first lists and for its own earlier writes to come
+/// back through the watches before it gives up (and retries with backoff).
+const CACHE_WAIT: Duration = Duration::from_secs(10);
+
+/// Above this many DataplaneNodes created in one reconcile without a DataplaneConfig, one Event
+/// about the DataplaneNode CustomResourceDefinition says so instead of one Event per Node (a
+/// fresh install on 5,000 nodes would otherwise write 5,000 Events).
+const PER_NODE_CREATION_EVENTS: usize = 10;
+
+/// The name of the DataplaneNode CustomResourceDefinition (what bulk creation Events are about).
+const DATAPLANE_NODE_CRD: &str = "dataplanenodes.switchyard.dev";
 
 /// What the controller is told at start.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -73,10 +102,36 @@ pub struct Context {
     pub recorder: Recorder,
     pub metrics: Metrics,
     pub settings: ControllerSettings,
+    /// What the watches have delivered so far.
+    pub stores: Stores,
+    /// The operator's writes its watches have not delivered yet.
+    pub own_writes: Arc<OwnWrites>,
+    /// The store writers, taken by [`run`] (which feeds them from the watches).
+    writers: Mutex<Option<StoreWriters>>,
     /// Where kube-proxy is, as the `default` DataplaneConfig last said (read by the watch
     /// mappers, so that only that DaemonSet's pods trigger reconciles).
     kube_proxy_location: Arc<RwLock<KubeProxyLocation>>,
     consecutive_failures: AtomicU32,
+    /// The DataplaneNode CustomResourceDefinition, once read (bulk creation Events name it).
+    dataplane_node_crd: OnceLock<ObjectReference>,
+    /// Wakes the reconcile of "no DataplaneConfig named `default`".
+    without_config: tokio::sync::Notify,
+    /// Events wait here for the task that publishes them (taken by [`run`]), so that a slow API
+    /// server delays Events, not reconciles. In order, after the step they describe.
+    events: tokio::sync::mpsc::Sender<(ObjectReference, Occurrence)>,
+    event_queue: Mutex<Option<tokio::sync::mpsc::Receiver<(ObjectReference, Occurrence)>>>,
+}
+
+/// Events queued and not yet published, at most (beyond, an Event is logged and dropped).
+const EVENT_QUEUE: usize = 1024;
+
+struct StoreWriters {
+    configs: reflector::store::Writer<DataplaneConfig>,
+    nodes: reflector::store::Writer<Node>,
+    dataplane_nodes: reflector::store::Writer<DataplaneNode>,
+    daemon_sets: reflector::store::Writer<DaemonSet>,
+    pods: reflector::store::Writer<Pod>,
+    revisions: reflector::store::Writer<ControllerRevision>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -93,17 +148,84 @@ impl Context {
         settings: ControllerSettings,
     ) -> Self {
         let defaults = KubeProxySpec::default();
+        let (configs, configs_writer) = reflector::store();
+        let (nodes, nodes_writer) = reflector::store();
+        let (dataplane_nodes, dataplane_nodes_writer) = reflector::store();
+        let (daemon_sets, daemon_sets_writer) = reflector::store();
+        let (pods, pods_writer) = reflector::store();
+        let (revisions, revisions_writer) = reflector::store();
+        let (events, event_queue) = tokio::sync::mpsc::channel(EVENT_QUEUE);
         Self {
             client,
             recorder,
             metrics,
             settings,
+            stores: Stores {
+                configs,
+                nodes,
+                dataplane_nodes,
+                daemon_sets,
+                pods,
+                revisions,
+            },
+            own_writes: Arc::new(OwnWrites::default()),
+            writers: Mutex::new(Some(StoreWriters {
+                configs: configs_writer,
+                nodes: nodes_writer,
+                dataplane_nodes: dataplane_nodes_writer,
+                daemon_sets: daemon_sets_writer,
+                pods: pods_writer,
+                revisions: revisions_writer,
+            })),
             kube_proxy_location: Arc::new(RwLock::new(KubeProxyLocation {
                 namespace: defaults.namespace,
                 name: defaults.daemon_set_name,
             })),
             consecutive_failures: AtomicU32::new(0),
+            dataplane_node_crd: OnceLock::new(),
+            without_config: tokio::sync::Notify::new(),
+            events,
+            event_queue: Mutex::new(Some(event_queue)),
         }
+    }
+
+    /// Queues an Event about `involved` for the publishing task.
+    fn record(&self, involved: &ObjectReference, occurrence: &Occurrence) {
+        if let Err(error) = self.events.try_send((involved.clone(), occurrence.clone())) {
+            tracing::warn!(%error, reason = %occurrence.reason, message = %occurrence.message, "failed to queue an Event");
+        }
+    }
+
+    /// The write of `written` was answered with `version`. A write that changed nothing (the
+    /// object already had that version) brings no watch event: the store holds it already.
+    fn note_written<K>(
+        &self,
+        store: &reflector::Store<K>,
+        written: &WrittenObject,
+        version: Option<String>,
+    ) where
+        K: Resource<DynamicType = ()> + Clone + 'static,
+    {
+        let key = match &written.namespace {
+            Some(namespace) => ObjectRef::<K>::new(&written.name).within(namespace),
+            None => ObjectRef::<K>::new(&written.name),
+        };
+        let in_store = version.is_some()
+            && store
+                .get(&key)
+                .and_then(|object| object.meta().resource_version.clone())
+                == version;
+        if in_store {
+            self.own_writes.already_observed(written);
+        } else {
+            self.own_writes.written(written, version);
+        }
+    }
+
+    /// Waits until the stores are filled and hold every write this operator made.
+    async fn wait_for_fresh_stores(&self) -> Result<(), Error> {
+        self.stores.wait_until_ready(CACHE_WAIT).await?;
+        self.own_writes.wait_until_observed(CACHE_WAIT).await
     }
 }
 
@@ -119,40 +241,144 @@ fn owned_by_daemon_set(pod: &Pod, namespace: &str, name: &str) -> bool {
             .any(|owner| owner.kind == "DaemonSet" && owner.name == name)
 }
 
+/// A watch whose events fill `writer`'s store and are then reported to `own_writes`; yields the
+/// objects touched (for triggers). Relists read the API server's most recent state (not its
+/// watch cache): [`OwnWrites`] counts on a relist that starts after a write to include it.
+fn watched<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    writer: reflector::store::Writer<K>,
+    kind: Option<WrittenKind>,
+    own_writes: Arc<OwnWrites>,
+    trim: impl FnMut(&mut K) + Send + 'static,
+) -> impl Stream<Item = Result<K, watcher::Error>> + Send + 'static
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    reflector::reflector(writer, watcher(api, config).default_backoff().modify(trim))
+        .inspect(move |event| {
+            if let (Some(kind), Ok(event)) = (kind, event) {
+                own_writes.observe(kind, event);
+            }
+        })
+        .touched_objects()
+}
+
 /// Runs the controller until the returned future is dropped (leadership lost) or the watches end.
 pub async fn run(context: Arc<Context>) {
+    let Some(writers) = context
+        .writers
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .take()
+    else {
+        tracing::error!("the controller ran twice with one context; its stores are fed already");
+        return;
+    };
+    let Some(mut event_queue) = context
+        .event_queue
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .take()
+    else {
+        tracing::error!(
+            "the controller ran twice with one context; its Events are published already"
+        );
+        return;
+    };
+    let publisher_context = context.clone();
+    let publish_events = async move {
+        while let Some((involved, occurrence)) = event_queue.recv().await {
+            publisher_context
+                .recorder
+                .publish_or_log(&involved, &occurrence)
+                .await;
+        }
+    };
     let client = context.client.clone();
-    let watch_config = watcher::Config::default().any_semantic();
+    let watch_config = watcher::Config::default();
     let agent_namespace = context.settings.agent_namespace.clone();
     let agent_name = context.settings.agent_daemon_set.clone();
+    let own_writes = context.own_writes.clone();
 
     let location = context.kube_proxy_location.clone();
     let kube_proxy_pods_location = location.clone();
     let (agent_pods_namespace, agent_pods_name) = (agent_namespace.clone(), agent_name.clone());
 
-    let controller = Controller::new(
+    let configs = watched(
         Api::<DataplaneConfig>::all(client.clone()),
         watch_config.clone(),
-    )
-    .with_config(
-        kube::runtime::controller::Config::default()
-            .debounce(DEBOUNCE)
-            .concurrency(1),
-    )
-    .watches(
+        writers.configs,
+        Some(WrittenKind::DataplaneConfig),
+        own_writes.clone(),
+        cache::drop_managed_fields,
+    );
+    let dataplane_nodes = watched(
         Api::<DataplaneNode>::all(client.clone()),
         watch_config.clone(),
-        |_| Some(default_config_ref()),
-    )
-    .watches(
+        writers.dataplane_nodes,
+        Some(WrittenKind::DataplaneNode),
+        own_writes.clone(),
+        cache::drop_managed_fields,
+    );
+    let nodes = watched(
         Api::<Node>::all(client.clone()),
         watch_config.clone(),
-        |_| Some(default_config_ref()),
-    )
-    .watches(
+        writers.nodes,
+        None,
+        own_writes.clone(),
+        cache::trim_node,
+    );
+    let daemon_sets = watched(
         Api::<DaemonSet>::all(client.clone()),
         watch_config.clone(),
-        move |daemon_set| {
+        writers.daemon_sets,
+        Some(WrittenKind::DaemonSet),
+        own_writes.clone(),
+        cache::drop_managed_fields,
+    );
+    let revisions = watched(
+        Api::<ControllerRevision>::namespaced(client.clone(), &agent_namespace),
+        watch_config.clone(),
+        writers.revisions,
+        None,
+        own_writes.clone(),
+        cache::drop_managed_fields,
+    );
+    // Pods of every namespace, but only DaemonSet pods are kept, trimmed to what decisions read.
+    let pod_own_writes = own_writes.clone();
+    let pods = reflector::reflector(
+        writers.pods,
+        watcher(Api::<Pod>::all(client.clone()), watch_config)
+            .default_backoff()
+            .modify(cache::trim_pod)
+            .filter_map(|event| {
+                std::future::ready(event.map(cache::only_daemon_set_pods).transpose())
+            }),
+    )
+    .inspect(move |event| {
+        if let Ok(event) = event {
+            pod_own_writes.observe(WrittenKind::Pod, event);
+        }
+    })
+    .touched_objects();
+
+    let controller = Controller::for_stream(configs, context.stores.configs.clone())
+        .with_config(
+            kube::runtime::controller::Config::default()
+                .debounce(DEBOUNCE)
+                .concurrency(1),
+        )
+        .watches_stream(dataplane_nodes, |_| Some(default_config_ref()))
+        .watches_stream(nodes, |_| Some(default_config_ref()))
+        .watches_stream(revisions, |_| Some(default_config_ref()))
+        .watches_stream(daemon_sets, move |daemon_set| {
             let namespace = daemon_set.namespace().unwrap_or_default();
             let name = daemon_set.name_any();
             let is_agent = namespace == agent_namespace && name == agent_name;
@@ -161,61 +387,71 @@ pub async fn run(context: Arc<Context>) {
                 .map(|location| location.namespace == namespace && location.name == name)
                 .unwrap_or(true);
             (is_agent || is_kube_proxy).then(default_config_ref)
-        },
-    )
-    .watches(Api::<Pod>::all(client.clone()), watch_config, move |pod| {
-        let is_agent = owned_by_daemon_set(&pod, &agent_pods_namespace, &agent_pods_name);
-        let is_kube_proxy = kube_proxy_pods_location
-            .read()
-            .map(|location| owned_by_daemon_set(&pod, &location.namespace, &location.name))
-            .unwrap_or(true);
-        (is_agent || is_kube_proxy).then(default_config_ref)
-    });
+        })
+        .watches_stream(pods, move |pod| {
+            let is_agent = owned_by_daemon_set(&pod, &agent_pods_namespace, &agent_pods_name);
+            let is_kube_proxy = kube_proxy_pods_location
+                .read()
+                .map(|location| owned_by_daemon_set(&pod, &location.namespace, &location.name))
+                .unwrap_or(true);
+            (is_agent || is_kube_proxy).then(default_config_ref)
+        });
 
     let outcomes_context = context.clone();
-    let periodic_context = context.clone();
+    let without_config_context = context.clone();
     let outcomes = controller
         .run(reconcile, error_policy, context)
         .for_each(move |outcome| {
-            let context = outcomes_context.clone();
-            async move {
-                match outcome {
-                    Ok(_) => {}
-                    // Every trigger maps to `default`; when it does not exist, the controller
-                    // reports it missing instead of reconciling, and the operator still creates
-                    // missing DataplaneNodes.
-                    Err(kube::runtime::controller::Error::ObjectNotFound(object))
-                        if object.name == DEFAULT_CONFIG_NAME =>
-                    {
-                        if let Err(error) = reconcile_without_config(&context).await {
-                            context.metrics.reconcile_errors.with_label_values(&[error_policy::step(&error)]).inc();
-                            tracing::warn!(error = %crate::error::describe(&error), "failed to reconcile without a DataplaneConfig");
-                        }
-                    }
-                    Err(error) => tracing::warn!(error = %crate::error::describe(&error), "reconcile failed"),
+            match outcome {
+                Ok(_) => {}
+                // Every trigger maps to `default`; when it does not exist, the controller
+                // reports it missing instead of reconciling, and the operator still creates
+                // missing DataplaneNodes (in its own task: this stream also feeds the stores
+                // that reconcile waits on, so it must not wait here).
+                Err(kube::runtime::controller::Error::ObjectNotFound(object))
+                    if object.name == DEFAULT_CONFIG_NAME =>
+                {
+                    outcomes_context.without_config.notify_one();
+                }
+                Err(error) => {
+                    tracing::warn!(error = %crate::error::describe(&error), "reconcile failed")
                 }
             }
+            std::future::ready(())
         });
     // Without a DataplaneConfig there is no object to requeue: a failed creation of
     // DataplaneNodes is retried on the next trigger, or at the latest by this timer.
-    let periodic = async move {
+    let without_config = async move {
+        let context = without_config_context;
         let mut interval = tokio::time::interval(RESYNC_WITHOUT_CONFIG);
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         loop {
-            interval.tick().await;
-            if let Err(error) = reconcile_without_config(&periodic_context).await {
-                periodic_context
-                    .metrics
-                    .reconcile_errors
-                    .with_label_values(&[error_policy::step(&error)])
-                    .inc();
-                tracing::warn!(error = %crate::error::describe(&error), "failed to reconcile without a DataplaneConfig");
+            tokio::select! {
+                _ = interval.tick() => {}
+                () = context.without_config.notified() => {}
+            }
+            // Creations are bounded per reconcile: go on until none is left.
+            loop {
+                match reconcile_without_config(&context).await {
+                    Ok(true) => continue,
+                    Ok(false) => break,
+                    Err(error) => {
+                        context
+                            .metrics
+                            .reconcile_errors
+                            .with_label_values(&[error_policy::step(&error)])
+                            .inc();
+                        tracing::warn!(error = %crate::error::describe(&error), "failed to reconcile without a DataplaneConfig");
+                        break;
+                    }
+                }
             }
         }
     };
     tokio::select! {
         () = outcomes => {}
-        () = periodic => {}
+        () = without_config => {}
+        () = publish_events => {}
     }
 }
 
@@ -225,18 +461,35 @@ pub async fn reconcile(
     context: Arc<Context>,
 ) -> Result<Action, Error> {
     let timer = context.metrics.reconcile_duration.start_timer();
-    let outcome = if config.name_any() == DEFAULT_CONFIG_NAME {
-        // The controller's cache may not hold the status this operator wrote a moment ago:
-        // decide from the object as the API server has it now.
-        match read_default_config(&context.client).await {
-            Ok(Some(fresh)) => reconcile_default(Some(&fresh), &context).await,
-            Ok(None) => reconcile_default(None, &context).await,
-            Err(error) => Err(error),
+    let started = std::time::Instant::now();
+    let name = config.name_any();
+    let waited = context.wait_for_fresh_stores().await;
+    let waited_for_stores = started.elapsed();
+    let outcome = match waited {
+        Err(error) => Err(error),
+        // The object the controller handed over may predate this operator's last status write:
+        // decide from the store, which now holds it.
+        Ok(()) if config.name_any() == DEFAULT_CONFIG_NAME => {
+            match context.stores.config(DEFAULT_CONFIG_NAME) {
+                Some(fresh) => reconcile_default(Some(&fresh), &context).await,
+                None => {
+                    context.without_config.notify_one();
+                    Ok(None)
+                }
+            }
         }
-    } else {
-        reconcile_ignored(&config, &context).await
+        Ok(()) => {
+            let fresh = context.stores.config(&config.name_any()).unwrap_or(config);
+            reconcile_ignored(&fresh, &context).await
+        }
     };
     timer.observe_duration();
+    tracing::debug!(
+        config = %name,
+        took_ms = started.elapsed().as_millis() as u64,
+        waited_for_stores_ms = waited_for_stores.as_millis() as u64,
+        "reconciled"
+    );
     match outcome {
         Ok(requeue_after) => {
             context.consecutive_failures.store(0, Ordering::SeqCst);
@@ -282,39 +535,29 @@ async fn reconcile_ignored(
     };
     let plan = plan(Some(config), &observed);
     if let Some(status) = &plan.status {
-        publish_refusals(config, status, context).await;
+        publish_refusals(config, status, context);
         if config.status.as_ref() != Some(status) {
-            apply_status(config, status, &context.client).await?;
+            apply_status(config, status, context).await?;
         }
     }
     Ok(None)
 }
 
-/// The DataplaneConfig named `default` as the API server has it now.
-async fn read_default_config(client: &Client) -> Result<Option<DataplaneConfig>, Error> {
-    Api::<DataplaneConfig>::all(client.clone())
-        .get_opt(DEFAULT_CONFIG_NAME)
-        .await
-        .map_err(|source| Error::ReadSnapshot {
-            what: "the DataplaneConfig default",
-            source: source.into(),
-        })
-}
-
 /// No DataplaneConfig named `default`: create missing DataplaneNodes, change nothing else.
-async fn reconcile_without_config(context: &Context) -> Result<(), Error> {
-    // The controller's store may lag: confirm with the API before acting as if there were none.
-    if read_default_config(&context.client).await?.is_some() {
-        return Ok(());
+/// Returns whether creations are left for another round.
+async fn reconcile_without_config(context: &Context) -> Result<bool, Error> {
+    context.wait_for_fresh_stores().await?;
+    if context.stores.config(DEFAULT_CONFIG_NAME).is_some() {
+        return Ok(false);
     }
     let timer = context.metrics.reconcile_duration.start_timer();
-    let outcome = reconcile_default(None, context).await.map(|_| ());
+    let outcome = reconcile_default(None, context).await;
     timer.observe_duration();
-    outcome
+    outcome.map(|requeue_after| requeue_after == Some(Duration::ZERO))
 }
 
 /// The `default` DataplaneConfig (or none): snapshot -> plan -> apply -> status. Returns when to
-/// reconcile again if nothing changes.
+/// reconcile again if nothing changes (`Some(ZERO)` when writes were left for the next round).
 async fn reconcile_default(
     config: Option<&DataplaneConfig>,
     context: &Context,
@@ -328,7 +571,12 @@ async fn reconcile_default(
             name: kube_proxy_spec.daemon_set_name.clone(),
         };
     }
-    let objects = fetch(&context.client, &kube_proxy_spec, &context.settings).await?;
+    let snapshot_started = std::time::Instant::now();
+    let objects = context.stores.objects(
+        &kube_proxy_spec,
+        &context.settings.agent_namespace,
+        &context.settings.agent_daemon_set,
+    );
     let names = SnapshotNames {
         kube_proxy_daemon_set: kube_proxy_spec.daemon_set_name.clone(),
         agent_daemon_set: context.settings.agent_daemon_set.clone(),
@@ -340,61 +588,56 @@ async fn reconcile_default(
         context.settings.api_server_address.is_some(),
     );
     let mut plan = plan(config, &observed);
+    drop(observed);
     if config.is_none() {
         plan = only_creations(plan);
     }
+    // Bounded work per reconcile: the writes left over are planned again (the same ones, in
+    // node-name order) by the next reconcile, which runs at once.
+    plan.dataplane_nodes.truncate(MAX_NODE_WRITES_PER_RECONCILE);
 
-    let node_uids: BTreeMap<String, String> = objects
+    let node_uids: BTreeMap<&str, &str> = objects
         .nodes
         .iter()
-        .filter_map(|node| Some((node.name_any(), node.metadata.uid.clone()?)))
+        .filter_map(|node| {
+            Some((
+                node.metadata.name.as_deref()?,
+                node.metadata.uid.as_deref()?,
+            ))
+        })
         .collect();
     let config_reference = config.map(reference_to);
-    let kube_proxy_reference = objects.kube_proxy_daemon_set.as_ref().map(reference_to);
+    let kube_proxy_reference = objects.kube_proxy_daemon_set.as_deref().map(reference_to);
     let previous_status = config.and_then(|config| config.status.as_ref());
-    let steps = steps_of(previous_status, &plan);
 
-    for write in &plan.dataplane_nodes {
-        apply_dataplane_node(&context.client, write, node_uids.get(&write.node_name)).await?;
-    }
+    let planned = std::time::Instant::now();
+    let planned_writes = plan.dataplane_nodes.len();
+    let applied = apply_dataplane_nodes(context, &plan.dataplane_nodes, &node_uids).await?;
+    let more_writes_left = applied < planned_writes;
+    // The Events describe what was written.
+    plan.dataplane_nodes.truncate(applied);
+    let steps = steps_of(previous_status, &plan);
+    tracing::debug!(
+        nodes = objects.nodes.len(),
+        writes = plan.dataplane_nodes.len(),
+        more_writes_left,
+        planning_took_ms = (planned - snapshot_started).as_millis() as u64,
+        writes_took_ms = planned.elapsed().as_millis() as u64,
+        "applied the plan's DataplaneNode writes"
+    );
     if let Some(occurrence) = steps.dataplane_nodes {
         match &config_reference {
-            Some(reference) => {
-                context
-                    .recorder
-                    .publish_or_log(reference, &occurrence)
-                    .await
-            }
-            None => {
-                // Without a DataplaneConfig, each Node whose DataplaneNode was created carries
-                // the Event about its own.
-                for write in plan.dataplane_nodes.iter().filter(|write| write.create) {
-                    if let Some(node) = objects
-                        .nodes
-                        .iter()
-                        .find(|node| node.name_any() == write.node_name)
-                    {
-                        let created = Occurrence::normal(
-                            "DataplaneNodeCreated",
-                            "ApplyDataplaneNode",
-                            format!("created DataplaneNode {}", describe_write(write)),
-                        );
-                        context
-                            .recorder
-                            .publish_or_log(&reference_to(node), &created)
-                            .await;
-                    }
-                }
-            }
+            Some(reference) => context.record(reference, &occurrence),
+            None => publish_creations(context, &plan.dataplane_nodes, &objects.nodes).await,
         }
     }
 
     if plan.kube_proxy != KubeProxyAction::None {
         if let Some(daemon_set) = &objects.kube_proxy_daemon_set {
-            apply_kube_proxy_action(&context.client, daemon_set, plan.kube_proxy).await?;
+            apply_kube_proxy_action(context, daemon_set, plan.kube_proxy).await?;
             if let Some(occurrence) = &steps.kube_proxy {
                 for reference in config_reference.iter().chain(kube_proxy_reference.iter()) {
-                    context.recorder.publish_or_log(reference, occurrence).await;
+                    context.record(reference, occurrence);
                 }
             }
         }
@@ -404,33 +647,103 @@ async fn reconcile_default(
         let uid = objects
             .agent_namespace_pods
             .iter()
-            .find(|pod| pod.name_any() == deletion.pod_name)
+            .find(|pod| pod.metadata.name.as_deref() == Some(deletion.pod_name.as_str()))
             .and_then(|pod| pod.metadata.uid.clone());
-        delete_agent_pod(
-            &context.client,
-            &context.settings.agent_namespace,
-            deletion,
-            uid,
-        )
-        .await?;
+        delete_agent_pod(context, deletion, uid).await?;
     }
     if let (Some(reference), Some(occurrence)) = (&config_reference, &steps.agent_pods) {
-        context.recorder.publish_or_log(reference, occurrence).await;
+        context.record(reference, occurrence);
     }
 
     if let (Some(config), Some(status)) = (config, &plan.status) {
         if let Some(reference) = &config_reference {
             if let Some(occurrence) = &steps.phase {
-                context.recorder.publish_or_log(reference, occurrence).await;
+                context.record(reference, occurrence);
             }
         }
-        publish_refusals(config, status, context).await;
+        publish_refusals(config, status, context);
         context.metrics.observe_status(status);
         if config.status.as_ref() != Some(status) {
-            apply_status(config, status, &context.client).await?;
+            apply_status(config, status, context).await?;
         }
     }
+    if more_writes_left {
+        return Ok(Some(Duration::ZERO));
+    }
     Ok(plan.requeue_after)
+}
+
+/// Events about DataplaneNodes created without a DataplaneConfig: each Node carries the Event
+/// about its own, unless many were created at once; then one Event about the DataplaneNode
+/// CustomResourceDefinition names them.
+async fn publish_creations(context: &Context, writes: &[DataplaneNodeWrite], nodes: &[Arc<Node>]) {
+    let created: Vec<&DataplaneNodeWrite> = writes.iter().filter(|write| write.create).collect();
+    if created.len() > PER_NODE_CREATION_EVENTS {
+        let reference = dataplane_node_crd_reference(context).await;
+        context.record(&reference, &bulk_creation(&created));
+        return;
+    }
+    for write in created {
+        if let Some(node) = nodes
+            .iter()
+            .find(|node| node.metadata.name.as_deref() == Some(write.node_name.as_str()))
+        {
+            let created = Occurrence::normal(
+                "DataplaneNodeCreated",
+                "ApplyDataplaneNode",
+                format!("created DataplaneNode {}", describe_write(write)),
+            );
+            context.record(&reference_to(node.as_ref()), &created);
+        }
+    }
+}
+
+/// The Event for many DataplaneNodes created at once (node-name order: first and last named).
+/// Pure.
+pub fn bulk_creation(created: &[&DataplaneNodeWrite]) -> Occurrence {
+    let first = created.first().map(|write| write.node_name.as_str());
+    let last = created.last().map(|write| write.node_name.as_str());
+    let modes: std::collections::BTreeSet<String> = created
+        .iter()
+        .map(|write| write.spec.mode.to_string())
+        .collect();
+    Occurrence::normal(
+        "DataplaneNodesCreated",
+        "ApplyDataplaneNode",
+        format!(
+            "created {} DataplaneNodes (mode {}) for Nodes {} to {}",
+            created.len(),
+            modes.into_iter().collect::<Vec<_>>().join(", "),
+            first.unwrap_or_default(),
+            last.unwrap_or_default()
+        ),
+    )
+}
+
+/// The DataplaneNode CustomResourceDefinition as an Event's object (read once; without its UID
+/// when it cannot be read).
+async fn dataplane_node_crd_reference(context: &Context) -> ObjectReference {
+    if let Some(reference) = context.dataplane_node_crd.get() {
+        return reference.clone();
+    }
+    match Api::<CustomResourceDefinition>::all(context.client.clone())
+        .get(DATAPLANE_NODE_CRD)
+        .await
+    {
+        Ok(definition) => context
+            .dataplane_node_crd
+            .get_or_init(|| reference_to(&definition))
+            .clone(),
+        Err(error) => {
+            tracing::debug!(%error, "failed to read the DataplaneNode CustomResourceDefinition for an Event");
+            ObjectReference {
+                api_version: Some(CustomResourceDefinition::api_version(&()).into_owned()),
+                kind: Some(CustomResourceDefinition::kind(&()).into_owned()),
+                name: Some(DATAPLANE_NODE_CRD.to_owned()),
+                ..ObjectReference::default()
+            }
+        }
+    }
 }
 
 /// The plan restricted to creating missing DataplaneNodes: what the operator does while no
@@ -605,102 +918,15 @@ pub fn refusal(
     (!unchanged).then(|| Occurrence::warning(&degraded.reason, "Refuse", degraded.message.clone()))
 }
 
-async fn publish_refusals(
-    config: &DataplaneConfig,
-    status: &DataplaneConfigStatus,
-    context: &Context,
-) {
+fn publish_refusals(config: &DataplaneConfig, status: &DataplaneConfigStatus, context: &Context) {
     if let Some(occurrence) = refusal(config.status.as_ref(), status) {
-        context
-            .recorder
-            .publish_or_log(&reference_to(config), &occurrence)
-            .await;
+        context.record(&reference_to(config), &occurrence);
     }
-}
-
-/// Reads everything a snapshot is made of.
-pub async fn fetch(
-    client: &Client,
-    kube_proxy: &KubeProxySpec,
-    settings: &ControllerSettings,
-) -> Result<ClusterObjects, Error> {
-    let list = ListParams::default();
-    let nodes = Api::<Node>::all(client.clone())
-        .list(&list)
-        .await
-        .map_err(|source| Error::ReadSnapshot {
-            what: "Nodes",
-            source: source.into(),
-        })?
-        .items;
-    let dataplane_nodes = Api::<DataplaneNode>::all(client.clone())
-        .list(&list)
-        .await
-        .map_err(|source| Error::ReadSnapshot {
-            what: "DataplaneNodes",
-            source: source.into(),
-        })?
-        .items;
-    let kube_proxy_daemon_sets: Api<DaemonSet> =
-        Api::namespaced(client.clone(), &kube_proxy.namespace);
-    let kube_proxy_daemon_set = kube_proxy_daemon_sets
-        .get_opt(&kube_proxy.daemon_set_name)
-        .await
-        .map_err(|source| Error::ReadSnapshot {
-            what: "the kube-proxy DaemonSet",
-            source: source.into(),
-        })?;
-    let kube_proxy_namespace_pods = Api::<Pod>::namespaced(client.clone(), &kube_proxy.namespace)
-        .list(&list)
-        .await
-        .map_err(|source| Error::ReadSnapshot {
-            what: "kube-proxy pods",
-            source: source.into(),
-        })?
-        .items;
-    let agent_daemon_set = Api::<DaemonSet>::namespaced(client.clone(), &settings.agent_namespace)
-        .get_opt(&settings.agent_daemon_set)
-        .await
-        .map_err(|source| Error::ReadSnapshot {
-            what: "the agent DaemonSet",
-            source: source.into(),
-        })?;
-    let (agent_namespace_revisions, agent_namespace_pods) = if agent_daemon_set.is_some() {
-        let revisions =
-            Api::<ControllerRevision>::namespaced(client.clone(), &settings.agent_namespace)
-                .list(&list)
-                .await
-                .map_err(|source| Error::ReadSnapshot {
-                    what: "agent ControllerRevisions",
-                    source: source.into(),
-                })?
-                .items;
-        let pods = Api::<Pod>::namespaced(client.clone(), &settings.agent_namespace)
-            .list(&list)
-            .await
-            .map_err(|source| Error::ReadSnapshot {
-                what: "agent pods",
-                source: source.into(),
-            })?
-            .items;
-        (revisions, pods)
-    } else {
-        (Vec::new(), Vec::new())
-    };
-    Ok(ClusterObjects {
-        nodes,
-        dataplane_nodes,
-        kube_proxy_daemon_set,
-        kube_proxy_namespace_pods,
-        agent_daemon_set,
-        agent_namespace_revisions,
-        agent_namespace_pods,
-    })
 }
 
 /// The object applied for one DataplaneNode: its whole spec and its owner, the Node (so it is
 /// garbage-collected with it). Pure.
-pub fn dataplane_node_object(write: &DataplaneNodeWrite, node_uid: Option<&String>) -> Value {
+pub fn dataplane_node_object(write: &DataplaneNodeWrite, node_uid: Option<&str>) -> Value {
     let mut metadata = json!({ "name": write.node_name });
     if let Some(uid) = node_uid {
         metadata["ownerReferences"] = json!([{
@@ -728,24 +954,69 @@ pub fn status_object(config_name: &str, status: &DataplaneConfigStatus) -> Value
     })
 }
 
+/// Applies `writes` in order, [`NODE_WRITE_CONCURRENCY`] at a time, starting new ones for
+/// [`NODE_WRITE_TIME_PER_RECONCILE`]; returns how many were applied (always the first ones), or
+/// the first failure once every started write has ended.
+async fn apply_dataplane_nodes(
+    context: &Context,
+    writes: &[DataplaneNodeWrite],
+    node_uids: &BTreeMap<&str, &str>,
+) -> Result<usize, Error> {
+    let stop_starting = tokio::time::sleep(NODE_WRITE_TIME_PER_RECONCILE);
+    // The futures are made up front (they do nothing until polled): a stream mapping borrowed
+    // writes to futures trips the compiler's higher-ranked lifetime check in `Send` futures.
+    let applies: Vec<_> = writes
+        .iter()
+        .map(|write| {
+            apply_dataplane_node(
+                context,
+                write,
+                node_uids.get(write.node_name.as_str()).copied(),
+            )
+        })
+        .collect();
+    let outcomes: Vec<Result<(), Error>> = futures::stream::iter(applies)
+        .take_until(stop_starting)
+        .buffer_unordered(NODE_WRITE_CONCURRENCY)
+        .collect()
+        .await;
+    let applied = outcomes.len();
+    match outcomes.into_iter().find_map(Result::err) {
+        Some(failure) => Err(failure),
+        None => Ok(applied),
+    }
+}
+
 async fn apply_dataplane_node(
-    client: &Client,
+    context: &Context,
     write: &DataplaneNodeWrite,
-    node_uid: Option<&String>,
+    node_uid: Option<&str>,
 ) -> Result<(), Error> {
-    let api: Api<DataplaneNode> = Api::all(client.clone());
+    let api: Api<DataplaneNode> = Api::all(context.client.clone());
     let object = dataplane_node_object(write, node_uid);
-    api.patch(
-        &write.node_name,
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(&object),
-    )
-    .await
-    .map(|_| ())
-    .map_err(|source| Error::ApplyDataplaneNode {
-        name: write.node_name.clone(),
-        source: source.into(),
-    })?;
+    let written = WrittenObject::new(WrittenKind::DataplaneNode, None, &write.node_name);
+    context.own_writes.begin(&written);
+    match api
+        .patch(
+            &write.node_name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&object),
+        )
+        .await
+    {
+        Ok(applied) => context.note_written(
+            &context.stores.dataplane_nodes,
+            &written,
+            applied.metadata.resource_version,
+        ),
+        Err(source) => {
+            context.own_writes.abandon(&written);
+            return Err(Error::ApplyDataplaneNode {
+                name: write.node_name.clone(),
+                source: source.into(),
+            });
+        }
+    }
     tracing::info!(node = %write.node_name, mode = %write.spec.mode, cleanup = write.spec.iptables_cleanup, create = write.create, "applied DataplaneNode spec");
     Ok(())
 }
@@ -753,25 +1024,40 @@ async fn apply_dataplane_node(
 async fn apply_status(
     config: &DataplaneConfig,
     status: &DataplaneConfigStatus,
-    client: &Client,
+    context: &Context,
 ) -> Result<(), Error> {
-    let api: Api<DataplaneConfig> = Api::all(client.clone());
+    let api: Api<DataplaneConfig> = Api::all(context.client.clone());
     let name = config.name_any();
-    api.patch_status(
-        &name,
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(&status_object(&name, status)),
-    )
-    .await
-    .map(|_| ())
-    .map_err(|source| Error::ApplyStatus {
-        name,
-        source: source.into(),
-    })
+    let written = WrittenObject::new(WrittenKind::DataplaneConfig, None, &name);
+    context.own_writes.begin(&written);
+    match api
+        .patch_status(
+            &name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&status_object(&name, status)),
+        )
+        .await
+    {
+        Ok(applied) => {
+            context.note_written(
+                &context.stores.configs,
+                &written,
+                applied.metadata.resource_version,
+            );
+            Ok(())
+        }
+        Err(source) => {
+            context.own_writes.abandon(&written);
+            Err(Error::ApplyStatus {
+                name,
+                source: source.into(),
+            })
+        }
+    }
 }
 
 async fn apply_kube_proxy_action(
-    client: &Client,
+    context: &Context,
     daemon_set: &DaemonSet,
     action: KubeProxyAction,
 ) -> Result<(), Error> {
@@ -798,24 +1084,36 @@ async fn apply_kube_proxy_action(
         reason: refusal.to_string(),
     })?;
     let Some(patch) = patch else { return Ok(()) };
-    Api::<DaemonSet>::namespaced(client.clone(), &namespace)
+    let written = WrittenObject::new(WrittenKind::DaemonSet, Some(&namespace), &name);
+    context.own_writes.begin(&written);
+    match Api::<DaemonSet>::namespaced(context.client.clone(), &namespace)
         .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
-        .map_err(|source| Error::PatchKubeProxy {
-            namespace: namespace.clone(),
-            name: name.clone(),
-            source: source.into(),
-        })?;
+    {
+        Ok(patched) => context.note_written(
+            &context.stores.daemon_sets,
+            &written,
+            patched.metadata.resource_version,
+        ),
+        Err(source) => {
+            context.own_writes.abandon(&written);
+            return Err(Error::PatchKubeProxy {
+                namespace: namespace.clone(),
+                name: name.clone(),
+                source: source.into(),
+            });
+        }
+    }
     tracing::info!(%namespace, %name, ?action, "patched the kube-proxy DaemonSet");
     Ok(())
 }
 
 async fn delete_agent_pod(
-    client: &Client,
-    namespace: &str,
+    context: &Context,
     deletion: &AgentPodDeletion,
     uid: Option<String>,
 ) -> Result<(), Error> {
+    let namespace = context.settings.agent_namespace.as_str();
     let params = DeleteParams {
         // Only the pod the plan saw: never a replacement that happens to reuse the name.
         preconditions: uid.map(|uid| Preconditions {
@@ -824,20 +1122,37 @@ async fn delete_agent_pod(
         }),
         ..DeleteParams::default()
     };
-    match Api::<Pod>::namespaced(client.clone(), namespace)
+    let written = WrittenObject::new(WrittenKind::Pod, Some(namespace), &deletion.pod_name);
+    context.own_writes.begin(&written);
+    match Api::<Pod>::namespaced(context.client.clone(), namespace)
         .delete(&deletion.pod_name, &params)
         .await
     {
-        Ok(_) => {
+        Ok(outcome) => {
+            match outcome.left() {
+                // Graceful: the pod stays, marked for deletion, until its kubelet confirms.
+                Some(pod) => context.note_written(
+                    &context.stores.pods,
+                    &written,
+                    pod.metadata.resource_version,
+                ),
+                None => context.own_writes.deleted(&written),
+            }
             tracing::info!(pod = %deletion.pod_name, node = %deletion.node_name, "deleted agent pod for upgrade");
             Ok(())
         }
-        Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => Ok(()),
-        Err(source) => Err(Error::DeleteAgentPod {
-            namespace: namespace.to_owned(),
-            name: deletion.pod_name.clone(),
-            source: source.into(),
-        }),
+        Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => {
+            context.own_writes.abandon(&written);
+            Ok(())
+        }
+        Err(source) => {
+            context.own_writes.abandon(&written);
+            Err(Error::DeleteAgentPod {
+                namespace: namespace.to_owned(),
+                name: deletion.pod_name.clone(),
+                source: source.into(),
+            })
+        }
     }
 }
 
@@ -918,7 +1233,7 @@ mod tests {
     fn a_dataplane_node_is_applied_whole_and_owned_by_its_node() {
         let object = dataplane_node_object(
             &write("node-a", true, DataplaneMode::Ebpf, true),
-            Some(&"uid-1".to_owned()),
+            Some("uid-1"),
         );
         assert_eq!(object["apiVersion"], "switchyard.dev/v1alpha1");
         assert_eq!(object["kind"], "DataplaneNode");
@@ -1041,5 +1356,21 @@ mod tests {
             "ApiServerAddressMissing"
         );
         assert_eq!(refusal(None, &DataplaneConfigStatus::default()), None);
+    }
+
+    #[test]
+    fn many_creations_make_one_event_naming_the_first_and_last_node() {
+        let writes = [
+            write("node-00000", true, DataplaneMode::KubeProxy, false),
+            write("node-00001", true, DataplaneMode::KubeProxy, false),
+            write("node-00099", true, DataplaneMode::KubeProxy, false),
+        ];
+        let created: Vec<&DataplaneNodeWrite> = writes.iter().collect();
+        let occurrence = bulk_creation(&created);
+        assert_eq!(occurrence.reason, "DataplaneNodesCreated");
+        assert_eq!(
+            occurrence.message,
+            "created 3 DataplaneNodes (mode KubeProxy) for Nodes node-00000 to node-00099"
+        );
     }
 }

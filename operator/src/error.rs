@@ -14,6 +14,16 @@ pub enum Error {
         #[source]
         source: ApiError,
     },
+    /// A store of the operator's watches did not receive its first complete list in time.
+    #[error("failed to fill the cache of {what} from its watch")]
+    FillCache { what: &'static str },
+    /// The operator's own writes did not come back through its watches in time, so its stores
+    /// may be older than what it last wrote; it decides nothing until they catch up.
+    #[error("failed to see {pending} of the operator's own writes come back through its watches within {} s", waited.as_secs())]
+    ObserveOwnWrites {
+        pending: usize,
+        waited: std::time::Duration,
+    },
     /// Writing a DataplaneNode's spec (Server-Side Apply) failed.
     #[error("failed to apply the spec of DataplaneNode {name}")]
     ApplyDataplaneNode {

@@ -45,6 +45,8 @@ pub fn classify(error: &Error) -> FailureClass {
         | Error::ReadLease { source }
         | Error::WriteLease { source } => classify_api_error(source),
         Error::LeadershipLost { .. }
+        | Error::FillCache { .. }
+        | Error::ObserveOwnWrites { .. }
         | Error::ConfigureClient { .. }
         | Error::StartTelemetry { .. } => FailureClass::Transient,
     }
@@ -79,6 +81,8 @@ pub fn step(error: &Error) -> &'static str {
     match error {
         Error::ReadSpec { .. } => "read_spec",
         Error::ReadSnapshot { .. } => "read_snapshot",
+        Error::FillCache { .. } => "fill_cache",
+        Error::ObserveOwnWrites { .. } => "observe_own_writes",
         Error::ApplyDataplaneNode { .. } => "apply_dataplane_node",
         Error::PatchKubeProxy { .. } | Error::ComputeKubeProxyPatch { .. } => "patch_kube_proxy",
         Error::DeleteAgentPod { .. } => "delete_agent_pod",

@@ -4,6 +4,7 @@
 //! [`planner`] is the pure heart: from a snapshot of the cluster it decides the next safe step.
 //! The controller that fills the snapshot and applies the plan comes with the operator issue.
 
+pub mod cache;
 pub mod client;
 pub mod controller;
 pub mod crd_apply;

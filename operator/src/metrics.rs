@@ -43,7 +43,9 @@ impl Metrics {
                 "switchyard_operator_reconcile_duration_seconds",
                 "How long one reconcile of the DataplaneConfig took (snapshot, plan, apply, status).",
             )
-            .buckets(vec![0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]),
+            .buckets(vec![
+                0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+            ]),
         )?;
         let reconcile_errors = IntCounterVec::new(
             Opts::new(

@@ -3,6 +3,7 @@
 //! DaemonSet status can be trusted is unit-tested without a cluster.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
@@ -18,21 +19,21 @@ use crate::planner::{
 /// The label a DaemonSet puts on its pods and ControllerRevisions: the revision's hash.
 pub const REVISION_HASH_LABEL: &str = "controller-revision-hash";
 
-/// Everything read from the API for one reconcile.
+/// Everything one reconcile reads, shared with the stores it comes from (no copies).
 #[derive(Clone, Debug, Default)]
 pub struct ClusterObjects {
-    pub nodes: Vec<Node>,
-    pub dataplane_nodes: Vec<DataplaneNode>,
+    pub nodes: Vec<Arc<Node>>,
+    pub dataplane_nodes: Vec<Arc<DataplaneNode>>,
     /// The kube-proxy DaemonSet, if it exists.
-    pub kube_proxy_daemon_set: Option<DaemonSet>,
+    pub kube_proxy_daemon_set: Option<Arc<DaemonSet>>,
     /// Pods of the kube-proxy DaemonSet's namespace (others are filtered out here).
-    pub kube_proxy_namespace_pods: Vec<Pod>,
+    pub kube_proxy_namespace_pods: Vec<Arc<Pod>>,
     /// The agent DaemonSet, if it exists.
-    pub agent_daemon_set: Option<DaemonSet>,
+    pub agent_daemon_set: Option<Arc<DaemonSet>>,
     /// ControllerRevisions of the agent DaemonSet's namespace.
-    pub agent_namespace_revisions: Vec<ControllerRevision>,
+    pub agent_namespace_revisions: Vec<Arc<ControllerRevision>>,
     /// Pods of the agent DaemonSet's namespace.
-    pub agent_namespace_pods: Vec<Pod>,
+    pub agent_namespace_pods: Vec<Arc<Pod>>,
 }
 
 /// Names the snapshot is built around.
@@ -51,7 +52,7 @@ pub fn observe(
 ) -> ObservedCluster {
     let mut dataplane_nodes: BTreeMap<String, &DataplaneNode> = BTreeMap::new();
     for dataplane_node in &objects.dataplane_nodes {
-        dataplane_nodes.insert(dataplane_node.name_any(), dataplane_node);
+        dataplane_nodes.insert(dataplane_node.name_any(), dataplane_node.as_ref());
     }
     let kube_proxy_pods = pods_by_node(
         &objects.kube_proxy_namespace_pods,
@@ -80,7 +81,7 @@ pub fn observe(
         kube_proxy_daemon_set: objects
             .kube_proxy_daemon_set
             .as_ref()
-            .map(observe_kube_proxy),
+            .map(|daemon_set| observe_kube_proxy(daemon_set)),
         agent_daemon_set: objects
             .agent_daemon_set
             .as_ref()
@@ -175,10 +176,11 @@ fn observe_pod(pod: &Pod) -> ObservedPod {
 
 /// The DaemonSet's pod on each node. With two (an old one terminating, a new one starting), the
 /// one not terminating is the node's pod: it is the one that will stay.
-fn pods_by_node(pods: &[Pod], daemon_set_name: &str) -> BTreeMap<String, ObservedPod> {
+fn pods_by_node(pods: &[Arc<Pod>], daemon_set_name: &str) -> BTreeMap<String, ObservedPod> {
     let mut by_node: BTreeMap<String, ObservedPod> = BTreeMap::new();
     let mut owned: Vec<&Pod> = pods
         .iter()
+        .map(Arc::as_ref)
         .filter(|pod| owned_by_daemon_set(pod, daemon_set_name))
         .collect();
     // Same input, same choice: order by name so ties do not depend on list order.
@@ -199,7 +201,10 @@ fn pods_by_node(pods: &[Pod], daemon_set_name: &str) -> BTreeMap<String, Observe
 
 /// The revision the agent DaemonSet's pods should run: the `controller-revision-hash` of its
 /// newest ControllerRevision (highest `revision`), `None` while none is known.
-pub fn update_revision(daemon_set: &DaemonSet, revisions: &[ControllerRevision]) -> Option<String> {
+pub fn update_revision(
+    daemon_set: &DaemonSet,
+    revisions: &[Arc<ControllerRevision>],
+) -> Option<String> {
     let uid = daemon_set.metadata.uid.as_deref()?;
     revisions
         .iter()
@@ -223,6 +228,10 @@ mod tests {
     };
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
     use switchyard_crds::{DataplaneMode, DataplaneNodeSpec};
+
+    fn shared<T>(items: Vec<T>) -> Vec<Arc<T>> {
+        items.into_iter().map(Arc::new).collect()
+    }
 
     fn names() -> SnapshotNames {
         SnapshotNames {
@@ -355,16 +364,22 @@ mod tests {
     #[test]
     fn every_node_is_observed_with_its_dataplane_node_and_pods() {
         let objects = ClusterObjects {
-            nodes: vec![node("a", "True"), node("b", "False")],
-            dataplane_nodes: vec![
+            nodes: shared(vec![node("a", "True"), node("b", "False")]),
+            dataplane_nodes: shared(vec![
                 DataplaneNode::new("a", DataplaneNodeSpec::new(DataplaneMode::Ebpf)),
                 DataplaneNode::new("gone", DataplaneNodeSpec::new(DataplaneMode::Ebpf)),
-            ],
-            kube_proxy_namespace_pods: vec![
+            ]),
+            kube_proxy_namespace_pods: shared(vec![
                 pod("kube-proxy-1", "kube-proxy", Some("a"), "k1", true),
                 pod("coredns-1", "coredns", Some("a"), "c1", true),
-            ],
-            agent_namespace_pods: vec![pod("agent-1", "switchyard-agent", Some("b"), "r1", false)],
+            ]),
+            agent_namespace_pods: shared(vec![pod(
+                "agent-1",
+                "switchyard-agent",
+                Some("b"),
+                "r1",
+                false,
+            )]),
             ..ClusterObjects::default()
         };
         let observed = observe(&objects, &names(), now(), true);
@@ -407,8 +422,8 @@ mod tests {
         let pending = pinned_by_affinity(pod("kube-proxy-x", "kube-proxy", None, "k1", false), "b");
         assert_eq!(pod_node(&pending), Some("b".into()));
         let objects = ClusterObjects {
-            nodes: vec![node("b", "True")],
-            kube_proxy_namespace_pods: vec![pending],
+            nodes: shared(vec![node("b", "True")]),
+            kube_proxy_namespace_pods: shared(vec![pending]),
             ..ClusterObjects::default()
         };
         let observed = observe(&objects, &names(), now(), true);
@@ -422,8 +437,8 @@ mod tests {
             k8s_openapi::jiff::Timestamp::from_second(now().timestamp()).unwrap(),
         ));
         let alone = ClusterObjects {
-            nodes: vec![node("a", "True")],
-            kube_proxy_namespace_pods: vec![old.clone()],
+            nodes: shared(vec![node("a", "True")]),
+            kube_proxy_namespace_pods: shared(vec![old.clone()]),
             ..ClusterObjects::default()
         };
         let observed = observe(&alone, &names(), now(), true);
@@ -446,8 +461,8 @@ mod tests {
             ],
         ] {
             let both = ClusterObjects {
-                nodes: vec![node("a", "True")],
-                kube_proxy_namespace_pods: order,
+                nodes: shared(vec![node("a", "True")]),
+                kube_proxy_namespace_pods: shared(order),
                 ..ClusterObjects::default()
             };
             let kept = observe(&both, &names(), now(), true).nodes[0]
@@ -461,7 +476,7 @@ mod tests {
     #[test]
     fn a_daemon_set_status_counts_only_when_it_is_current() {
         let mut objects = ClusterObjects {
-            kube_proxy_daemon_set: Some(daemon_set("kube-proxy", 2, 2, 0)),
+            kube_proxy_daemon_set: Some(Arc::new(daemon_set("kube-proxy", 2, 2, 0))),
             ..ClusterObjects::default()
         };
         let current = observe(&objects, &names(), now(), true)
@@ -470,7 +485,7 @@ mod tests {
         assert_eq!(current.desired_number_scheduled, Some(0));
         assert!(!current.would_schedule());
 
-        objects.kube_proxy_daemon_set = Some(daemon_set("kube-proxy", 3, 2, 0));
+        objects.kube_proxy_daemon_set = Some(Arc::new(daemon_set("kube-proxy", 3, 2, 0)));
         let stale = observe(&objects, &names(), now(), true)
             .kube_proxy_daemon_set
             .unwrap();
@@ -496,7 +511,7 @@ mod tests {
             "Helm".into(),
         )]));
         let objects = ClusterObjects {
-            kube_proxy_daemon_set: Some(daemon_set),
+            kube_proxy_daemon_set: Some(Arc::new(daemon_set)),
             ..ClusterObjects::default()
         };
         let observed = observe(&objects, &names(), now(), false)
@@ -509,15 +524,15 @@ mod tests {
     #[test]
     fn the_agent_update_revision_is_the_newest_revision_the_daemon_set_owns() {
         let agent = daemon_set("switchyard-agent", 1, 1, 3);
-        let revisions = vec![
+        let revisions = shared(vec![
             revision("old", 1, "ds-uid"),
             revision("new", 2, "ds-uid"),
             revision("foreign", 9, "other-uid"),
-        ];
+        ]);
         assert_eq!(update_revision(&agent, &revisions), Some("new".into()));
         assert_eq!(update_revision(&agent, &[]), None);
         let objects = ClusterObjects {
-            agent_daemon_set: Some(agent),
+            agent_daemon_set: Some(Arc::new(agent)),
             agent_namespace_revisions: revisions,
             ..ClusterObjects::default()
         };

@@ -1,0 +1,780 @@
+//! The operator's view of the cluster: reflector stores fed by the controller's own watches, so a
+//! reconcile reads memory instead of listing Nodes, DataplaneNodes and pods from the API server
+//! every time (at 5,000 nodes those lists cost ~0.4 s of API server time each and hundreds of
+//! MiB of transient memory per reconcile).
+//!
+//! Two rules keep decisions made from these stores as safe as decisions made from fresh lists:
+//!
+//! - **Never on a store older than the operator's own last write.** Every write the operator
+//!   makes is announced to [`OwnWrites`] before it is sent; the watch taps report every event they
+//!   apply to a store; a reconcile first waits until each announced write has come back through
+//!   its watch ([`OwnWrites::wait_until_observed`]). Without this a reconcile right after a batch
+//!   of DataplaneNode writes would see the nodes still untold and tell them again (with a new
+//!   `requestedAt`, so every agent would answer twice).
+//! - **Only what decisions need is kept.** Nodes keep their name, UID and Ready condition; pods
+//!   are kept only when a DaemonSet owns them, with their owner, node, revision label, Ready
+//!   condition and deletion mark; no object keeps its `managedFields`.
+
+use std::collections::BTreeMap;
+use std::hash::Hash;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
+use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeStatus, Pod, PodSpec, PodStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::runtime::reflector::{Lookup, ObjectRef, Store};
+use kube::runtime::watcher;
+use kube::{Resource, ResourceExt};
+use switchyard_crds::{DataplaneConfig, DataplaneNode, KubeProxySpec};
+
+use crate::error::Error;
+use crate::snapshot::{self, ClusterObjects, REVISION_HASH_LABEL};
+
+/// The kinds of object the operator writes and watches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum WrittenKind {
+    DataplaneConfig,
+    DataplaneNode,
+    DaemonSet,
+    Pod,
+}
+
+/// One object the operator wrote.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct WrittenObject {
+    pub kind: WrittenKind,
+    pub namespace: Option<String>,
+    pub name: String,
+}
+
+impl WrittenObject {
+    pub fn new(kind: WrittenKind, namespace: Option<&str>, name: &str) -> Self {
+        Self {
+            kind,
+            namespace: namespace
+                .filter(|namespace| !namespace.is_empty())
+                .map(str::to_owned),
+            name: name.to_owned(),
+        }
+    }
+
+    fn of<K: Resource>(kind: WrittenKind, object: &K) -> Self {
+        Self::new(
+            kind,
+            object.meta().namespace.as_deref(),
+            object.meta().name.as_deref().unwrap_or_default(),
+        )
+    }
+}
+
+/// What a write left behind, as far as the operator knows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum WriteResult {
+    /// Sent, no answer yet.
+    InFlight,
+    /// The object as written has this `resourceVersion`.
+    Version(String),
+    /// The object is gone (deleted at once).
+    Gone,
+}
+
+#[derive(Clone, Debug)]
+struct PendingWrite {
+    result: WriteResult,
+    /// Versions of the object the watch delivered since the write was announced (the answer to
+    /// the write may come after its watch event).
+    seen_versions: Vec<String>,
+    /// The watch delivered its deletion since the write was announced.
+    seen_deleted: bool,
+    /// A relist of its kind started after the write was answered: once that relist is done,
+    /// the store holds the write or something newer.
+    relisted_after_answer: bool,
+}
+
+impl PendingWrite {
+    fn observed(&self) -> bool {
+        match &self.result {
+            WriteResult::InFlight => false,
+            WriteResult::Version(version) => {
+                self.seen_deleted || self.seen_versions.iter().any(|seen| seen == version)
+            }
+            WriteResult::Gone => self.seen_deleted,
+        }
+    }
+}
+
+/// The operator's writes that its watches have not delivered yet.
+///
+/// Announce a write with [`begin`](Self::begin) before sending it, then report its answer
+/// ([`written`](Self::written), [`deleted`](Self::deleted)) or its failure
+/// ([`abandon`](Self::abandon)). The watch taps call [`observe`](Self::observe) for every event
+/// after the store applied it. Relists use the API server's most recent state (not its watch
+/// cache), so a relist that starts after a write was answered proves the store holds it.
+#[derive(Debug)]
+pub struct OwnWrites {
+    pending: Mutex<BTreeMap<WrittenObject, PendingWrite>>,
+    count: tokio::sync::watch::Sender<usize>,
+}
+
+impl Default for OwnWrites {
+    fn default() -> Self {
+        Self {
+            pending: Mutex::new(BTreeMap::new()),
+            count: tokio::sync::watch::Sender::new(0),
+        }
+    }
+}
+
+impl OwnWrites {
+    fn update(&self, change: impl FnOnce(&mut BTreeMap<WrittenObject, PendingWrite>)) {
+        let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+        change(&mut pending);
+        pending.retain(|_, write| !write.observed());
+        let count = pending.len();
+        drop(pending);
+        self.count.send_replace(count);
+    }
+
+    /// A write of `object` is about to be sent.
+    pub fn begin(&self, object: &WrittenObject) {
+        self.update(|pending| {
+            let write = pending.entry(object.clone()).or_insert(PendingWrite {
+                result: WriteResult::InFlight,
+                seen_versions: Vec::new(),
+                seen_deleted: false,
+                relisted_after_answer: false,
+            });
+            write.result = WriteResult::InFlight;
+            write.relisted_after_answer = false;
+        });
+    }
+
+    /// The write was answered with the object at `resource_version` (without one, there is
+    /// nothing to wait for).
+    pub fn written(&self, object: &WrittenObject, resource_version: Option<String>) {
+        self.update(|pending| match resource_version {
+            Some(version) => {
+                if let Some(write) = pending.get_mut(object) {
+                    write.result = WriteResult::Version(version);
+                }
+            }
+            None => {
+                pending.remove(object);
+            }
+        });
+    }
+
+    /// The write was a deletion that removed the object at once.
+    pub fn deleted(&self, object: &WrittenObject) {
+        self.update(|pending| {
+            if let Some(write) = pending.get_mut(object) {
+                write.result = WriteResult::Gone;
+            }
+        });
+    }
+
+    /// The store already holds what the write left (a write that changed nothing brings no
+    /// watch event).
+    pub fn already_observed(&self, object: &WrittenObject) {
+        self.abandon(object);
+    }
+
+    /// The write failed: the API server changed nothing, there is nothing to wait for.
+    pub fn abandon(&self, object: &WrittenObject) {
+        self.update(|pending| {
+            pending.remove(object);
+        });
+    }
+
+    /// A watch of `kind` delivered `event`, already applied to its store.
+    pub fn observe<K: Resource>(&self, kind: WrittenKind, event: &watcher::Event<K>) {
+        if self.count.borrow().eq(&0) {
+            return;
+        }
+        self.update(|pending| match event {
+            watcher::Event::Apply(object) | watcher::Event::InitApply(object) => {
+                if let Some(write) = pending.get_mut(&WrittenObject::of(kind, object)) {
+                    if let Some(version) = object.meta().resource_version.clone() {
+                        write.seen_versions.push(version);
+                    }
+                }
+            }
+            watcher::Event::Delete(object) => {
+                if let Some(write) = pending.get_mut(&WrittenObject::of(kind, object)) {
+                    write.seen_deleted = true;
+                }
+            }
+            watcher::Event::Init => {
+                for (object, write) in pending.iter_mut() {
+                    if object.kind == kind && write.result != WriteResult::InFlight {
+                        write.relisted_after_answer = true;
+                    }
+                }
+            }
+            watcher::Event::InitDone => {
+                pending.retain(|object, write| object.kind != kind || !write.relisted_after_answer);
+            }
+        });
+    }
+
+    /// How many writes have not come back yet.
+    pub fn pending(&self) -> usize {
+        *self.count.borrow()
+    }
+
+    /// Waits until every announced write came back through its watch, at most `timeout`.
+    pub async fn wait_until_observed(&self, timeout: Duration) -> Result<(), Error> {
+        let mut receiver = self.count.subscribe();
+        let observed = tokio::time::timeout(timeout, receiver.wait_for(|count| *count == 0))
+            .await
+            .map(|result| result.is_ok());
+        match observed {
+            Ok(true) => Ok(()),
+            // The sender lives as long as `self`: a closed channel cannot happen while we wait.
+            Ok(false) | Err(_) => Err(Error::ObserveOwnWrites {
+                pending: self.pending(),
+                waited: timeout,
+            }),
+        }
+    }
+}
+
+/// Drops what no decision reads: `managedFields` (often the largest part of an object).
+pub fn drop_managed_fields<K: Resource>(object: &mut K) {
+    object.meta_mut().managed_fields = None;
+}
+
+/// A Node reduced to what decisions read: name, UID, `resourceVersion` and its Ready condition.
+pub fn trim_node(node: &mut Node) {
+    let ready: Vec<NodeCondition> = node
+        .status
+        .as_mut()
+        .and_then(|status| status.conditions.take())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|condition| condition.type_ == "Ready")
+        .map(|condition| NodeCondition {
+            type_: condition.type_,
+            status: condition.status,
+            ..NodeCondition::default()
+        })
+        .collect();
+    *node = Node {
+        metadata: ObjectMeta {
+            name: node.metadata.name.take(),
+            uid: node.metadata.uid.take(),
+            resource_version: node.metadata.resource_version.take(),
+            ..ObjectMeta::default()
+        },
+        spec: None,
+        status: Some(NodeStatus {
+            conditions: Some(ready),
+            ..NodeStatus::default()
+        }),
+    };
+}
+
+/// Whether a DaemonSet owns the pod (only such pods matter: kube-proxy's and the agents').
+pub fn owned_by_a_daemon_set(pod: &Pod) -> bool {
+    pod.owner_references()
+        .iter()
+        .any(|owner| owner.kind == "DaemonSet")
+}
+
+/// A pod reduced to what decisions read: its identity, DaemonSet owners, revision label,
+/// creation and deletion marks, its node (from `spec.nodeName` or, while pending, its
+/// DaemonSet's node affinity) and its Ready condition.
+pub fn trim_pod(pod: &mut Pod) {
+    let node = snapshot::pod_node(pod);
+    let revision = pod
+        .metadata
+        .labels
+        .as_mut()
+        .and_then(|labels| labels.remove(REVISION_HASH_LABEL));
+    let owners = pod.metadata.owner_references.take().map(|owners| {
+        owners
+            .into_iter()
+            .filter(|owner| owner.kind == "DaemonSet")
+            .collect::<Vec<_>>()
+    });
+    let ready = pod
+        .status
+        .as_mut()
+        .and_then(|status| status.conditions.take())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|condition| condition.type_ == "Ready")
+        .map(|mut condition| {
+            condition.message = None;
+            condition.reason = None;
+            condition
+        })
+        .collect();
+    *pod = Pod {
+        metadata: ObjectMeta {
+            name: pod.metadata.name.take(),
+            namespace: pod.metadata.namespace.take(),
+            uid: pod.metadata.uid.take(),
+            resource_version: pod.metadata.resource_version.take(),
+            creation_timestamp: pod.metadata.creation_timestamp.take(),
+            deletion_timestamp: pod.metadata.deletion_timestamp.take(),
+            labels: revision
+                .map(|revision| BTreeMap::from([(REVISION_HASH_LABEL.into(), revision)])),
+            owner_references: owners,
+            ..ObjectMeta::default()
+        },
+        spec: Some(PodSpec {
+            node_name: node,
+            ..PodSpec::default()
+        }),
+        status: Some(PodStatus {
+            conditions: Some(ready),
+            ..PodStatus::default()
+        }),
+    };
+}
+
+/// Keeps the pod watch to DaemonSet pods (already trimmed): a pod no DaemonSet owns any more is
+/// a deletion for the store; one never owned is left out.
+pub fn only_daemon_set_pods(event: watcher::Event<Pod>) -> Option<watcher::Event<Pod>> {
+    match event {
+        watcher::Event::Apply(pod) if !owned_by_a_daemon_set(&pod) => {
+            Some(watcher::Event::Delete(pod))
+        }
+        watcher::Event::InitApply(pod) if !owned_by_a_daemon_set(&pod) => None,
+        other => Some(other),
+    }
+}
+
+/// Read handles of every store the controller fills.
+#[derive(Clone)]
+pub struct Stores {
+    pub configs: Store<DataplaneConfig>,
+    pub nodes: Store<Node>,
+    pub dataplane_nodes: Store<DataplaneNode>,
+    /// DaemonSets of every namespace.
+    pub daemon_sets: Store<DaemonSet>,
+    /// DaemonSet pods of every namespace.
+    pub pods: Store<Pod>,
+    /// ControllerRevisions of the agent's namespace.
+    pub revisions: Store<ControllerRevision>,
+}
+
+impl Stores {
+    /// Waits until every store holds its first complete list, at most `timeout`.
+    pub async fn wait_until_ready(&self, timeout: Duration) -> Result<(), Error> {
+        let waits = async {
+            let results = [
+                ("DataplaneConfigs", self.configs.wait_until_ready().await),
+                ("Nodes", self.nodes.wait_until_ready().await),
+                (
+                    "DataplaneNodes",
+                    self.dataplane_nodes.wait_until_ready().await,
+                ),
+                ("DaemonSets", self.daemon_sets.wait_until_ready().await),
+                ("pods", self.pods.wait_until_ready().await),
+                (
+                    "ControllerRevisions",
+                    self.revisions.wait_until_ready().await,
+                ),
+            ];
+            results
+                .into_iter()
+                .find_map(|(what, result)| result.err().map(|_| what))
+        };
+        match tokio::time::timeout(timeout, waits).await {
+            Ok(None) => Ok(()),
+            Ok(Some(what)) => Err(Error::FillCache { what }),
+            Err(_) => Err(Error::FillCache {
+                what: first_not_ready(self),
+            }),
+        }
+    }
+
+    /// The DataplaneConfig named `name`, as the store holds it.
+    pub fn config(&self, name: &str) -> Option<Arc<DataplaneConfig>> {
+        self.configs.get(&ObjectRef::new(name))
+    }
+
+    /// Everything a snapshot is made of, from the stores (no request to the API server).
+    pub fn objects(
+        &self,
+        kube_proxy: &KubeProxySpec,
+        agent_namespace: &str,
+        agent_daemon_set: &str,
+    ) -> ClusterObjects {
+        let daemon_set = |namespace: &str, name: &str| {
+            self.daemon_sets
+                .get(&ObjectRef::new(name).within(namespace))
+        };
+        let agent_daemon_set = daemon_set(agent_namespace, agent_daemon_set);
+        let pods_of = |namespace: &str| {
+            self.pods
+                .state_filter(|pod| pod.metadata.namespace.as_deref() == Some(namespace))
+        };
+        let (agent_namespace_revisions, agent_namespace_pods) = if agent_daemon_set.is_some() {
+            (self.revisions.state(), pods_of(agent_namespace))
+        } else {
+            (Vec::new(), Vec::new())
+        };
+        ClusterObjects {
+            nodes: self.nodes.state(),
+            dataplane_nodes: self.dataplane_nodes.state(),
+            kube_proxy_daemon_set: daemon_set(&kube_proxy.namespace, &kube_proxy.daemon_set_name),
+            kube_proxy_namespace_pods: pods_of(&kube_proxy.namespace),
+            agent_daemon_set,
+            agent_namespace_revisions,
+            agent_namespace_pods,
+        }
+    }
+}
+
+fn first_not_ready(stores: &Stores) -> &'static str {
+    fn ready<K: Lookup + Clone + 'static>(store: &Store<K>) -> bool
+    where
+        K::DynamicType: Eq + Hash + Clone,
+    {
+        // A store that became ready answers at once; one that did not stays pending.
+        futures::FutureExt::now_or_never(store.wait_until_ready()).is_some()
+    }
+    if !ready(&stores.configs) {
+        "DataplaneConfigs"
+    } else if !ready(&stores.nodes) {
+        "Nodes"
+    } else if !ready(&stores.dataplane_nodes) {
+        "DataplaneNodes"
+    } else if !ready(&stores.daemon_sets) {
+        "DaemonSets"
+    } else if !ready(&stores.pods) {
+        "pods"
+    } else {
+        "ControllerRevisions"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{
+        Affinity, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
+        PodCondition,
+    };
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, OwnerReference};
+    use kube::runtime::reflector;
+    use switchyard_crds::{DataplaneMode, DataplaneNodeSpec};
+
+    fn dataplane_node(name: &str, version: &str) -> DataplaneNode {
+        let mut node = DataplaneNode::new(name, DataplaneNodeSpec::new(DataplaneMode::Ebpf));
+        node.metadata.resource_version = Some(version.into());
+        node
+    }
+
+    fn written(name: &str) -> WrittenObject {
+        WrittenObject::new(WrittenKind::DataplaneNode, None, name)
+    }
+
+    fn apply(name: &str, version: &str) -> watcher::Event<DataplaneNode> {
+        watcher::Event::Apply(dataplane_node(name, version))
+    }
+
+    #[test]
+    fn a_write_is_pending_until_its_version_comes_back_through_the_watch() {
+        let writes = OwnWrites::default();
+        writes.begin(&written("a"));
+        assert_eq!(writes.pending(), 1);
+        writes.written(&written("a"), Some("7".into()));
+        writes.observe(WrittenKind::DataplaneNode, &apply("a", "6"));
+        assert_eq!(writes.pending(), 1, "an older version proves nothing");
+        writes.observe(WrittenKind::DataplaneNode, &apply("b", "7"));
+        assert_eq!(writes.pending(), 1, "another object proves nothing");
+        writes.observe(WrittenKind::DataplaneConfig, &apply("a", "7"));
+        assert_eq!(writes.pending(), 1, "another kind proves nothing");
+        writes.observe(WrittenKind::DataplaneNode, &apply("a", "7"));
+        assert_eq!(writes.pending(), 0);
+    }
+
+    #[test]
+    fn a_watch_event_that_arrives_before_the_answer_still_counts() {
+        let writes = OwnWrites::default();
+        writes.begin(&written("a"));
+        writes.observe(WrittenKind::DataplaneNode, &apply("a", "7"));
+        writes.observe(WrittenKind::DataplaneNode, &apply("a", "8"));
+        assert_eq!(writes.pending(), 1, "the answer is not in yet");
+        writes.written(&written("a"), Some("7".into()));
+        assert_eq!(writes.pending(), 0);
+    }
+
+    #[test]
+    fn a_second_write_to_the_same_object_is_waited_for_too() {
+        let writes = OwnWrites::default();
+        writes.begin(&written("a"));
+        writes.written(&written("a"), Some("7".into()));
+        writes.begin(&written("a"));
+        writes.observe(WrittenKind::DataplaneNode, &apply("a", "7"));
+        assert_eq!(writes.pending(), 1, "the second write is still in flight");
+        writes.written(&written("a"), Some("9".into()));
+        assert_eq!(writes.pending(), 1);
+        writes.observe(WrittenKind::DataplaneNode, &apply("a", "9"));
+        assert_eq!(writes.pending(), 0);
+    }
+
+    #[test]
+    fn a_failed_write_or_one_without_a_version_leaves_nothing_to_wait_for() {
+        let writes = OwnWrites::default();
+        writes.begin(&written("a"));
+        writes.begin(&written("b"));
+        writes.abandon(&written("a"));
+        writes.written(&written("b"), None);
+        assert_eq!(writes.pending(), 0);
+    }
+
+    #[test]
+    fn a_deletion_is_observed_by_the_delete_event() {
+        let writes = OwnWrites::default();
+        writes.begin(&written("a"));
+        writes.deleted(&written("a"));
+        writes.observe(WrittenKind::DataplaneNode, &apply("a", "3"));
+        assert_eq!(writes.pending(), 1);
+        writes.observe(
+            WrittenKind::DataplaneNode,
+            &watcher::Event::Delete(dataplane_node("a", "4")),
+        );
+        assert_eq!(writes.pending(), 0);
+    }
+
+    #[test]
+    fn a_relist_proves_only_the_writes_answered_before_it_started() {
+        let writes = OwnWrites::default();
+        writes.begin(&written("answered"));
+        writes.written(&written("answered"), Some("7".into()));
+        writes.begin(&written("in-flight"));
+        writes.observe::<DataplaneNode>(WrittenKind::DataplaneNode, &watcher::Event::Init);
+        writes.written(&written("in-flight"), Some("8".into()));
+        writes.observe::<DataplaneNode>(WrittenKind::DataplaneNode, &watcher::Event::InitDone);
+        assert_eq!(
+            writes.pending(),
+            1,
+            "a list that may have started before the answer may miss the write"
+        );
+        writes.observe(WrittenKind::DataplaneNode, &apply("in-flight", "8"));
+        assert_eq!(writes.pending(), 0);
+    }
+
+    #[tokio::test]
+    async fn waiting_ends_when_the_last_write_is_observed_or_fails_after_the_timeout() {
+        let writes = Arc::new(OwnWrites::default());
+        writes
+            .wait_until_observed(Duration::from_millis(10))
+            .await
+            .expect("nothing pending");
+        writes.begin(&written("a"));
+        writes.written(&written("a"), Some("7".into()));
+        let error = writes
+            .wait_until_observed(Duration::from_millis(10))
+            .await
+            .expect_err("still pending");
+        assert!(matches!(error, Error::ObserveOwnWrites { pending: 1, .. }));
+        let waiter = {
+            let writes = writes.clone();
+            tokio::spawn(async move { writes.wait_until_observed(Duration::from_secs(5)).await })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        writes.observe(WrittenKind::DataplaneNode, &apply("a", "7"));
+        waiter.await.expect("joined").expect("observed");
+    }
+
+    fn ready_condition(status: &str) -> NodeCondition {
+        NodeCondition {
+            type_: "Ready".into(),
+            status: status.into(),
+            message: Some("kubelet is posting ready status".into()),
+            ..NodeCondition::default()
+        }
+    }
+
+    #[test]
+    fn a_trimmed_node_keeps_its_identity_and_readiness_only() {
+        let mut node = Node {
+            metadata: ObjectMeta {
+                name: Some("a".into()),
+                uid: Some("uid-a".into()),
+                resource_version: Some("5".into()),
+                labels: Some(BTreeMap::from([("zone".into(), "x".into())])),
+                managed_fields: Some(vec![ManagedFieldsEntry::default()]),
+                ..ObjectMeta::default()
+            },
+            status: Some(NodeStatus {
+                conditions: Some(vec![
+                    NodeCondition {
+                        type_: "MemoryPressure".into(),
+                        status: "False".into(),
+                        ..NodeCondition::default()
+                    },
+                    ready_condition("True"),
+                ]),
+                ..NodeStatus::default()
+            }),
+            ..Node::default()
+        };
+        trim_node(&mut node);
+        assert_eq!(node.metadata.name.as_deref(), Some("a"));
+        assert_eq!(node.metadata.uid.as_deref(), Some("uid-a"));
+        assert_eq!(node.metadata.resource_version.as_deref(), Some("5"));
+        assert_eq!(node.metadata.labels, None);
+        assert_eq!(node.metadata.managed_fields, None);
+        let conditions = node.status.as_ref().unwrap().conditions.as_ref().unwrap();
+        assert_eq!(conditions.len(), 1);
+        assert_eq!(conditions[0].message, None);
+        assert!(snapshot::node_is_ready(&node));
+    }
+
+    fn daemon_set_pod(owner_kind: &str) -> Pod {
+        Pod {
+            metadata: ObjectMeta {
+                name: Some("kube-proxy-x".into()),
+                namespace: Some("kube-system".into()),
+                uid: Some("uid-p".into()),
+                labels: Some(BTreeMap::from([
+                    (REVISION_HASH_LABEL.into(), "r1".into()),
+                    ("k8s-app".into(), "kube-proxy".into()),
+                ])),
+                owner_references: Some(vec![OwnerReference {
+                    kind: owner_kind.into(),
+                    name: "kube-proxy".into(),
+                    ..OwnerReference::default()
+                }]),
+                ..ObjectMeta::default()
+            },
+            spec: Some(PodSpec {
+                affinity: Some(Affinity {
+                    node_affinity: Some(NodeAffinity {
+                        required_during_scheduling_ignored_during_execution: Some(NodeSelector {
+                            node_selector_terms: vec![NodeSelectorTerm {
+                                match_fields: Some(vec![NodeSelectorRequirement {
+                                    key: "metadata.name".into(),
+                                    operator: "In".into(),
+                                    values: Some(vec!["node-b".into()]),
+                                }]),
+                                ..NodeSelectorTerm::default()
+                            }],
+                        }),
+                        ..NodeAffinity::default()
+                    }),
+                    ..Affinity::default()
+                }),
+                ..PodSpec::default()
+            }),
+            status: Some(PodStatus {
+                conditions: Some(vec![PodCondition {
+                    type_: "Ready".into(),
+                    status: "True".into(),
+                    ..PodCondition::default()
+                }]),
+                ..PodStatus::default()
+            }),
+        }
+    }
+
+    #[test]
+    fn a_trimmed_pod_keeps_what_the_snapshot_reads() {
+        let mut pod = daemon_set_pod("DaemonSet");
+        trim_pod(&mut pod);
+        assert_eq!(snapshot::pod_node(&pod).as_deref(), Some("node-b"));
+        assert_eq!(pod.spec.as_ref().unwrap().affinity, None);
+        assert_eq!(
+            pod.labels().get(REVISION_HASH_LABEL).map(String::as_str),
+            Some("r1")
+        );
+        assert_eq!(pod.labels().len(), 1);
+        assert_eq!(pod.owner_references().len(), 1);
+        assert_eq!(pod.metadata.uid.as_deref(), Some("uid-p"));
+        assert_eq!(pod.metadata.namespace.as_deref(), Some("kube-system"));
+        assert_eq!(
+            pod.status.as_ref().unwrap().conditions.as_ref().unwrap()[0].status,
+            "True"
+        );
+    }
+
+    #[test]
+    fn only_daemon_set_pods_reach_the_store() {
+        let mut foreign = daemon_set_pod("ReplicaSet");
+        trim_pod(&mut foreign);
+        assert!(!owned_by_a_daemon_set(&foreign));
+        assert!(only_daemon_set_pods(watcher::Event::InitApply(foreign.clone())).is_none());
+        assert!(matches!(
+            only_daemon_set_pods(watcher::Event::Apply(foreign.clone())),
+            Some(watcher::Event::Delete(_))
+        ));
+        let mut owned = daemon_set_pod("DaemonSet");
+        trim_pod(&mut owned);
+        assert!(matches!(
+            only_daemon_set_pods(watcher::Event::Apply(owned)),
+            Some(watcher::Event::Apply(_))
+        ));
+        assert!(matches!(
+            only_daemon_set_pods(watcher::Event::<Pod>::InitDone),
+            Some(watcher::Event::InitDone)
+        ));
+    }
+
+    #[test]
+    fn a_snapshot_from_the_stores_takes_each_daemon_set_and_its_namespaces_pods() {
+        let (configs, _configs_writer) = reflector::store::<DataplaneConfig>();
+        let (nodes, _nodes_writer) = reflector::store::<Node>();
+        let (dataplane_nodes, mut dataplane_nodes_writer) = reflector::store::<DataplaneNode>();
+        let (daemon_sets, mut daemon_sets_writer) = reflector::store::<DaemonSet>();
+        let (pods, mut pods_writer) = reflector::store::<Pod>();
+        let (revisions, _revisions_writer) = reflector::store::<ControllerRevision>();
+        let daemon_set = |namespace: &str, name: &str| DaemonSet {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some(namespace.into()),
+                ..ObjectMeta::default()
+            },
+            ..DaemonSet::default()
+        };
+        for set in [
+            daemon_set("kube-system", "kube-proxy"),
+            daemon_set("kube-system", "other"),
+        ] {
+            daemon_sets_writer.apply_watcher_event(&watcher::Event::Apply(set));
+        }
+        dataplane_nodes_writer.apply_watcher_event(&apply("a", "1"));
+        let mut kube_proxy_pod = daemon_set_pod("DaemonSet");
+        trim_pod(&mut kube_proxy_pod);
+        let mut elsewhere = kube_proxy_pod.clone();
+        elsewhere.metadata.namespace = Some("monitoring".into());
+        for pod in [kube_proxy_pod, elsewhere] {
+            pods_writer.apply_watcher_event(&watcher::Event::Apply(pod));
+        }
+        let stores = Stores {
+            configs,
+            nodes,
+            dataplane_nodes,
+            daemon_sets,
+            pods,
+            revisions,
+        };
+        let objects = stores.objects(
+            &KubeProxySpec::default(),
+            "switchyard-system",
+            "switchyard-agent",
+        );
+        assert_eq!(
+            objects
+                .kube_proxy_daemon_set
+                .as_ref()
+                .and_then(|set| set.metadata.name.as_deref()),
+            Some("kube-proxy")
+        );
+        assert_eq!(objects.kube_proxy_namespace_pods.len(), 1);
+        assert_eq!(objects.dataplane_nodes.len(), 1);
+        assert!(objects.agent_daemon_set.is_none());
+        assert!(
+            objects.agent_namespace_pods.is_empty(),
+            "without the agent DaemonSet its pods are not read"
+        );
+        assert!(stores.config("default").is_none());
+    }
+}
