@@ -172,12 +172,46 @@ fn poll_kube_proxy_rules() -> (
     (seen, task)
 }
 
+/// ICMP and ARP seen by the client pod, written to the cluster's logs (kept by `down` beside
+/// the last logs) for diagnosing a failed connection; stopped when dropped. Nothing is
+/// captured when tcpdump is not installed.
+struct ClientCapture(Option<std::process::Child>);
+
+impl ClientCapture {
+    fn start(world: &World) -> Self {
+        let path = world
+            .paths
+            .audit_log()
+            .with_file_name("client-pod-icmp-arp.log");
+        let child = std::fs::File::create(&path).ok().and_then(|file| {
+            std::process::Command::new("ip")
+                .args(["netns", "exec", &world.client_pod.name, "tcpdump"])
+                .args(["-n", "-l", "-tttt", "-i", "any", "icmp or arp"])
+                .stdout(file)
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .ok()
+        });
+        Self(child)
+    }
+}
+
+impl Drop for ClientCapture {
+    fn drop(&mut self) {
+        if let Some(child) = self.0.as_mut() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
 #[tokio::test]
 #[ignore = "needs the e2e cluster: make e2e-migration"]
 async fn a_cluster_moves_to_ebpf_and_back_under_traffic_without_breaking_a_connection() {
     let world = World::new()
         .await
         .expect("the demo Service served by kube-proxy");
+    let _capture = ClientCapture::start(&world);
     let helm_started = Instant::now();
     world.helm_install(&[]).expect("helm install");
     world
@@ -504,11 +538,7 @@ async fn a_cluster_moves_to_ebpf_and_back_under_traffic_without_breaking_a_conne
         "long-lived connections opened through kube-proxy, KubeProxy -> Ebpf",
     );
     let so_far = traffic.snapshot();
-    assert_eq!(
-        so_far.failure_count(),
-        0,
-        "failed new connections, KubeProxy -> Ebpf\n{so_far}"
-    );
+    world.assert_no_failed_connections(&so_far, "KubeProxy -> Ebpf");
     println!(
         "KubeProxy -> Ebpf: Ready in {:.1} s; new connections {} made, {} failed; long-lived {} kept, {} broken",
         to_ebpf.as_secs_f64(),
@@ -696,11 +726,7 @@ async fn a_cluster_moves_to_ebpf_and_back_under_traffic_without_breaking_a_conne
         );
     }
     let after_upgrade = traffic.snapshot();
-    assert_eq!(
-        after_upgrade.failure_count(),
-        0,
-        "failed new connections during the agent upgrade\n{after_upgrade}"
-    );
+    world.assert_no_failed_connections(&after_upgrade, "during the agent upgrade");
     println!(
         "agent upgrade: {:.1} s for 3 nodes, one at a time; new connections {} made, 0 failed",
         upgrade_duration.as_secs_f64(),
@@ -805,11 +831,7 @@ async fn a_cluster_moves_to_ebpf_and_back_under_traffic_without_breaking_a_conne
         Some(DataplanePhase::Ready),
         "Ready while a node still drains"
     );
-    assert_eq!(
-        traffic.snapshot().failure_count(),
-        0,
-        "failed new connections while draining"
-    );
+    world.assert_no_failed_connections(&traffic.snapshot(), "while draining");
     let closed_at = Instant::now();
     let long_lived_report = long_lived.stop().await;
     let mut detached_after = Duration::ZERO;
@@ -910,11 +932,7 @@ async fn a_cluster_moves_to_ebpf_and_back_under_traffic_without_breaking_a_conne
     let report = traffic.stop().await;
     let rollback_attempts = report.attempts() - before_rollback.attempts();
     println!("{report}");
-    assert_eq!(
-        report.failure_count(),
-        0,
-        "failed new connections\n{report}"
-    );
+    world.assert_no_failed_connections(&report, "so far");
     for node in NODES {
         let rules = world.kube_proxy_rules(node).expect("iptables-save");
         assert!(
@@ -948,11 +966,7 @@ async fn a_cluster_moves_to_ebpf_and_back_under_traffic_without_breaking_a_conne
     a_kube_proxy_owned_by_argo_cd_is_refused_then_waited_for(&world, &traffic).await;
     let report = traffic.stop().await;
     println!("{report}");
-    assert_eq!(
-        report.failure_count(),
-        0,
-        "failed new connections in scenarios 4 and 6\n{report}"
-    );
+    world.assert_no_failed_connections(&report, "in scenarios 4 and 6");
 
     // (5) An agent that never becomes Ready: node-3's bpffs is hidden under a tmpfs (pins
     // fail there) and its agent is restarted; mode Ebpf then halts with Degraded naming
@@ -1085,10 +1099,9 @@ async fn a_cluster_moves_to_ebpf_and_back_under_traffic_without_breaking_a_conne
     );
     let report = traffic.stop().await;
     println!("{report}");
-    assert_eq!(
-        report.failure_count(),
-        0,
-        "failed new connections while halted and after the DataplaneConfig was deleted\n{report}"
+    world.assert_no_failed_connections(
+        &report,
+        "while halted and after the DataplaneConfig was deleted",
     );
 }
 
@@ -1535,11 +1548,7 @@ async fn the_operator_killed_twice_finishes_without_repeating_or_skipping_a_step
         );
     }
     let report = traffic.snapshot();
-    assert_eq!(
-        report.failure_count(),
-        0,
-        "failed new connections with the operator killed twice\n{report}"
-    );
+    world.assert_no_failed_connections(&report, "with the operator killed twice");
     println!(
         "operator killed twice: Ready; new connections {} made, 0 failed",
         report.attempts() - before.attempts()
@@ -1671,11 +1680,7 @@ async fn the_operator_killed_twice_finishes_without_repeating_or_skipping_a_step
         "no KubeProxyRestored Event"
     );
     let report = traffic.snapshot();
-    assert_eq!(
-        report.failure_count(),
-        0,
-        "failed new connections\n{report}"
-    );
+    world.assert_no_failed_connections(&report, "so far");
     println!("rolled back to KubeProxy, nodeSelector restored exactly: {original_selector:?}");
 }
 
@@ -1802,11 +1807,7 @@ async fn a_kube_proxy_owned_by_argo_cd_is_refused_then_waited_for(
         );
     }
     let report = traffic.snapshot();
-    assert_eq!(
-        report.failure_count(),
-        0,
-        "failed new connections while refused\n{report}"
-    );
+    world.assert_no_failed_connections(&report, "while refused");
 
     // External: every node is activated, then the operator waits for kube-proxy's owner.
     let config = serde_json::json!({
@@ -1918,11 +1919,7 @@ async fn a_kube_proxy_owned_by_argo_cd_is_refused_then_waited_for(
         );
     }
     let report = traffic.snapshot();
-    assert_eq!(
-        report.failure_count(),
-        0,
-        "failed new connections, External\n{report}"
-    );
+    world.assert_no_failed_connections(&report, "External");
 
     // Its owner puts kube-proxy back: External reports it and touches nothing; no node cleans
     // rules of the kube-proxy that came back.
@@ -2009,11 +2006,7 @@ async fn a_kube_proxy_owned_by_argo_cd_is_refused_then_waited_for(
         config.status
     );
     let report = traffic.snapshot();
-    assert_eq!(
-        report.failure_count(),
-        0,
-        "failed new connections, kube-proxy returned\n{report}"
-    );
+    world.assert_no_failed_connections(&report, "kube-proxy returned");
 
     // Back to KubeProxy (its owner runs it again, External lets it be).
     world
@@ -2033,11 +2026,7 @@ async fn a_kube_proxy_owned_by_argo_cd_is_refused_then_waited_for(
         )
         .await;
     let report = traffic.snapshot();
-    assert_eq!(
-        report.failure_count(),
-        0,
-        "failed new connections\n{report}"
-    );
+    world.assert_no_failed_connections(&report, "so far");
     println!(
         "kube-proxy owned by Argo CD: new connections {} made, 0 failed",
         report.attempts() - before.attempts()

@@ -32,7 +32,7 @@ use switchyard_e2e::objects::{
 };
 use switchyard_e2e::pod_runner::events::{read_events, running_processes, RunnerEvent};
 use switchyard_e2e::traffic::{
-    exchange_once, EchoServer, Flow, FlowMode, Timeouts, TrafficGenerator,
+    exchange_once, EchoServer, Flow, FlowMode, Timeouts, TrafficGenerator, TrafficReport,
 };
 
 pub const NODES: [&str; 3] = ["node-1", "node-2", "node-3"];
@@ -331,6 +331,20 @@ impl World {
             cluster_ip,
             api_server_host,
         };
+        // No connection before kube-proxy has programmed the demo Service on node-1: a SYN
+        // to the ClusterIP that leaves untranslated (no rules yet) leaves a netfilter
+        // conntrack entry without NAT (SYN_SENT, 120 s), and a later connection that happens to
+        // reuse its source port would follow that entry untranslated too.
+        let started = Instant::now();
+        while !world.kube_proxy_rules("node-1")?.demo_service {
+            if started.elapsed() > Duration::from_secs(60) {
+                return Err(
+                    "failed to see kube-proxy's rules for the demo Service on node-1 within 60 s"
+                        .into(),
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
         for (source, destination) in [
             (world.client_pod.thread()?, world.cluster_ip_address()),
             (world.outside.thread()?, world.node_port_address()),
@@ -706,6 +720,42 @@ async fn create_service(client: &Client) -> Outcome<Ipv4Addr> {
         .and_then(|spec| spec.cluster_ip)
         .and_then(|ip| ip.parse().ok())
         .ok_or_else(|| "failed to get a ClusterIP for the demo Service".into())
+}
+
+impl World {
+    /// node-1's netfilter conntrack entries towards the ClusterIP that carry no translation
+    /// (their reply comes from the ClusterIP itself): a new connection reusing the source port
+    /// of one follows it untranslated, out to the cluster's router ("net unreachable").
+    pub fn untranslated_cluster_ip_flows(&self) -> String {
+        let cluster_ip = self.cluster_ip.to_string();
+        match switchyard_e2e::netns::run_in_namespace(
+            "node-1",
+            "conntrack",
+            &["-L", "-p", "tcp", "--orig-dst", &cluster_ip],
+        ) {
+            Ok(listing) => listing
+                .lines()
+                .filter(|line| {
+                    line.split_whitespace()
+                        .filter(|field| field.starts_with("src="))
+                        .nth(1)
+                        .is_some_and(|reply_source| reply_source == format!("src={cluster_ip}"))
+                })
+                .collect::<Vec<_>>()
+                .join("\n"),
+            Err(error) => format!("(conntrack: {error})"),
+        }
+    }
+
+    /// Fails the test when `report` has failures, with node-1's untranslated conntrack entries.
+    pub fn assert_no_failed_connections(&self, report: &TrafficReport, what: &str) {
+        if report.failure_count() > 0 {
+            panic!(
+                "failed new connections, {what}\n{report}\nnode-1 conntrack entries to the ClusterIP without translation:\n{}",
+                self.untranslated_cluster_ip_flows()
+            );
+        }
+    }
 }
 
 /// What kube-proxy left in a nat table.
