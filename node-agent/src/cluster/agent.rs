@@ -120,6 +120,9 @@ pub struct ClusterAgent<D: NodeDatapath> {
     /// When the last full sync started; the next is due a resync period later.
     last_full_sync: Option<Instant>,
     resync_wanted: bool,
+    /// When the first input not yet synced was received (logged with the sync,
+    /// so a slow change shows whether it waited in the agent or before it).
+    pending_since: Option<Instant>,
     node: Option<NodeFacts>,
     host_addresses: Option<Vec<IpAddr>>,
     roles: BTreeMap<String, (u32, InterfaceRole)>,
@@ -175,6 +178,7 @@ impl<D: NodeDatapath> ClusterAgent<D> {
             health_check_ports: BTreeMap::new(),
             last_full_sync: None,
             resync_wanted: false,
+            pending_since: None,
             node: None,
             host_addresses: None,
             roles: BTreeMap::new(),
@@ -270,6 +274,14 @@ impl<D: NodeDatapath> ClusterAgent<D> {
     }
 
     pub fn receive(&mut self, input: Input, now: Instant) {
+        let was_pending = self.coalescer.is_pending();
+        self.receive_input(input, now);
+        if !was_pending && self.coalescer.is_pending() && self.pending_since.is_none() {
+            self.pending_since = Some(now);
+        }
+    }
+
+    fn receive_input(&mut self, input: Input, now: Instant) {
         match input {
             Input::Services(change) => {
                 if self.apply_services(change) {
@@ -386,6 +398,7 @@ impl<D: NodeDatapath> ClusterAgent<D> {
         if self.coalescer.poll(now) != Next::Apply {
             return None;
         }
+        let received_at = self.pending_since.take();
         let resync = self.resync_wanted;
         let started = Instant::now();
         let result = self
@@ -426,6 +439,9 @@ impl<D: NodeDatapath> ClusterAgent<D> {
                     frontends = self.syncer.current().frontends.len(),
                     operations,
                     elapsed_ms = elapsed.as_secs_f64() * 1000.0,
+                    since_received_ms = received_at.map(|at| {
+                        Instant::now().saturating_duration_since(at).as_secs_f64() * 1000.0
+                    }),
                     "synced the maps"
                 );
                 self.sync_report = SyncReport::Synced;
@@ -434,6 +450,7 @@ impl<D: NodeDatapath> ClusterAgent<D> {
             }
             Err(error) => {
                 self.counts.syncs += 1;
+                self.pending_since = received_at;
                 tracing::error!(%error, "sync failed; the next sync re-reads the maps and plans everything");
                 self.sync_report = SyncReport::Failed {
                     message: error.to_string(),
