@@ -323,17 +323,17 @@ impl<D: Datapath, H: HostView> Standalone<D, H> {
             }
             return;
         };
-        if self
-            .last_full_sync
-            .is_some_and(|at| now >= at + FULL_RESYNC_PERIOD && !self.resync_wanted)
-        {
-            self.resync_wanted = true;
-            self.coalescer.changed();
-        }
-        if self.manifests.is_none() || self.coalescer.poll(now) != Next::Apply {
+        // The periodic resync runs when due, outside the minimum sync period
+        // (so a change right behind it is not held back); a failed one is
+        // retried through the coalescer, no sooner than a period later.
+        let resync_due = !self.resync_wanted
+            && self
+                .last_full_sync
+                .is_some_and(|at| now >= at + FULL_RESYNC_PERIOD);
+        if self.manifests.is_none() || (!resync_due && self.coalescer.poll(now) != Next::Apply) {
             return;
         }
-        let resync = self.resync_wanted;
+        let resync = resync_due || self.resync_wanted;
         let started = Instant::now();
         let result = self
             .inputs
@@ -374,7 +374,12 @@ impl<D: Datapath, H: HostView> Standalone<D, H> {
             }
             Err(error) => {
                 tracing::error!(%error, "sync failed; the next sync re-reads the maps and plans everything");
-                self.coalescer.failed();
+                if resync_due {
+                    self.resync_wanted = true;
+                    self.coalescer.failed_outside(now);
+                } else {
+                    self.coalescer.failed();
+                }
             }
         }
     }

@@ -63,6 +63,14 @@ impl Coalescer {
     pub fn failed(&mut self) {
         self.pending = true;
     }
+
+    /// An apply started at `now` without `poll` (the periodic resync, which
+    /// does not hold back the changes behind it) failed: try again through
+    /// `poll`, no sooner than one period after `now`.
+    pub fn failed_outside(&mut self, now: Instant) {
+        self.pending = true;
+        self.last_apply_started = Some(self.last_apply_started.map_or(now, |last| last.max(now)));
+    }
 }
 
 #[cfg(test)]
@@ -131,6 +139,20 @@ mod tests {
             Next::WaitUntil(at(start, 1_000))
         );
         assert_eq!(coalescer.poll(at(start, 1_000)), Next::Apply);
+    }
+
+    #[test]
+    fn a_failed_apply_outside_poll_is_retried_a_period_after_it() {
+        let start = Instant::now();
+        let mut coalescer = Coalescer::new(PERIOD);
+        coalescer.changed();
+        assert_eq!(coalescer.poll(start), Next::Apply);
+        coalescer.failed_outside(at(start, 5_000));
+        assert_eq!(
+            coalescer.poll(at(start, 5_001)),
+            Next::WaitUntil(at(start, 6_000))
+        );
+        assert_eq!(coalescer.poll(at(start, 6_000)), Next::Apply);
     }
 
     #[test]

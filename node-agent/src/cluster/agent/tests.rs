@@ -7,7 +7,7 @@ use switchyard_common::{FrontendKey, DATAPATH_MODE_ACTIVE, SCOPE_EXTERNAL};
 use super::*;
 use crate::desired::frontend_key;
 use crate::loader::Counters;
-use crate::maps::FakeServiceMaps;
+use crate::maps::{FakeServiceMaps, MapMutation};
 use crate::model::{
     endpoint_slice_from_v1, service_from_v1, EndpointModel, Protocol, ServiceModel, ServiceName,
 };
@@ -622,4 +622,48 @@ fn a_watch_event_before_the_first_complete_list_does_not_open_the_gate() {
     agent.tick(start, wall());
     assert!(agent.gate_is_open());
     assert!(agent.datapath.maps.mutations_applied > 0);
+}
+
+#[test]
+fn a_change_right_after_the_periodic_resync_is_not_held_back_and_a_failed_resync_waits_a_period() {
+    let start = Instant::now();
+    let mut agent = running_agent(DataplaneMode::Ebpf, start);
+    let due = start + Duration::from_secs(300);
+    let (outcome, _) = agent.tick(due, wall()).sync.expect("the resync ran");
+    assert_eq!(outcome.kind, SyncKind::Resync);
+    let right_after = due + Duration::from_millis(100);
+    agent.receive(
+        Input::Services(StoreChange::Upsert(key_of("api"), api_service().into())),
+        right_after,
+    );
+    let (outcome, _) = agent
+        .tick(right_after, wall())
+        .sync
+        .expect("applied at once, not a period after the resync");
+    assert_eq!(outcome.kind, SyncKind::Partial { services: 1 });
+
+    // The next resync fails: retried a period later, with no busy loop meanwhile.
+    let next_due = due + Duration::from_secs(300);
+    agent
+        .datapath
+        .maps
+        .failing_kinds
+        .insert(MapMutation::WriteFrontend);
+    agent.datapath.maps.state.frontends.clear();
+    assert!(agent.tick(next_due, wall()).sync.is_none(), "failed");
+    let soon = next_due + Duration::from_millis(10);
+    assert!(agent
+        .next_deadline(soon)
+        .is_some_and(|at| at >= next_due + Duration::from_secs(1)));
+    assert!(
+        agent.tick(soon, wall()).sync.is_none(),
+        "not retried at once"
+    );
+    agent.datapath.maps.failing_kinds.clear();
+    let (outcome, _) = agent
+        .tick(next_due + Duration::from_secs(1), wall())
+        .sync
+        .expect("retried a period later");
+    assert_eq!(outcome.kind, SyncKind::Resync);
+    assert!(!agent.datapath.maps.state.frontends.is_empty(), "repaired");
 }
