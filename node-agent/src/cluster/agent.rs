@@ -442,8 +442,15 @@ impl<D: NodeDatapath> ClusterAgent<D> {
                     }),
                     "synced the maps"
                 );
-                self.sync_report = SyncReport::Synced;
-                self.last_sync_time = Some(wall);
+                // A resync that found nothing to correct changes nothing worth
+                // reporting: the status (and its write) stays as it was.
+                let clean_resync = outcome.kind == SyncKind::Resync
+                    && operations == 0
+                    && self.sync_report == SyncReport::Synced;
+                if !clean_resync {
+                    self.sync_report = SyncReport::Synced;
+                    self.last_sync_time = Some(wall);
+                }
                 Some((outcome, elapsed))
             }
             Err(error) => {

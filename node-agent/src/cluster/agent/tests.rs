@@ -551,11 +551,15 @@ fn the_periodic_full_resync_rereads_the_maps_and_repairs_them() {
     assert_eq!(outcome.kind, SyncKind::Resync);
     assert_eq!(agent.counts.resync_corrections, 1);
     assert_eq!(agent.datapath.maps.state, expected);
-    // The next one is a period later, and finds nothing to correct.
+    // The next one is a period later, and finds nothing to correct: it
+    // leaves the status (its last sync time) alone, so it costs no write.
     assert!(agent
         .tick(due + Duration::from_secs(10), wall())
         .sync
         .is_none());
+    let reported = agent
+        .status_inputs(due, &CoexistenceReport::default())
+        .last_sync_time;
     let (outcome, _) = agent
         .tick(due + Duration::from_secs(300), wall())
         .sync
@@ -563,6 +567,12 @@ fn the_periodic_full_resync_rereads_the_maps_and_repairs_them() {
     assert_eq!(outcome.kind, SyncKind::Resync);
     assert_eq!(outcome.report.operation_count(), 0);
     assert_eq!(agent.counts.resync_corrections, 1);
+    assert_eq!(
+        agent
+            .status_inputs(due, &CoexistenceReport::default())
+            .last_sync_time,
+        reported
+    );
 }
 
 #[test]
