@@ -10,7 +10,7 @@ use std::{
     io::{BufRead as _, BufReader, Write as _},
     net::{Ipv4Addr, SocketAddrV4, TcpListener},
     path::Path,
-    process::{Child, Command, Stdio},
+    process::Child,
     time::{Duration, Instant},
 };
 
@@ -20,36 +20,7 @@ const NODE_NAME: &str = "node-a";
 const OTHER_NODE: &str = "node-b";
 
 fn start_agent(node: &Node) -> Child {
-    let log = std::fs::File::create(node.work.join("agent.log")).expect("agent log");
-    let error_log = log.try_clone().expect("agent log");
-    let socket_hooks: Vec<std::ffi::OsString> = match &node.cgroup {
-        Some(cgroup) => vec!["--cgroup".into(), cgroup.into()],
-        None => vec!["--no-socket-hooks".into()],
-    };
-    Command::new(env!("CARGO_BIN_EXE_switchyard-agent"))
-        .args(["standalone", "--manifests"])
-        .arg(node.work.join("manifests"))
-        .args([
-            "--pod-interfaces",
-            "veth-*",
-            "--host-interfaces",
-            "ext0",
-            "--node-ip",
-            "192.168.50.1",
-            "--node-name",
-            NODE_NAME,
-            "--min-sync-period-ms",
-            "100",
-            "--bpf-pin-dir",
-        ])
-        .arg(&node.pin_directory)
-        .args(socket_hooks)
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(log)
-        .stderr(error_log)
-        .spawn()
-        .expect("start switchyard-agent")
+    node.start_standalone_agent(NODE_NAME, "agent.log")
 }
 
 fn agent_log(node: &Node) -> String {

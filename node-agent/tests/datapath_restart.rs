@@ -7,7 +7,7 @@ mod datapath_support;
 use std::{
     net::{Ipv4Addr, SocketAddrV4},
     path::Path,
-    process::{Child, Command, Stdio},
+    process::Child,
     sync::{
         atomic::{AtomicBool, AtomicUsize, Ordering},
         Arc,
@@ -49,38 +49,7 @@ endpoints:
 
 /// Starts the agent binary; its output goes to `<work>/agent-<n>.log`.
 fn start_agent(node: &Node, generation: usize) -> Child {
-    let log = std::fs::File::create(node.work.join(format!("agent-{generation}.log")))
-        .expect("agent log");
-    let error_log = log.try_clone().expect("agent log");
-    // The socket hooks go to the test's own cgroup, never the machine's root.
-    let socket_hooks: Vec<std::ffi::OsString> = match &node.cgroup {
-        Some(cgroup) => vec!["--cgroup".into(), cgroup.into()],
-        None => vec!["--no-socket-hooks".into()],
-    };
-    Command::new(env!("CARGO_BIN_EXE_switchyard-agent"))
-        .args(["standalone", "--manifests"])
-        .arg(node.work.join("manifests"))
-        .args([
-            "--pod-interfaces",
-            "veth-*",
-            "--host-interfaces",
-            "ext0",
-            "--node-ip",
-            "192.168.50.1",
-            "--node-name",
-            NODE_NAME,
-            "--min-sync-period-ms",
-            "100",
-            "--bpf-pin-dir",
-        ])
-        .arg(&node.pin_directory)
-        .args(socket_hooks)
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(log)
-        .stderr(error_log)
-        .spawn()
-        .expect("start switchyard-agent")
+    node.start_standalone_agent(NODE_NAME, &format!("agent-{generation}.log"))
 }
 
 fn agent_logs(node: &Node) -> String {

@@ -125,6 +125,43 @@ pub struct Node {
 }
 
 impl Node {
+    /// Starts the agent binary in standalone mode on this node's test topology (pods
+    /// on `veth-*`, the outside on `ext0`, node IP 192.168.50.1, manifests from
+    /// `<work>/manifests`, pins in this node's bpffs); its output goes to
+    /// `<work>/<log_name>`.
+    pub fn start_standalone_agent(&self, node_name: &str, log_name: &str) -> std::process::Child {
+        let log = std::fs::File::create(self.work.join(log_name)).expect("agent log");
+        let error_log = log.try_clone().expect("agent log");
+        // The socket hooks go to the test's own cgroup, never the machine's root.
+        let socket_hooks: Vec<std::ffi::OsString> = match &self.cgroup {
+            Some(cgroup) => vec!["--cgroup".into(), cgroup.into()],
+            None => vec!["--no-socket-hooks".into()],
+        };
+        Command::new(env!("CARGO_BIN_EXE_switchyard-agent"))
+            .args(["standalone", "--manifests"])
+            .arg(self.work.join("manifests"))
+            .args([
+                "--pod-interfaces",
+                "veth-*",
+                "--host-interfaces",
+                "ext0",
+                "--node-ip",
+                "192.168.50.1",
+                "--node-name",
+                node_name,
+                "--min-sync-period-ms",
+                "100",
+                "--bpf-pin-dir",
+            ])
+            .arg(&self.pin_directory)
+            .args(socket_hooks)
+            .env("RUST_LOG", "info")
+            .stdin(std::process::Stdio::null())
+            .stdout(log)
+            .stderr(error_log)
+            .spawn()
+            .expect("start switchyard-agent")
+    }
     fn prepare(work: PathBuf) -> Self {
         let bpffs = work.join("bpffs");
         std::fs::create_dir_all(&bpffs).expect("create the bpffs mount point");
