@@ -298,13 +298,7 @@ async fn a_cluster_moves_to_ebpf_and_back_under_traffic_without_breaking_a_conne
         )
         .await
         .expect("apply mode Ebpf");
-    let start_revision = world
-        .config()
-        .await
-        .expect("read")
-        .and_then(|config| config.metadata.resource_version)
-        .and_then(|version| version.parse::<u64>().ok())
-        .expect("the DataplaneConfig's revision");
+    let start_revision = world.config_revision().await;
     let kubectl_wait = tokio::task::spawn_blocking(|| {
         run(
             "kubectl",
@@ -375,13 +369,7 @@ async fn a_cluster_moves_to_ebpf_and_back_under_traffic_without_breaking_a_conne
         })
         .unwrap_or_else(|| panic!("{node} was never told to clean"));
         let pod = &pods_before[node];
-        let gone = pod_versions
-            .iter()
-            .filter(|version| {
-                version.deleted && version.object.metadata.name.as_deref() == Some(pod.as_str())
-            })
-            .map(|version| version.revision)
-            .min()
+        let gone = revision_deleted(&pod_versions, pod)
             .unwrap_or_else(|| panic!("kube-proxy pod {pod} on {node} was never deleted"));
         assert!(
             gone < cleanup,
@@ -555,13 +543,7 @@ async fn a_cluster_moves_to_ebpf_and_back_under_traffic_without_breaking_a_conne
         world.client.clone(),
         RELEASE_NAMESPACE,
     ));
-    let upgrade_revision = world
-        .config()
-        .await
-        .expect("read")
-        .and_then(|config| config.metadata.resource_version)
-        .and_then(|version| version.parse::<u64>().ok())
-        .expect("the DataplaneConfig's revision");
+    let upgrade_revision = world.config_revision().await;
     let before_upgrade = traffic.snapshot();
     let upgrade_started = Instant::now();
     world
@@ -779,13 +761,7 @@ async fn a_cluster_moves_to_ebpf_and_back_under_traffic_without_breaking_a_conne
         )
         .await
         .expect("apply mode KubeProxy");
-    let rollback_revision = world
-        .config()
-        .await
-        .expect("read")
-        .and_then(|config| config.metadata.resource_version)
-        .and_then(|version| version.parse::<u64>().ok())
-        .expect("the DataplaneConfig's revision");
+    let rollback_revision = world.config_revision().await;
     let rollback_started = Instant::now();
     // Nodes drain while the long-lived connections stay open: every node is detached or
     // draining, and at least one still carries flows.
@@ -1497,13 +1473,7 @@ async fn the_operator_killed_twice_finishes_without_repeating_or_skipping_a_step
             version.object.spec.iptables_cleanup
         })
         .unwrap_or_else(|| panic!("{node} was never told to clean"));
-        let gone = pod_versions
-            .iter()
-            .filter(|version| {
-                version.deleted && version.object.metadata.name.as_deref() == Some(pod.as_str())
-            })
-            .map(|version| version.revision)
-            .min()
+        let gone = revision_deleted(&pod_versions, pod)
             .unwrap_or_else(|| panic!("{pod} never seen deleted"));
         assert!(
             serving < disabled_revision,
@@ -1896,13 +1866,7 @@ async fn a_kube_proxy_owned_by_argo_cd_is_refused_then_waited_for(
     let nodes = world.dataplane_nodes().await.expect("list");
     for node in NODES {
         let pod = pods_before[node].metadata.name.clone().unwrap_or_default();
-        let gone = pod_versions
-            .iter()
-            .filter(|version| {
-                version.deleted && version.object.metadata.name.as_deref() == Some(pod.as_str())
-            })
-            .map(|version| version.revision)
-            .min()
+        let gone = revision_deleted(&pod_versions, &pod)
             .unwrap_or_else(|| panic!("{pod} never seen deleted"));
         let cleanup_generation = nodes[node].metadata.generation.unwrap_or(0);
         assert!(

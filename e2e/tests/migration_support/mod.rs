@@ -245,6 +245,20 @@ impl<K: Clone> Drop for Recorder<K> {
 }
 
 /// The first version after `after` for which `test` holds, per object name.
+/// The etcd revision at which the pod named `pod_name` was seen deleted, if it was.
+pub fn revision_deleted<K: Resource + Clone>(
+    versions: &[Version<K>],
+    pod_name: &str,
+) -> Option<u64> {
+    versions
+        .iter()
+        .filter(|version| {
+            version.deleted && version.object.meta().name.as_deref() == Some(pod_name)
+        })
+        .map(|version| version.revision)
+        .min()
+}
+
 pub fn first_revision_where<K: Resource + Clone>(
     versions: &[Version<K>],
     after: u64,
@@ -536,6 +550,17 @@ impl World {
         Ok(Api::<DataplaneConfig>::all(self.client.clone())
             .get_opt("default")
             .await?)
+    }
+
+    /// The default DataplaneConfig's resourceVersion, which is its etcd revision: the
+    /// point after which the scenarios look for the operator's steps.
+    pub async fn config_revision(&self) -> u64 {
+        self.config()
+            .await
+            .expect("read the DataplaneConfig")
+            .and_then(|config| config.metadata.resource_version)
+            .and_then(|version| version.parse::<u64>().ok())
+            .expect("the DataplaneConfig's revision")
     }
 
     pub async fn dataplane_nodes(&self) -> Outcome<BTreeMap<String, DataplaneNode>> {
