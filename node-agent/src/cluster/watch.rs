@@ -131,7 +131,9 @@ where
 /// Turns watcher events into store changes: a (re)list is buffered from `Init`
 /// to `InitDone` and handed over whole, so the agent never sees half a list;
 /// single changes pass through. Objects that do not convert are logged and left
-/// out. Pure (no I/O), so the buffering is tested on its own.
+/// out, by a relist and by an update alike: an update that does not convert
+/// removes the object's previous version, whose backends may be gone. Pure (no
+/// I/O), so the buffering is tested on its own.
 pub struct ChangeBuilder<K, V> {
     what: &'static str,
     convert: fn(&K) -> Result<Option<V>, FieldError>,
@@ -147,11 +149,19 @@ impl<K: Resource, V> ChangeBuilder<K, V> {
         }
     }
 
-    fn converted(&self, object: &K) -> Option<Option<V>> {
+    /// The object in the model (`None`: not used by the datapath), or, when it
+    /// does not convert, `None` after a warning naming it and the field.
+    fn converted(&self, object: &K) -> Option<V> {
         match (self.convert)(object) {
-            Ok(value) => Some(value),
+            Ok(value) => value,
             Err(error) => {
-                tracing::warn!(what = self.what, object = %key_of(object), %error, "ignoring an object the datapath cannot use");
+                tracing::warn!(
+                    what = self.what,
+                    object = %key_of(object),
+                    field = %error.field,
+                    reason = %error.reason,
+                    "leaving out an object the datapath cannot use (a previous version is removed)"
+                );
                 None
             }
         }
@@ -164,7 +174,7 @@ impl<K: Resource, V> ChangeBuilder<K, V> {
                 None
             }
             watcher::Event::InitApply(object) => {
-                if let Some(Some(value)) = self.converted(&object) {
+                if let Some(value) = self.converted(&object) {
                     if let Some(buffer) = self.buffer.as_mut() {
                         buffer.insert(key_of(&object), value);
                     }
@@ -172,11 +182,12 @@ impl<K: Resource, V> ChangeBuilder<K, V> {
                 None
             }
             watcher::Event::InitDone => self.buffer.take().map(StoreChange::Replace),
-            watcher::Event::Apply(object) => match self.converted(&object) {
-                Some(Some(value)) => Some(StoreChange::Upsert(key_of(&object), value)),
-                Some(None) => Some(StoreChange::Remove(key_of(&object))),
-                None => None,
-            },
+            // As in a relist, an object that does not convert is left out: its
+            // previous version must not keep serving backends it no longer has.
+            watcher::Event::Apply(object) => Some(match self.converted(&object) {
+                Some(value) => StoreChange::Upsert(key_of(&object), value),
+                None => StoreChange::Remove(key_of(&object)),
+            }),
             watcher::Event::Delete(object) => Some(StoreChange::Remove(key_of(&object))),
         }
     }
@@ -457,5 +468,29 @@ mod tests {
             builder.on_event(watcher::Event::Delete(v1beta1_slice("web-1", true))),
             Some(StoreChange::Remove(ServiceName::new("default", "web-1")))
         );
+    }
+
+    #[test]
+    fn an_update_that_does_not_convert_removes_the_previous_version_as_a_relist_would() {
+        let mut builder = ChangeBuilder::new("EndpointSlices", slice_model_v1beta1);
+        assert!(matches!(
+            builder.on_event(watcher::Event::Apply(v1beta1_slice("web-1", true))),
+            Some(StoreChange::Upsert(key, _)) if key == ServiceName::new("default", "web-1")
+        ));
+        let mut broken = v1beta1_slice("web-1", true);
+        broken.data["endpoints"] = serde_json::json!("not a list");
+        assert_eq!(
+            builder.on_event(watcher::Event::Apply(broken.clone())),
+            Some(StoreChange::Remove(ServiceName::new("default", "web-1"))),
+            "the old endpoints do not stay"
+        );
+
+        // A relist of the same broken object leaves it out the same way.
+        assert_eq!(builder.on_event(watcher::Event::Init), None);
+        assert_eq!(builder.on_event(watcher::Event::InitApply(broken)), None);
+        let Some(StoreChange::Replace(list)) = builder.on_event(watcher::Event::InitDone) else {
+            panic!("a complete list");
+        };
+        assert!(list.is_empty());
     }
 }
