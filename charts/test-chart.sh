@@ -21,6 +21,105 @@ check() {
   fi
 }
 render() { "$helm" template sy "$chart" --namespace switchyard-system --set apiServer.host=10.0.0.1 "$@"; }
+# object KIND NAME < rendered: that object's YAML document.
+object() {
+  awk -v head="(^|\n)kind: $1\nmetadata:\n  name: $2\n" 'BEGIN { RS = "\n---\n" } $0 ~ head { print }'
+}
+# rule_triples < ClusterRole or Role: one "apiGroup resource verb" line per
+# permission its rules grant (core group as ""), sorted. A rule written in any
+# other shape than the chart's flow lists (resourceNames, nonResourceURLs, block
+# lists) prints an UNPARSED line, so it cannot slip past a comparison.
+rule_triples() {
+  awk '
+    function items(line, out) { sub(/^[^[]*\[/, "", line); sub(/\][ ]*$/, "", line); return split(line, out, /, */) }
+    function flush(   g, r, v, i, j, k) {
+      if (!started) return
+      if (groups == "" || resources == "" || verbs == "") { print "UNPARSED incomplete rule"; return }
+      items(groups, g); items(resources, r); items(verbs, v)
+      for (i in g) for (j in r) for (k in v) print g[i], r[j], v[k]
+    }
+    /^rules:/ { inrules = 1; next }
+    !inrules { next }
+    /^[^ ]/ { inrules = 0; next }
+    /^ *(#.*)?$/ { next }
+    /^  - apiGroups: \[.*\]$/ { flush(); started = 1; groups = $0; resources = ""; verbs = ""; next }
+    /^    resources: \[.*\]$/ { resources = $0; next }
+    /^    verbs: \[.*\]$/ { verbs = $0; next }
+    { print "UNPARSED " $0 }
+    END { flush() }
+  ' | sort
+}
+# The agent's ClusterRole grants exactly this, nothing more (least privilege): it
+# watches Services, EndpointSlices, its Node and its DataplaneNode, and writes
+# only the DataplaneNode status (Server-Side Apply). It emits no Events.
+expected_agent_rules() {
+  rule_triples <<'RULES'
+rules:
+  - apiGroups: [""]
+    resources: [services, nodes]
+    verbs: [get, list, watch]
+  - apiGroups: [discovery.k8s.io]
+    resources: [endpointslices]
+    verbs: [get, list, watch]
+  - apiGroups: [switchyard.dev]
+    resources: [dataplanenodes]
+    verbs: [get, list, watch]
+  - apiGroups: [switchyard.dev]
+    resources: [dataplanenodes/status]
+    verbs: [get, patch, update]
+RULES
+}
+agent_rules_are_least_privilege() {
+  local file=$1
+  [ "$(object ClusterRole switchyard-agent <"$file" | grep -c '^kind: ClusterRole$')" -eq 1 ] ||
+    { echo "expected exactly one ClusterRole switchyard-agent"; return 1; }
+  diff <(expected_agent_rules) <(object ClusterRole switchyard-agent <"$file" | rule_triples) ||
+    { echo "(< expected, > rendered) the agent's ClusterRole differs from its least-privilege rules"; return 1; }
+  # No other (Cluster)Role may be bound to the agent's ServiceAccount.
+  local bound
+  bound=$(awk 'BEGIN { RS = "\n---\n" }
+    /(^|\n)kind: (Cluster)?RoleBinding\n/ && /\n  - kind: ServiceAccount\n    name: switchyard-agent\n/ {
+      kind = $0; sub(/.*\nroleRef:\n(  [^\n]*\n)*  kind: /, "", kind); sub(/\n.*/, "", kind)
+      name = $0; sub(/.*\nroleRef:\n(  [^\n]*\n)*  name: /, "", name); sub(/\n.*/, "", name)
+      print kind "/" name
+    }' "$file")
+  [ "$bound" = ClusterRole/switchyard-agent ] ||
+    { echo "the agent ServiceAccount is bound to: ${bound:-nothing} (expected ClusterRole/switchyard-agent only)"; return 1; }
+}
+# kube_proxy_targets < rendered: "role=NS/NAME config=NS/NAME management=M", the
+# DaemonSet the operator may patch and the one the chart's DataplaneConfig names.
+kube_proxy_targets() {
+  local file role_ns role_name config
+  file=$(cat)
+  role_ns=$(object Role switchyard-operator-kube-proxy <<<"$file" | sed -n 's/^  namespace: //p')
+  role_name=$(object Role switchyard-operator-kube-proxy <<<"$file" | sed -n 's/^    resourceNames: \[\(.*\)\]$/\1/p')
+  config=$(object DataplaneConfig default <<<"$file" | awk '
+    /^  kubeProxy:$/ { on = 1; next }
+    on && /^    [a-zA-Z]+: / { key = $1; sub(/:$/, "", key); value[key] = $2; next }
+    { on = 0 }
+    END { printf "config=%s/%s management=%s", value["namespace"], value["daemonSetName"], value["management"] }')
+  echo "role=$role_ns/$role_name $config"
+}
+# expect_kube_proxy_targets EXPECTED RENDER-ARGS...: the Role and the DataplaneConfig
+# both name the DaemonSet EXPECTED (NS/NAME); extra "management=M" is checked too.
+expect_kube_proxy_targets() {
+  local want=$1 management=${2#management=} got
+  shift 2
+  got=$(render --set dataplaneConfig.create=true "$@" | kube_proxy_targets) || return 1
+  echo "got: $got"
+  [ "$got" = "role=$want config=$want management=$management" ]
+}
+# expect_mismatch_fails FIELD RENDER-ARGS...: rendering fails, naming the field.
+expect_mismatch_fails() {
+  local field=$1 output
+  shift
+  if output=$(render --set dataplaneConfig.create=true "$@" 2>&1); then
+    echo "rendering succeeded; expected a failure about dataplaneConfig.spec.kubeProxy.$field"
+    return 1
+  fi
+  echo "$output"
+  grep -q "dataplaneConfig.spec.kubeProxy.$field (.*) must match kubeProxy.$field" <<<"$output"
+}
 rendered=$(mktemp)
 trap 'rm -f "$rendered" /tmp/switchyard-chart-check.log' EXIT
 render >"$rendered" 2>/dev/null
@@ -42,6 +141,35 @@ check "the operator runs as non-root with a read-only root filesystem" \
 check "the agent tolerates every taint" grep -q -- '- operator: Exists' "$rendered"
 check "the agent may write only the status of DataplaneNodes" \
   bash -c "grep -A2 'resources: \[dataplanenodes/status\]' '$rendered' | grep -q 'verbs: \[get, patch, update\]' && ! grep -B3 'verbs: \[get, list, watch, create, patch, update\]' '$rendered' | grep -q switchyard-agent"
+check "the agent's RBAC is exactly its least-privilege rules (no Events, no writes but DataplaneNode status)" \
+  agent_rules_are_least_privilege "$rendered"
+check "the agent's RBAC stays least-privilege with every optional object rendered" \
+  bash -c "$(declare -f render object rule_triples expected_agent_rules agent_rules_are_least_privilege); helm='$helm' chart='$chart'
+    all=\$(mktemp); trap 'rm -f \$all' EXIT
+    render --set dataplaneConfig.create=true --set serviceMonitor.enabled=true --set operator.applyCrds=false >\$all &&
+    agent_rules_are_least_privilege \$all"
+check "the rule parser of these checks sees a widened agent rule" \
+  bash -c "$(declare -f object rule_triples expected_agent_rules agent_rules_are_least_privilege)
+    widened=\$(mktemp); trap 'rm -f \$widened' EXIT
+    sed '/^  name: switchyard-agent\$/,/^---/ s/^    verbs: \[get, patch, update\]\$/    verbs: [get, patch, update, delete]/' '$rendered' >\$widened &&
+    ! cmp -s '$rendered' \$widened && ! agent_rules_are_least_privilege \$widened"
+check "the chart's DataplaneConfig names the DaemonSet the operator may patch (defaults)" \
+  expect_kube_proxy_targets kube-system/kube-proxy management=
+check "the chart's DataplaneConfig follows kubeProxy.* when its spec leaves kubeProxy unset" \
+  expect_kube_proxy_targets kp-system/proxy management= \
+  --set kubeProxy.namespace=kp-system --set kubeProxy.daemonSetName=proxy
+check "a matching spec.kubeProxy renders, its management kept" \
+  expect_kube_proxy_targets kp-system/proxy management=External \
+  --set kubeProxy.namespace=kp-system --set kubeProxy.daemonSetName=proxy \
+  --set dataplaneConfig.spec.kubeProxy.namespace=kp-system --set dataplaneConfig.spec.kubeProxy.daemonSetName=proxy \
+  --set dataplaneConfig.spec.kubeProxy.management=External
+check "a spec.kubeProxy.namespace other than kubeProxy.namespace fails rendering" \
+  expect_mismatch_fails namespace --set dataplaneConfig.spec.kubeProxy.namespace=kp-system
+check "a spec.kubeProxy.daemonSetName other than kubeProxy.daemonSetName fails rendering" \
+  expect_mismatch_fails daemonSetName --set kubeProxy.daemonSetName=proxy \
+  --set dataplaneConfig.spec.kubeProxy.daemonSetName=kube-proxy
+check "the values schema rejects an unknown field under dataplaneConfig.spec.kubeProxy" \
+  bash -c "! '$helm' template sy '$chart' --set dataplaneConfig.spec.kubeProxy.daemonsetName=x"
 check "a ServiceMonitor is rendered only when asked for" \
   bash -c "! grep -q ServiceMonitor '$rendered' && $(declare -f render); helm='$helm' chart='$chart' render --set serviceMonitor.enabled=true | grep -q 'kind: ServiceMonitor'"
 
