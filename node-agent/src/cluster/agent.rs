@@ -7,7 +7,7 @@
 //! Time is passed in, and the datapath is a trait, so tests drive it with an
 //! in-memory fake and no sleeping.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
@@ -26,7 +26,7 @@ use crate::kube_proxy::health::LocalServiceHealth;
 use crate::maps::ServiceMaps;
 use crate::model::{EndpointSliceModel, ServiceName};
 use crate::standalone::datapath::datapath_config;
-use crate::standalone::follow::{follow_mode, Attachment, ModeAction};
+use crate::standalone::follow::{detach_interfaces, follow_mode, Attachment, ModeAction};
 use crate::standalone::interfaces::{self, Globs, InterfaceRole, IpInterface};
 use crate::standalone::masquerade;
 use crate::sync::coalesce::{Coalescer, Next};
@@ -131,6 +131,8 @@ pub struct ClusterAgent<D: NodeDatapath> {
     attachment: Attachment,
     /// Interfaces with programs, by name, with the index they had.
     attached: BTreeMap<String, u32>,
+    /// While `Detaching`: the interfaces whose detach failed, retried every round.
+    detach_left: BTreeSet<String>,
     socket_hooks_attached: bool,
     attach_error: Option<String>,
     sync_report: SyncReport,
@@ -185,6 +187,7 @@ impl<D: NodeDatapath> ClusterAgent<D> {
             dataplane_node: None,
             attachment,
             attached: BTreeMap::new(),
+            detach_left: BTreeSet::new(),
             socket_hooks_attached: false,
             attach_error: None,
             sync_report: SyncReport::NotYet,
@@ -245,7 +248,8 @@ impl<D: NodeDatapath> ClusterAgent<D> {
             // To notice the gate timeout.
             deadline = Some(now + Duration::from_secs(1));
         }
-        if let Attachment::Draining { .. } = self.attachment {
+        if let Attachment::Draining { .. } | Attachment::Detaching = self.attachment {
+            // Drain progress, or the retry of the interfaces left to detach.
             deadline = Some(now + Duration::from_secs(1));
         }
         if let Some(due) = self.resync_due_at().filter(|_| !self.resync_wanted) {
@@ -545,7 +549,7 @@ impl<D: NodeDatapath> ClusterAgent<D> {
             }
             _ => None,
         };
-        let (next, action) = follow_mode(
+        let (mut next, action) = follow_mode(
             self.attachment,
             self.mode(),
             self.drain_timeout(),
@@ -560,6 +564,7 @@ impl<D: NodeDatapath> ClusterAgent<D> {
                 self.write_mode(DATAPATH_MODE_ACTIVE)?;
                 self.socket_hooks_attached = false;
                 self.attached.clear();
+                self.detach_left.clear();
                 self.last_drain = None;
                 tracing::info!("mode Ebpf: programs attached and active");
             }
@@ -571,31 +576,51 @@ impl<D: NodeDatapath> ClusterAgent<D> {
             Some(ModeAction::Detach) => {
                 // The socket hooks stay: with the config draining they pass
                 // every new connection untranslated.
-                for name in self.roles.keys() {
-                    if let Err(error) = self.datapath.detach_interface(name) {
-                        tracing::warn!(interface = %name, %error, "cannot detach");
-                    }
-                }
-                self.attached.clear();
-                self.last_drain = Some(if live == Some(0) {
-                    DrainEnd::Complete
+                let retrying = self.attachment == Attachment::Detaching;
+                let names: Vec<String> = if retrying {
+                    self.detach_left.iter().cloned().collect()
                 } else {
-                    DrainEnd::TimeoutExpired
-                });
-                self.live_flows = None;
-                tracing::info!(live_flows = ?live, "drained: programs detached, maps kept");
+                    self.roles.keys().cloned().collect()
+                };
+                let datapath = &mut self.datapath;
+                let round = detach_interfaces(&names, |name| datapath.detach_interface(name));
+                self.attached.clear();
+                if !retrying {
+                    // The drain ended now, whatever the detaches do.
+                    self.last_drain = Some(if live == Some(0) {
+                        DrainEnd::Complete
+                    } else {
+                        DrainEnd::TimeoutExpired
+                    });
+                    self.live_flows = None;
+                }
+                next = round.attachment();
+                self.attach_error = round.error();
+                if round.remaining.is_empty() {
+                    tracing::info!(live_flows = ?live, "drained: programs detached, maps kept");
+                } else {
+                    tracing::warn!(
+                        remaining = ?round.remaining,
+                        "drained, but programs are still attached on some interfaces; retrying every round"
+                    );
+                }
+                self.detach_left = round.remaining;
             }
             None => {}
         }
         self.attachment = next;
-        if self.attachment != Attachment::Detached {
-            self.attach_new_interfaces();
-            // Every round, not only on activation: an upgraded agent restarts into
-            // an attached node, and the loader ends a schema migration only once
-            // every hook runs the new programs (a no-op when there is none).
-            self.datapath.finish_migration()?;
-        } else {
-            self.attach_error = None;
+        match self.attachment {
+            Attachment::Attached | Attachment::Draining { .. } => {
+                self.attach_new_interfaces();
+                // Every round, not only on activation: an upgraded agent restarts
+                // into an attached node, and the loader ends a schema migration
+                // only once every hook runs the new programs (a no-op when there
+                // is none).
+                self.datapath.finish_migration()?;
+            }
+            // The detach errors stay reported until the retry succeeds.
+            Attachment::Detaching => {}
+            Attachment::Detached => self.attach_error = None,
         }
         self.acted_generation = self.dataplane_node().and_then(|view| view.generation);
         Ok(())
@@ -656,7 +681,9 @@ impl<D: NodeDatapath> ClusterAgent<D> {
             attachment: match self.attachment {
                 Attachment::Detached => AttachmentReport::Detached,
                 Attachment::Attached => AttachmentReport::Attached,
-                Attachment::Draining { .. } => AttachmentReport::Draining,
+                // Programs are still on some interfaces: not detached yet, and
+                // `attach_error` says which detaches failed.
+                Attachment::Draining { .. } | Attachment::Detaching => AttachmentReport::Draining,
             },
             attach_error: self.attach_error.clone(),
             sync: self.sync_report.clone(),

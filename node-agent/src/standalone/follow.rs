@@ -8,16 +8,28 @@
 //! live TCP flow is left or the drain timeout has passed. `KubeProxy` from the
 //! start: nothing attached. Maps are kept in sync in every mode, so switching to
 //! `Ebpf` is instant.
+//!
+//! A detach that fails on some interface leaves the node `Detaching`: reporting
+//! it detached would hide programs still translating there, so the interfaces
+//! left are retried every round until none is.
 
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use switchyard_crds::DataplaneMode;
+
+use crate::Error;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Attachment {
     Detached,
     Attached,
-    Draining { since: Instant },
+    Draining {
+        since: Instant,
+    },
+    /// The drain ended but some interfaces could not be detached; they are
+    /// retried every round (the caller keeps which ones).
+    Detaching,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -26,7 +38,9 @@ pub enum ModeAction {
     Activate,
     /// Write config `DRAINING`.
     StartDraining,
-    /// Remove the programs from every interface and the socket hooks; keep maps.
+    /// Remove the programs from every interface (from `Detaching`: from the
+    /// interfaces left); keep the maps. The state after it is `Detached` only
+    /// if every detach succeeded ([`DetachRound::attachment`]).
     Detach,
 }
 
@@ -55,7 +69,54 @@ pub fn follow_mode(
                 (current, None)
             }
         }
+        (DataplaneMode::KubeProxy, Attachment::Detaching) => {
+            (Attachment::Detached, Some(ModeAction::Detach))
+        }
     }
+}
+
+/// What one round of detaching left behind.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DetachRound {
+    /// The interfaces whose detach failed, to retry next round.
+    pub remaining: BTreeSet<String>,
+    /// Their errors (each "failed to ..."), in interface order.
+    pub errors: Vec<String>,
+}
+
+impl DetachRound {
+    /// `Detached` only once every interface detached; until then `Detaching`,
+    /// so that the node is never reported detached with programs still on it.
+    pub fn attachment(&self) -> Attachment {
+        if self.remaining.is_empty() {
+            Attachment::Detached
+        } else {
+            Attachment::Detaching
+        }
+    }
+
+    /// The error to report while interfaces are left, `None` once none is.
+    pub fn error(&self) -> Option<String> {
+        (!self.errors.is_empty()).then(|| self.errors.join("; "))
+    }
+}
+
+/// Detaches every interface in `names` with `detach`, carrying on past a failure
+/// (one stuck interface must not keep the others translating), and says which
+/// are left.
+pub fn detach_interfaces<'a>(
+    names: impl IntoIterator<Item = &'a String>,
+    mut detach: impl FnMut(&str) -> Result<(), Error>,
+) -> DetachRound {
+    let mut round = DetachRound::default();
+    for name in names {
+        if let Err(error) = detach(name) {
+            tracing::warn!(interface = %name, %error, "cannot detach; retrying next round");
+            round.remaining.insert(name.clone());
+            round.errors.push(error.to_string());
+        }
+    }
+    round
 }
 
 #[cfg(test)]
@@ -138,6 +199,69 @@ mod tests {
                 start + TIMEOUT
             ),
             (Attachment::Detached, Some(ModeAction::Detach))
+        );
+    }
+
+    fn failing_on<'a>(names: &'a [&'a str]) -> impl FnMut(&str) -> Result<(), Error> + 'a {
+        move |name| {
+            if names.contains(&name) {
+                Err(Error::DetachProgram {
+                    target: name.into(),
+                    reason: "device or resource busy".into(),
+                })
+            } else {
+                Ok(())
+            }
+        }
+    }
+
+    #[test]
+    fn a_failed_detach_leaves_the_node_detaching_with_the_interfaces_left_and_their_errors() {
+        let interfaces: Vec<String> = ["eth0", "p-a", "p-b"].map(String::from).to_vec();
+        let round = detach_interfaces(&interfaces, failing_on(&["p-a"]));
+        assert_eq!(round.remaining, BTreeSet::from(["p-a".to_string()]));
+        assert_eq!(round.attachment(), Attachment::Detaching);
+        assert_eq!(
+            round.error().as_deref(),
+            Some("failed to detach from p-a: device or resource busy")
+        );
+    }
+
+    #[test]
+    fn detaching_retries_the_interfaces_left_every_round_and_ends_detached_once_none_is() {
+        let (next, action) = follow_mode(
+            Attachment::Detaching,
+            DataplaneMode::KubeProxy,
+            TIMEOUT,
+            None,
+            Instant::now(),
+        );
+        assert_eq!(
+            (next, action),
+            (Attachment::Detached, Some(ModeAction::Detach))
+        );
+        let left = BTreeSet::from(["p-a".to_string()]);
+        let mut tried = Vec::new();
+        let round = detach_interfaces(&left, |name| {
+            tried.push(name.to_string());
+            Ok(())
+        });
+        assert_eq!(tried, vec!["p-a".to_string()]);
+        assert_eq!(round.attachment(), Attachment::Detached);
+        assert_eq!(round.error(), None);
+    }
+
+    #[test]
+    fn ebpf_mode_while_detaching_reactivates() {
+        assert_eq!(
+            follow_mode(
+                Attachment::Detaching,
+                DataplaneMode::Ebpf,
+                TIMEOUT,
+                None,
+                Instant::now()
+            ),
+            (Attachment::Attached, Some(ModeAction::Activate))
         );
     }
 

@@ -15,7 +15,7 @@ pub mod interfaces;
 pub mod manifests;
 pub mod masquerade;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::net::IpAddr;
 use std::path::PathBuf;
@@ -25,7 +25,7 @@ use switchyard_common::{DATAPATH_MODE_ACTIVE, DATAPATH_MODE_DRAINING};
 use switchyard_crds::DataplaneMode;
 
 use self::datapath::{datapath_config, Datapath};
-use self::follow::{follow_mode, Attachment, ModeAction};
+use self::follow::{detach_interfaces, follow_mode, Attachment, ModeAction};
 use self::interfaces::{Globs, InterfaceRole};
 use self::manifests::{Fingerprint, Manifests};
 use crate::desired::NodeView;
@@ -95,6 +95,8 @@ pub struct Standalone<D: Datapath, H: HostView> {
     /// Interfaces with programs, by name, with the index they had.
     attached: BTreeMap<String, u32>,
     attachment: Attachment,
+    /// While `Detaching`: the interfaces whose detach failed, retried every round.
+    detach_left: BTreeSet<String>,
     socket_hooks: SocketHooks,
     masquerade_rule_ensured: bool,
     gate_timeout_reported: bool,
@@ -177,6 +179,7 @@ impl<D: Datapath, H: HostView> Standalone<D, H> {
             node_addresses: None,
             attached: BTreeMap::new(),
             attachment,
+            detach_left: BTreeSet::new(),
             socket_hooks: SocketHooks::Wanted,
             masquerade_rule_ensured: false,
             gate_timeout_reported: false,
@@ -457,7 +460,7 @@ impl<D: Datapath, H: HostView> Standalone<D, H> {
             Attachment::Draining { .. } => self.datapath.live_tcp_flows().ok(),
             _ => None,
         };
-        let (next, action) = follow_mode(
+        let (mut next, action) = follow_mode(
             self.attachment,
             self.mode(),
             self.drain_timeout(),
@@ -469,6 +472,7 @@ impl<D: Datapath, H: HostView> Standalone<D, H> {
                 self.write_mode(DATAPATH_MODE_ACTIVE)?;
                 self.socket_hooks = SocketHooks::Wanted;
                 self.attached.clear();
+                self.detach_left.clear();
                 tracing::info!("mode Ebpf: programs attached and active");
             }
             Some(ModeAction::StartDraining) => {
@@ -478,18 +482,31 @@ impl<D: Datapath, H: HostView> Standalone<D, H> {
             Some(ModeAction::Detach) => {
                 // The socket hooks stay: with the config draining they pass
                 // every new connection untranslated.
-                for name in roles.keys() {
-                    if let Err(error) = self.datapath.detach_interface(name) {
-                        tracing::warn!(interface = %name, %error, "cannot detach");
-                    }
-                }
+                let names: Vec<String> = if self.attachment == Attachment::Detaching {
+                    self.detach_left.iter().cloned().collect()
+                } else {
+                    roles.keys().cloned().collect()
+                };
+                let datapath = &mut self.datapath;
+                let round = detach_interfaces(&names, |name| datapath.detach_interface(name));
                 self.attached.clear();
-                tracing::info!(live_flows = ?live, "drained: programs detached, maps kept");
+                next = round.attachment();
+                match round.error() {
+                    None => {
+                        tracing::info!(live_flows = ?live, "drained: programs detached, maps kept")
+                    }
+                    Some(error) => tracing::error!(
+                        remaining = ?round.remaining,
+                        %error,
+                        "drained, but programs are still attached on some interfaces; retrying every round"
+                    ),
+                }
+                self.detach_left = round.remaining;
             }
             None => {}
         }
         self.attachment = next;
-        if self.attachment != Attachment::Detached {
+        if let Attachment::Attached | Attachment::Draining { .. } = self.attachment {
             self.ensure_masquerade_rule();
             self.attach_new_interfaces(roles);
             self.attach_socket_hooks();

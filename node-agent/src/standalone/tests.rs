@@ -1,4 +1,4 @@
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use switchyard_common::DATAPATH_MODE_ACTIVE;
@@ -15,6 +15,8 @@ struct FakeDatapath {
     socket_hooks: bool,
     live_flows: usize,
     detached_everything: bool,
+    /// Interfaces whose detach fails.
+    failing_detaches: BTreeSet<String>,
 }
 
 impl Datapath for FakeDatapath {
@@ -32,6 +34,12 @@ impl Datapath for FakeDatapath {
         Ok(())
     }
     fn detach_interface(&mut self, name: &str) -> Result<(), Error> {
+        if self.failing_detaches.contains(name) {
+            return Err(Error::DetachProgram {
+                target: name.into(),
+                reason: "device or resource busy".into(),
+            });
+        }
         self.attached.remove(name);
         Ok(())
     }
@@ -293,6 +301,41 @@ fn switching_to_kube_proxy_drains_and_detaches_when_the_last_flow_closes() {
         !agent.datapath.maps.state.frontends.is_empty(),
         "maps are kept"
     );
+}
+
+#[test]
+fn a_failed_detach_is_retried_every_round_and_the_node_is_detached_only_once_it_succeeds() {
+    let directory = TempDirectory::new("detach-retry");
+    write(&directory, "web.yaml", SERVICE);
+    let now = Instant::now();
+    let mut agent = Standalone::start(options(&directory.0), FakeDatapath::default(), host(), now)
+        .expect("starts");
+    agent.tick(now);
+    agent.datapath.failing_detaches.insert("veth1".into());
+    write(
+        &directory,
+        "node.yaml",
+        "apiVersion: switchyard.dev/v1alpha1\nkind: DataplaneNode\nmetadata: {name: node-a}\nspec: {mode: KubeProxy, drainTimeoutSeconds: 600}\n",
+    );
+    agent.tick(now + Duration::from_secs(1));
+    assert!(matches!(agent.attachment(), Attachment::Draining { .. }));
+    agent.tick(now + Duration::from_secs(2));
+    assert_eq!(agent.attachment(), Attachment::Detaching);
+    assert_eq!(
+        agent.datapath.attached.keys().cloned().collect::<Vec<_>>(),
+        vec!["veth1".to_string()]
+    );
+    let attach_calls = agent.datapath.attach_calls;
+    agent.tick(now + Duration::from_secs(3));
+    assert_eq!(agent.attachment(), Attachment::Detaching);
+    assert_eq!(
+        agent.datapath.attach_calls, attach_calls,
+        "nothing re-attached"
+    );
+    agent.datapath.failing_detaches.clear();
+    agent.tick(now + Duration::from_secs(4));
+    assert_eq!(agent.attachment(), Attachment::Detached);
+    assert!(agent.datapath.attached.is_empty());
 }
 
 #[test]

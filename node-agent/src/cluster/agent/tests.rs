@@ -1,4 +1,4 @@
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -20,6 +20,8 @@ struct FakeDatapath {
     attached: BTreeMap<String, InterfaceRole>,
     attach_calls: usize,
     live_flows: usize,
+    /// Interfaces whose detach fails.
+    failing_detaches: BTreeSet<String>,
 }
 
 impl NodeDatapath for FakeDatapath {
@@ -35,6 +37,12 @@ impl NodeDatapath for FakeDatapath {
         Ok(false)
     }
     fn detach_interface(&mut self, name: &str) -> Result<(), Error> {
+        if self.failing_detaches.contains(name) {
+            return Err(Error::DetachProgram {
+                target: name.into(),
+                reason: "device or resource busy".into(),
+            });
+        }
         self.attached.remove(name);
         Ok(())
     }
@@ -367,6 +375,50 @@ fn kube_proxy_mode_after_ebpf_drains_then_detaches_when_no_flow_is_left() {
         !agent.datapath.maps.state.frontends.is_empty(),
         "maps stay in sync in KubeProxy mode"
     );
+}
+
+#[test]
+fn a_failed_detach_keeps_the_node_draining_with_the_error_until_a_retry_succeeds() {
+    let start = Instant::now();
+    let mut agent = running_agent(DataplaneMode::Ebpf, start);
+    agent.datapath.failing_detaches.insert("p-client".into());
+    let t1 = start + Duration::from_secs(1);
+    agent.receive(dataplane_node(DataplaneMode::KubeProxy, 2), t1);
+    agent.tick(t1, wall());
+    assert!(matches!(agent.attachment(), Attachment::Draining { .. }));
+
+    let t2 = start + Duration::from_secs(3);
+    agent.tick(t2, wall());
+    assert_eq!(agent.attachment(), Attachment::Detaching);
+    assert_eq!(
+        agent.datapath.attached.keys().cloned().collect::<Vec<_>>(),
+        vec!["p-client".to_string()],
+        "eth0 detached, p-client left"
+    );
+    assert!(agent.next_deadline(t2).is_some(), "woken to retry");
+    let status = agent.status_inputs(t2, &CoexistenceReport::default());
+    assert_eq!(status.attachment, AttachmentReport::Draining);
+    assert_eq!(
+        status.attach_error.as_deref(),
+        Some("failed to detach from p-client: device or resource busy")
+    );
+    assert_eq!(status.last_drain, Some(DrainEnd::Complete));
+
+    // Still failing: the same state, nothing re-attached.
+    let attach_calls = agent.datapath.attach_calls;
+    agent.tick(start + Duration::from_secs(4), wall());
+    assert_eq!(agent.attachment(), Attachment::Detaching);
+    assert_eq!(agent.datapath.attach_calls, attach_calls);
+
+    agent.datapath.failing_detaches.clear();
+    let t5 = start + Duration::from_secs(5);
+    agent.tick(t5, wall());
+    assert_eq!(agent.attachment(), Attachment::Detached);
+    assert!(agent.datapath.attached.is_empty());
+    let status = agent.status_inputs(t5, &CoexistenceReport::default());
+    assert_eq!(status.attachment, AttachmentReport::Detached);
+    assert_eq!(status.attach_error, None);
+    assert_eq!(status.last_drain, Some(DrainEnd::Complete));
 }
 
 #[test]
