@@ -26,7 +26,9 @@ use crate::kube_proxy::health::LocalServiceHealth;
 use crate::maps::ServiceMaps;
 use crate::model::{EndpointSliceModel, ServiceName};
 use crate::standalone::datapath::datapath_config;
-use crate::standalone::follow::{detach_interfaces, follow_mode, Attachment, ModeAction};
+use crate::standalone::follow::{
+    detach_interfaces, follow_mode, instruction, Attachment, Instruction, ModeAction,
+};
 use crate::standalone::interfaces::{self, Globs, InterfaceRole, IpInterface};
 use crate::standalone::masquerade;
 use crate::sync::coalesce::{Coalescer, Next};
@@ -128,6 +130,8 @@ pub struct ClusterAgent<D: NodeDatapath> {
     roles: BTreeMap<String, (u32, InterfaceRole)>,
     /// `None` until the first answer; `Some(None)`: no DataplaneNode.
     dataplane_node: Option<Option<DataplaneNodeView>>,
+    /// The spec of the last DataplaneNode seen, kept when it disappears.
+    last_seen_spec: Option<DataplaneNodeSpec>,
     attachment: Attachment,
     /// Interfaces with programs, by name, with the index they had.
     attached: BTreeMap<String, u32>,
@@ -185,6 +189,7 @@ impl<D: NodeDatapath> ClusterAgent<D> {
             host_addresses: None,
             roles: BTreeMap::new(),
             dataplane_node: None,
+            last_seen_spec: None,
             attachment,
             attached: BTreeMap::new(),
             detach_left: BTreeSet::new(),
@@ -226,19 +231,20 @@ impl<D: NodeDatapath> ClusterAgent<D> {
         self.dataplane_node.as_ref().and_then(Option::as_ref)
     }
 
-    /// The mode followed: the DataplaneNode's, `KubeProxy` without one.
-    pub fn mode(&self) -> DataplaneMode {
-        self.dataplane_node()
-            .map(|view| view.spec.mode)
-            .unwrap_or(DataplaneMode::KubeProxy)
+    /// What the agent follows: the DataplaneNode's spec; when it disappeared,
+    /// its last spec; without one ever, the attachment as it is (`KubeProxy`
+    /// when nothing is attached). See [`instruction`].
+    pub fn instruction(&self) -> Instruction {
+        instruction(
+            self.dataplane_node().map(|view| &view.spec),
+            self.last_seen_spec.as_ref(),
+            self.attachment,
+        )
     }
 
-    fn drain_timeout(&self) -> Duration {
-        let seconds = self
-            .dataplane_node()
-            .map(|view| view.spec.drain_timeout_seconds)
-            .unwrap_or(switchyard_crds::DEFAULT_DRAIN_TIMEOUT_SECONDS);
-        Duration::from_secs(u64::try_from(seconds).unwrap_or(0))
+    /// The mode followed (see [`Self::instruction`]).
+    pub fn mode(&self) -> DataplaneMode {
+        self.instruction().mode()
     }
 
     /// When the agent wants its next tick without new input.
@@ -328,7 +334,23 @@ impl<D: NodeDatapath> ClusterAgent<D> {
                 if spec_changed {
                     tracing::info!(spec = ?view.as_ref().map(|view| &view.spec), "DataplaneNode");
                 }
+                let first_answer = self.dataplane_node.is_none();
+                if let Some(view) = &view {
+                    self.last_seen_spec = Some(view.spec.clone());
+                }
                 self.dataplane_node = Some(view);
+                // No status can be written without the object, so the log is
+                // where this shows until the operator (re)creates it.
+                let gone = spec_changed && self.last_seen_spec.is_some();
+                let attached_before = first_answer && self.attachment != Attachment::Detached;
+                if self.dataplane_node().is_none() && (gone || attached_before) {
+                    tracing::warn!(
+                        instruction = ?self.instruction(),
+                        attachment = ?self.attachment,
+                        "no DataplaneNode (deleted, or garbage-collected with its Node); keeping the \
+                         programs as they are, following the last spec seen, until the operator recreates it"
+                    );
+                }
             }
             Input::Host(interfaces) => {
                 let pods = &self.settings.pod_interfaces;
@@ -549,10 +571,11 @@ impl<D: NodeDatapath> ClusterAgent<D> {
             }
             _ => None,
         };
+        let followed = self.instruction();
         let (mut next, action) = follow_mode(
             self.attachment,
-            self.mode(),
-            self.drain_timeout(),
+            followed.mode(),
+            followed.drain_timeout(),
             live,
             now,
         );

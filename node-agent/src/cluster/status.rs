@@ -101,7 +101,8 @@ pub struct StatusInputs {
     pub gate_timeout_seconds: u64,
     /// `metadata.generation` of the DataplaneNode spec the agent last acted on.
     pub acted_generation: Option<i64>,
-    /// The mode followed (`KubeProxy` while no DataplaneNode exists).
+    /// The mode followed (`KubeProxy` without a DataplaneNode only on a node
+    /// that never had one and has nothing attached: see `follow::instruction`).
     pub mode: DataplaneMode,
     pub attachment: AttachmentReport,
     pub attach_error: Option<String>,

@@ -323,6 +323,9 @@ pub fn spawn_watchers(
                 }
                 watcher::Event::InitDone => found.take(),
                 watcher::Event::Apply(object) => Some(view_of(&object)),
+                // The agent decides what a missing DataplaneNode means (see
+                // `follow::instruction`): one that disappears keeps the node as
+                // it is.
                 watcher::Event::Delete(_) => None,
             };
             inputs.send(Input::DataplaneNode(answer)).is_ok()

@@ -16,7 +16,7 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use switchyard_crds::DataplaneMode;
+use switchyard_crds::{DataplaneMode, DataplaneNodeSpec, DEFAULT_DRAIN_TIMEOUT_SECONDS};
 
 use crate::Error;
 
@@ -119,6 +119,70 @@ pub fn detach_interfaces<'a>(
     round
 }
 
+/// What a cluster agent follows, and why.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Instruction {
+    /// This node's DataplaneNode says so.
+    DataplaneNode(DataplaneNodeSpec),
+    /// The DataplaneNode disappeared after the agent had seen it: deleted, or
+    /// garbage-collected with a Node that re-registered under the same name.
+    /// Its last spec stays: kube-proxy may be long gone (its rules cleaned), so
+    /// draining now would break new Service connections; the operator recreates
+    /// the DataplaneNode with the cluster's mode.
+    DataplaneNodeGone(DataplaneNodeSpec),
+    /// No DataplaneNode seen since start, but an earlier process left programs
+    /// attached: the attachment stays as that process left it (serving, or
+    /// draining after an explicit `KubeProxy`).
+    AttachedBefore(DataplaneMode),
+    /// No DataplaneNode ever and nothing attached: kube-proxy serves the node.
+    NoDataplaneNode,
+}
+
+impl Instruction {
+    pub fn mode(&self) -> DataplaneMode {
+        match self {
+            Self::DataplaneNode(spec) | Self::DataplaneNodeGone(spec) => spec.mode,
+            Self::AttachedBefore(mode) => *mode,
+            Self::NoDataplaneNode => DataplaneMode::KubeProxy,
+        }
+    }
+
+    pub fn drain_timeout(&self) -> Duration {
+        let seconds = match self {
+            Self::DataplaneNode(spec) | Self::DataplaneNodeGone(spec) => spec.drain_timeout_seconds,
+            Self::AttachedBefore(_) | Self::NoDataplaneNode => DEFAULT_DRAIN_TIMEOUT_SECONDS,
+        };
+        Duration::from_secs(u64::try_from(seconds).unwrap_or(0))
+    }
+}
+
+/// The instruction a cluster agent follows. Only an explicit `mode: KubeProxy`
+/// starts a drain: a missing DataplaneNode means `KubeProxy` only on a node
+/// that never had one and has nothing attached.
+///
+/// `dataplane_node`: the spec of the DataplaneNode as it exists now;
+/// `last_seen`: the spec of the last one seen by this process; `attachment`:
+/// the programs as they are (at start, as the pins showed them).
+pub fn instruction(
+    dataplane_node: Option<&DataplaneNodeSpec>,
+    last_seen: Option<&DataplaneNodeSpec>,
+    attachment: Attachment,
+) -> Instruction {
+    match (dataplane_node, last_seen) {
+        (Some(spec), _) => Instruction::DataplaneNode(spec.clone()),
+        (None, Some(spec)) => Instruction::DataplaneNodeGone(spec.clone()),
+        (None, None) => match attachment {
+            Attachment::Detached => Instruction::NoDataplaneNode,
+            Attachment::Attached => Instruction::AttachedBefore(DataplaneMode::Ebpf),
+            // Only an explicit KubeProxy starts a drain, so a drain in progress
+            // finishes what that instruction began.
+            Attachment::Draining { .. } | Attachment::Detaching => {
+                Instruction::AttachedBefore(DataplaneMode::KubeProxy)
+            }
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -200,6 +264,89 @@ mod tests {
             ),
             (Attachment::Detached, Some(ModeAction::Detach))
         );
+    }
+
+    fn spec(mode: DataplaneMode) -> DataplaneNodeSpec {
+        DataplaneNodeSpec::new(mode)
+    }
+
+    /// The instruction and what following it does to `attachment`.
+    fn follow(
+        dataplane_node: Option<&DataplaneNodeSpec>,
+        last_seen: Option<&DataplaneNodeSpec>,
+        attachment: Attachment,
+        now: Instant,
+    ) -> (Instruction, Attachment, Option<ModeAction>) {
+        let followed = instruction(dataplane_node, last_seen, attachment);
+        let (next, action) = follow_mode(
+            attachment,
+            followed.mode(),
+            followed.drain_timeout(),
+            Some(4),
+            now,
+        );
+        (followed, next, action)
+    }
+
+    #[test]
+    fn a_deleted_dataplane_node_after_ebpf_keeps_an_attached_node_serving() {
+        let ebpf = spec(DataplaneMode::Ebpf);
+        let (followed, next, action) =
+            follow(None, Some(&ebpf), Attachment::Attached, Instant::now());
+        assert_eq!(followed, Instruction::DataplaneNodeGone(ebpf));
+        assert_eq!((next, action), (Attachment::Attached, None));
+    }
+
+    #[test]
+    fn a_node_that_never_had_a_dataplane_node_and_has_nothing_attached_follows_kube_proxy() {
+        let (followed, next, action) = follow(None, None, Attachment::Detached, Instant::now());
+        assert_eq!(followed, Instruction::NoDataplaneNode);
+        assert_eq!(followed.mode(), DataplaneMode::KubeProxy);
+        assert_eq!((next, action), (Attachment::Detached, None));
+    }
+
+    #[test]
+    fn programs_an_earlier_process_attached_keep_serving_without_a_dataplane_node() {
+        let (followed, next, action) = follow(None, None, Attachment::Attached, Instant::now());
+        assert_eq!(followed, Instruction::AttachedBefore(DataplaneMode::Ebpf));
+        assert_eq!((next, action), (Attachment::Attached, None));
+    }
+
+    #[test]
+    fn a_drain_an_earlier_process_began_goes_on_without_a_dataplane_node() {
+        let start = Instant::now();
+        let draining = Attachment::Draining { since: start };
+        let (followed, next, action) = follow(None, None, draining, start);
+        assert_eq!(
+            followed,
+            Instruction::AttachedBefore(DataplaneMode::KubeProxy)
+        );
+        assert_eq!((next, action), (draining, None));
+    }
+
+    #[test]
+    fn an_explicit_kube_proxy_mode_drains_an_attached_node() {
+        let now = Instant::now();
+        let ebpf = spec(DataplaneMode::Ebpf);
+        let mut kube_proxy = spec(DataplaneMode::KubeProxy);
+        kube_proxy.drain_timeout_seconds = 30;
+        let (followed, next, action) =
+            follow(Some(&kube_proxy), Some(&ebpf), Attachment::Attached, now);
+        assert_eq!(followed.drain_timeout(), Duration::from_secs(30));
+        assert_eq!(next, Attachment::Draining { since: now });
+        assert_eq!(action, Some(ModeAction::StartDraining));
+    }
+
+    #[test]
+    fn a_dataplane_node_recreated_with_ebpf_continues_without_reattaching() {
+        let now = Instant::now();
+        let ebpf = spec(DataplaneMode::Ebpf);
+        let (_, gone, action) = follow(None, Some(&ebpf), Attachment::Attached, now);
+        assert_eq!((gone, action), (Attachment::Attached, None));
+        let recreated = spec(DataplaneMode::Ebpf);
+        let (followed, next, action) = follow(Some(&recreated), Some(&ebpf), gone, now);
+        assert_eq!(followed, Instruction::DataplaneNode(recreated));
+        assert_eq!((next, action), (Attachment::Attached, None));
     }
 
     fn failing_on<'a>(names: &'a [&'a str]) -> impl FnMut(&str) -> Result<(), Error> + 'a {

@@ -378,6 +378,82 @@ fn kube_proxy_mode_after_ebpf_drains_then_detaches_when_no_flow_is_left() {
 }
 
 #[test]
+fn a_deleted_dataplane_node_keeps_an_attached_node_serving() {
+    let start = Instant::now();
+    let mut agent = running_agent(DataplaneMode::Ebpf, start);
+    agent.datapath.live_flows = 4;
+    // Garbage-collected with its Node (re-registered under the same name).
+    for second in 1..=700 {
+        let now = start + Duration::from_secs(second);
+        if second == 1 {
+            agent.receive(Input::DataplaneNode(None), now);
+        }
+        agent.tick(now, wall());
+    }
+    assert_eq!(agent.attachment(), Attachment::Attached);
+    assert_eq!(agent.mode(), DataplaneMode::Ebpf);
+    assert!(matches!(
+        agent.instruction(),
+        Instruction::DataplaneNodeGone(spec) if spec.mode == DataplaneMode::Ebpf
+    ));
+    assert_eq!(
+        agent.datapath.maps.config.map(|config| config.mode),
+        Some(DATAPATH_MODE_ACTIVE),
+        "new connections are still translated"
+    );
+    assert_eq!(agent.datapath.attached.len(), 2);
+}
+
+#[test]
+fn a_dataplane_node_recreated_with_ebpf_is_followed_without_reattaching() {
+    let start = Instant::now();
+    let mut agent = running_agent(DataplaneMode::Ebpf, start);
+    let attach_calls = agent.datapath.attach_calls;
+    let t1 = start + Duration::from_secs(1);
+    agent.receive(Input::DataplaneNode(None), t1);
+    agent.tick(t1, wall());
+    // The operator recreates it with the cluster's mode, as a new object.
+    let t2 = start + Duration::from_secs(2);
+    agent.receive(dataplane_node(DataplaneMode::Ebpf, 1), t2);
+    agent.tick(t2, wall());
+    assert_eq!(agent.attachment(), Attachment::Attached);
+    assert_eq!(agent.datapath.attach_calls, attach_calls);
+    assert_eq!(agent.counts.program_attaches, 2, "attached once, at start");
+    let status = agent.status_inputs(t2, &CoexistenceReport::default());
+    assert_eq!(status.attachment, AttachmentReport::Attached);
+    assert_eq!(status.mode, DataplaneMode::Ebpf);
+    assert_eq!(status.acted_generation, Some(1));
+}
+
+#[test]
+fn a_restarted_agent_without_a_dataplane_node_keeps_the_programs_an_earlier_process_attached() {
+    let start = Instant::now();
+    let first = running_agent(DataplaneMode::Ebpf, start);
+    let previous = FakeDatapath {
+        maps: first.datapath.maps.clone(),
+        attached: first.datapath.attached.clone(),
+        ..FakeDatapath::default()
+    };
+    let mut second = ClusterAgent::start(settings(), previous, start).expect("starts");
+    for input in every_input_but_the_dataplane_node() {
+        second.receive(input, start);
+    }
+    second.receive(Input::DataplaneNode(None), start);
+    for second_of_run in 0..700 {
+        second.tick(start + Duration::from_secs(second_of_run), wall());
+    }
+    assert_eq!(second.attachment(), Attachment::Attached);
+    assert_eq!(
+        second.instruction(),
+        Instruction::AttachedBefore(DataplaneMode::Ebpf)
+    );
+    assert_eq!(
+        second.datapath.maps.config.map(|config| config.mode),
+        Some(DATAPATH_MODE_ACTIVE)
+    );
+}
+
+#[test]
 fn a_failed_detach_keeps_the_node_draining_with_the_error_until_a_retry_succeeds() {
     let start = Instant::now();
     let mut agent = running_agent(DataplaneMode::Ebpf, start);
