@@ -83,6 +83,11 @@ pub struct RunArguments {
     /// How often kube-proxy's rules, health and the chain order are checked.
     #[arg(long, default_value = "2s", value_parser = parse_duration)]
     pub coexistence_interval: Duration,
+    /// How long kube-proxy's healthz must refuse connections (in every check, at
+    /// least two) before its rules are removed: a kube-proxy restarting in place
+    /// is never taken for gone.
+    #[arg(long, default_value = "6s", value_parser = parse_duration)]
+    pub kube_proxy_absence_confirmation: Duration,
     /// Do not serve kube-proxy's healthz port after kube-proxy has left.
     #[arg(long)]
     pub no_replacement_healthz: bool,
@@ -144,6 +149,7 @@ impl RunArguments {
                 .filter(|revision| !revision.is_empty()),
             kube_proxy_healthz: self.kube_proxy_healthz.clone(),
             coexistence_interval: self.coexistence_interval,
+            kube_proxy_absence_confirmation: self.kube_proxy_absence_confirmation,
             serve_replacement_healthz: !self.no_replacement_healthz,
             replacement_healthz_port: self.replacement_healthz_port,
         }

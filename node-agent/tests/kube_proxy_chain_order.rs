@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use kube_proxy_support::*;
 use switchyard_agent::kube_proxy::{
-    chain_order::{agent_chains, check_chain_order},
+    chain_order::{agent_chains, agent_chains_present, check_chain_order},
     ruleset::SavedRuleset,
     system::{Tools, CHAIN_ORDER_REPAIR_FAILED},
     Backend, Family,
@@ -142,11 +142,22 @@ fn a_kube_proxy_started_after_the_agent_is_put_behind_its_chains_legacy() {
             assert!(check_chain_order(&dump(Backend::Nft), &agent_chains(MARK)).safe());
             let again = tools.guard_chain_order(Family::Ipv4, MARK).unwrap();
             assert_eq!(again.reason, reasons::CHAIN_ORDER_VERIFIED);
-            // Removing the agent's chains leaves kube-proxy's as they were.
+            // Removing the agent's chains (a node that left eBPF) leaves
+            // kube-proxy's as they were, and the next read no longer sees them.
+            let present = |tools: &Tools| {
+                tools
+                    .read_node_rules(&[Family::Ipv4])
+                    .unwrap()
+                    .iptables
+                    .iter()
+                    .any(|dump| agent_chains_present(&dump.ruleset))
+            };
+            assert!(present(&tools));
             tools.remove_agent_chains(Family::Ipv4, MARK).unwrap();
             for backend in [Backend::Legacy, Backend::Nft] {
                 assert!(!save_text(backend, Family::Ipv4).contains("SWITCHYARD"));
             }
+            assert!(!present(&tools));
             assert_eq!(
                 first_rule(Backend::Legacy, "filter", "FORWARD"),
                 "-A FORWARD -m conntrack --ctstate NEW -m comment --comment \"kubernetes load balancer firewall\" -j KUBE-PROXY-FIREWALL"

@@ -25,6 +25,9 @@ use switchyard_agent::kube_proxy::{
 use switchyard_crds::reasons;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
+/// Short, so the tests run quickly; the agent's default is 6 s.
+const ABSENCE_CONFIRMATION: Duration = Duration::from_millis(300);
+
 fn settings() -> RoundSettings {
     RoundSettings {
         families: vec![Family::Ipv4],
@@ -89,11 +92,16 @@ fn rules_that_come_back_after_the_cleanup_are_a_conflict_and_the_count_stays_sta
             load(Backend::Nft, Family::Ipv4, &kube_proxy);
             runtime().block_on(async {
                 let tools = Tools::new();
-                let mut machine = CleanupStateMachine::default();
-                // kube-proxy has left (nothing on 10256): clean once.
+                let mut machine = CleanupStateMachine::new(ABSENCE_CONFIRMATION);
+                // kube-proxy has left (nothing on 10256): one refused probe is no
+                // proof yet; once it has stayed away, clean once.
+                let waiting = round(&tools, &mut machine, Some(1)).await;
+                assert_eq!(waiting.verdict.decision, CleanupDecision::Wait);
+                assert!(matches!(waiting.health, KubeProxyHealth::Absent { .. }));
+                assert!(waiting.cleanup.is_none());
+                tokio::time::sleep(ABSENCE_CONFIRMATION).await;
                 let first = round(&tools, &mut machine, Some(1)).await;
                 assert_eq!(first.verdict.decision, CleanupDecision::Clean);
-                assert!(matches!(first.health, KubeProxyHealth::Unreachable { .. }));
                 assert_eq!(first.cleanup, Some(Ok(57)));
                 let second = round(&tools, &mut machine, Some(1)).await;
                 assert!(!second.verdict.rules_present.status);
@@ -140,7 +148,7 @@ fn the_cleanup_waits_while_kube_proxy_answers_and_the_agent_takes_its_ports_only
             let before = save_text(Backend::Legacy, Family::Ipv4);
             runtime().block_on(async {
                 let tools = Tools::new();
-                let mut machine = CleanupStateMachine::default();
+                let mut machine = CleanupStateMachine::new(ABSENCE_CONFIRMATION);
                 let mut servers = HealthServers::new(HealthServerSettings::default());
                 let node = NodeHealth {
                     healthy: true,
@@ -188,9 +196,13 @@ fn the_cleanup_waits_while_kube_proxy_answers_and_the_agent_takes_its_ports_only
                     before.lines().filter(|l| !l.starts_with('#')).count()
                 );
 
-                // kube-proxy leaves the node.
+                // kube-proxy leaves the node: its rules stay until it has stayed away.
                 kube_proxy.abort();
                 let _ = kube_proxy.await;
+                let outcome = round(&tools, &mut machine, Some(1)).await;
+                assert_eq!(outcome.verdict.decision, CleanupDecision::Wait);
+                assert!(outcome.cleanup.is_none());
+                tokio::time::sleep(ABSENCE_CONFIRMATION).await;
                 let outcome = round(&tools, &mut machine, Some(1)).await;
                 assert_eq!(outcome.verdict.decision, CleanupDecision::Clean);
                 assert!(matches!(outcome.cleanup, Some(Ok(removed)) if removed == 53));
@@ -262,8 +274,9 @@ fn ipvs_mode_is_reported_and_nothing_is_cleaned() {
         let before = SavedRuleset::parse(&save_text(Backend::Nft, Family::Ipv4)).unwrap();
         runtime().block_on(async {
             let tools = Tools::new();
-            let mut machine = CleanupStateMachine::default();
+            let mut machine = CleanupStateMachine::new(ABSENCE_CONFIRMATION);
             for _ in 0..3 {
+                tokio::time::sleep(ABSENCE_CONFIRMATION).await;
                 let outcome = round(&tools, &mut machine, Some(1)).await;
                 assert_eq!(outcome.verdict.decision, CleanupDecision::Wait);
                 assert_eq!(

@@ -1,10 +1,11 @@
-//! Living next to kube-proxy in cluster mode: every round (a few seconds) reads the
-//! node's netfilter rules, probes kube-proxy's healthz, lets the `kube_proxy`
-//! module's state machine decide about `iptablesCleanup` (clean once, never while
-//! kube-proxy answers, stop when its rules come back), keeps the agent's chains
-//! first while the node serves from eBPF, and serves kube-proxy's `:10256/healthz`
-//! once kube-proxy has left. The decisions are the `kube_proxy` module's; this is
-//! the wiring.
+//! Living next to kube-proxy in cluster mode: every round (a few seconds) runs the
+//! `kube_proxy` module's coexistence round (read the node's netfilter rules, probe
+//! kube-proxy's healthz, let the state machine decide about `iptablesCleanup`:
+//! clean once, never while kube-proxy may run, only after it has stayed away, stop
+//! when its rules come back), keeps the agent's chains first while the node serves
+//! from eBPF and removes them once it does not, and serves kube-proxy's
+//! `:10256/healthz` once kube-proxy has left. The decisions are the `kube_proxy`
+//! module's; this is the wiring.
 
 use std::time::{Duration, SystemTime};
 
@@ -12,14 +13,12 @@ use switchyard_crds::{reasons, ConditionStatus};
 use tokio::sync::watch;
 
 use super::status::{CoexistenceReport, ConditionValue};
-use crate::kube_proxy::detection::{
-    footprint, ipvs_mode, kube_proxy_healthy_condition, CleanupDecision, CleanupStateMachine,
-    CoexistenceObservation, ConditionReport,
-};
+use crate::kube_proxy::detection::{CleanupStateMachine, ConditionReport};
 use crate::kube_proxy::health::{HealthzTarget, LocalServiceHealth, NodeHealth};
-use crate::kube_proxy::health_server::{probe_kube_proxy, HealthServerSettings, HealthServers};
+use crate::kube_proxy::health_server::{HealthServerSettings, HealthServers};
+use crate::kube_proxy::round::{coexistence_round, RoundSettings};
 use crate::kube_proxy::system::Tools;
-use crate::kube_proxy::{plan_node_cleanup, Family};
+use crate::kube_proxy::Family;
 
 /// What the agent tells the coexistence loop.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -55,7 +54,17 @@ pub struct CoexistenceSettings {
     /// Serve `:10256/healthz` once kube-proxy has left.
     pub serve_replacement_healthz: bool,
     pub healthz_port: u16,
+    /// How long kube-proxy's healthz must stay refused before its rules go.
+    pub absence_confirmation: Duration,
 }
+
+/// The address families the datapath serves (IPv4 today): kube-proxy's rules
+/// are read, counted and cleaned only in these, and the agent's chains live
+/// only there.
+const SERVED_FAMILIES: [Family; 1] = [Family::Ipv4];
+
+/// Short: a node whose kube-proxy is gone must not slow the loop down.
+const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
 
 fn value(report: ConditionReport) -> ConditionValue {
     ConditionValue::new(report.status, report.reason, report.message)
@@ -82,7 +91,7 @@ pub async fn run_coexistence(
     reports: watch::Sender<CoexistenceReport>,
 ) {
     let tools = Tools::new();
-    let mut machine = CleanupStateMachine::default();
+    let mut machine = CleanupStateMachine::new(settings.absence_confirmation);
     let mut health_servers = HealthServers::new(HealthServerSettings {
         healthz_port: settings.healthz_port,
         ..HealthServerSettings::default()
@@ -117,51 +126,38 @@ async fn round(
     health_servers: &mut HealthServers,
     request: &CoexistenceRequest,
 ) -> CoexistenceReport {
-    let read_tools = tools.clone();
-    let read = tokio::task::spawn_blocking(move || {
-        let rules = read_tools.read_node_rules(&[Family::Ipv4])?;
-        let names = read_tools.interface_names()?;
-        Ok::<_, crate::Error>((rules, names))
-    })
-    .await;
-    let (rules, names) = match read {
-        Ok(Ok(read)) => read,
-        Ok(Err(error)) => return failed_read(error.to_string()),
-        Err(error) => return failed_read(format!("the rule reader failed: {error}")),
+    let round_settings = RoundSettings {
+        families: SERVED_FAMILIES.to_vec(),
+        healthz: settings.kube_proxy_healthz.clone(),
+        probe_timeout: PROBE_TIMEOUT,
     };
-    let found = footprint(&rules);
-    let health = probe_kube_proxy(&settings.kube_proxy_healthz, Duration::from_millis(500)).await;
-    let observation = CoexistenceObservation {
-        cleanup_requested: request.cleanup_generation,
-        ipvs_mode: ipvs_mode(&names, &rules),
-        footprint: found,
-        health: health.clone(),
+    let outcome = match coexistence_round(
+        tools,
+        machine,
+        request.cleanup_generation,
+        &round_settings,
+    )
+    .await
+    {
+        Ok(outcome) => outcome,
+        Err(error) => return failed_read(error.to_string()),
     };
-    let verdict = machine.observe(&observation);
-    let mut rules_present = value(verdict.rules_present.clone());
-    if verdict.decision == CleanupDecision::Clean {
-        let plan = plan_node_cleanup(&rules);
-        let apply_tools = tools.clone();
-        let applied = tokio::task::spawn_blocking(move || apply_tools.apply_cleanup(&plan)).await;
-        match applied {
-            Ok(Ok(())) => {
-                machine.cleanup_succeeded();
-                tracing::info!(
-                    rules = found.total_rules(),
-                    "removed kube-proxy's Service rules"
-                );
-                rules_present = ConditionValue::new(
-                    false,
-                    reasons::RULES_ABSENT,
-                    "kube-proxy's rules were removed",
-                );
-            }
-            Ok(Err(error)) => {
-                tracing::warn!(%error, "cleanup failed; retrying");
-                machine.cleanup_failed(error.to_string());
-            }
-            Err(error) => machine.cleanup_failed(error.to_string()),
+    let found = outcome.footprint;
+    let mut rules_present = value(outcome.verdict.rules_present.clone());
+    match &outcome.cleanup {
+        Some(Ok(removed)) => {
+            tracing::info!(rules = removed, "removed kube-proxy's Service rules");
+            rules_present = ConditionValue::new(
+                false,
+                reasons::RULES_ABSENT,
+                "kube-proxy's rules were removed",
+            );
         }
+        Some(Err(error)) => tracing::warn!(%error, "cleanup failed; retrying"),
+        None => {}
+    }
+    if !request.serving_from_ebpf && outcome.agent_chains_present {
+        remove_agent_chains(tools, settings.masquerade_mark).await;
     }
     let chain_order_safe = if request.serving_from_ebpf {
         let guard_tools = tools.clone();
@@ -197,8 +193,9 @@ async fn round(
         // Also never while kube-proxy's rules are on the node: a kube-proxy that
         // starts (again) binds its healthz before it writes rules, and holding
         // the port would hide it from the probe (projectcalico/calico#10748).
-        let allowed =
-            verdict.replacement_health_allowed && request.serving_from_ebpf && !found.present();
+        let allowed = outcome.verdict.replacement_health_allowed
+            && request.serving_from_ebpf
+            && !found.present();
         let errors = health_servers
             .reconcile(
                 allowed,
@@ -213,9 +210,7 @@ async fn round(
             tracing::debug!(%error, "cannot serve kube-proxy's health port yet");
         }
     }
-    let remaining = if verdict.decision == CleanupDecision::Clean
-        && rules_present.status == ConditionStatus::False
-    {
+    let remaining = if matches!(outcome.cleanup, Some(Ok(_))) {
         0
     } else {
         found.total_rules()
@@ -223,7 +218,31 @@ async fn round(
     CoexistenceReport {
         rules_present,
         chain_order_safe,
-        kube_proxy_healthy: value(kube_proxy_healthy_condition(&found, &health)),
+        kube_proxy_healthy: value(outcome.kube_proxy_healthy),
         kube_proxy_rules: Some(remaining),
+    }
+}
+
+/// The node no longer serves from eBPF: the agent's chains go, in every backend.
+/// They hold the masquerade mark's accept, INVALID drop and MASQUERADE ahead of
+/// everything else, and the mark may be kube-proxy's own (0x4000): left behind,
+/// they would keep judging kube-proxy's traffic after a rollback. A failure is
+/// retried by the next round, which finds the chains still there.
+async fn remove_agent_chains(tools: &Tools, masquerade_mark: u32) {
+    let removal_tools = tools.clone();
+    let removed = tokio::task::spawn_blocking(move || {
+        SERVED_FAMILIES
+            .iter()
+            .try_for_each(|family| removal_tools.remove_agent_chains(*family, masquerade_mark))
+    })
+    .await;
+    match removed {
+        Ok(Ok(())) => tracing::info!("removed the agent's netfilter chains (the node left eBPF)"),
+        Ok(Err(error)) => {
+            tracing::warn!(%error, "failed to remove the agent's netfilter chains; retrying")
+        }
+        Err(error) => {
+            tracing::warn!(%error, "failed to remove the agent's netfilter chains; retrying")
+        }
     }
 }

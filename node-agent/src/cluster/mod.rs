@@ -69,6 +69,8 @@ pub struct ClusterOptions {
     /// kube-proxy's healthz, probed while its rules are present.
     pub kube_proxy_healthz: String,
     pub coexistence_interval: Duration,
+    /// How long kube-proxy's healthz must stay refused before its rules go.
+    pub kube_proxy_absence_confirmation: Duration,
     /// Serve kube-proxy's `:10256/healthz` once kube-proxy has left the node.
     pub serve_replacement_healthz: bool,
     pub replacement_healthz_port: u16,
@@ -145,6 +147,7 @@ pub async fn run(options: ClusterOptions, shutdown: impl Future<Output = ()>) ->
             masquerade_mark: options.masquerade_mark,
             serve_replacement_healthz: options.serve_replacement_healthz,
             healthz_port: options.replacement_healthz_port,
+            absence_confirmation: options.kube_proxy_absence_confirmation,
         },
         request_receiver,
         report_sender,

@@ -291,6 +291,20 @@ pub fn plan_chain_order_repair(ruleset: &SavedRuleset, chains: &[AgentChain]) ->
     text
 }
 
+/// Whether any of the agent's chains, or a jump to one, is in the dump: what
+/// [`plan_agent_chain_removal`] would remove once the node has left eBPF.
+pub fn agent_chains_present(ruleset: &SavedRuleset) -> bool {
+    ruleset.tables.iter().any(|table| {
+        [FORWARD_CHAIN, POSTROUTING_CHAIN].iter().any(|chain| {
+            table.has_chain(chain)
+                || table
+                    .rules
+                    .iter()
+                    .any(|rule| rule.target().as_deref() == Some(*chain))
+        })
+    })
+}
+
 /// The `iptables-restore --noflush` input that removes the agent's chains (when the
 /// node no longer serves from eBPF): jumps first, then the chains.
 pub fn plan_agent_chain_removal(ruleset: &SavedRuleset, chains: &[AgentChain]) -> String {

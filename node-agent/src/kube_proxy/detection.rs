@@ -2,6 +2,8 @@
 //! Pure: counts over parsed rules, and the state machine that decides when to clean
 //! and when to stop (never fight kube-proxy).
 
+use std::time::{Duration, Instant};
+
 use switchyard_crds::reasons;
 
 use super::{
@@ -98,22 +100,37 @@ pub fn ipvs_mode(interface_names: &[String], rules: &NodeRules) -> bool {
 }
 
 /// What probing kube-proxy's healthz found.
+///
+/// Only a refused connection (nothing listens on the port) or the agent's own
+/// replacement server says that kube-proxy has left. Anything else that is not a
+/// clean answer (a timeout, a reset, an answer that is not HTTP) says nothing
+/// about kube-proxy's absence: a CPU-starved or busy kube-proxy answers late, and
+/// taking that for "gone" would flush its rules under it while it still runs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum KubeProxyHealth {
     /// kube-proxy answered 200.
     Healthy,
     /// kube-proxy answered with another status: it runs, but is not healthy.
     Unhealthy { status: u16 },
-    /// Nothing answered (refused, timed out, not HTTP): no kube-proxy listening.
-    Unreachable { reason: String },
+    /// Something may listen but gave no usable answer (timed out, reset, closed
+    /// early, not HTTP): kube-proxy may be running.
+    NoAnswer { reason: String },
+    /// The connection was refused: nothing listens on kube-proxy's healthz port.
+    Absent { reason: String },
     /// The agent's own replacement server answered: kube-proxy has left.
     AnsweredByAgent,
 }
 
 impl KubeProxyHealth {
-    /// A kube-proxy process answers on its healthz port.
-    pub fn kube_proxy_answers(&self) -> bool {
-        matches!(self, Self::Healthy | Self::Unhealthy { .. })
+    /// A kube-proxy process may be running: it answered, or something on its port
+    /// did not answer cleanly.
+    pub fn kube_proxy_may_run(&self) -> bool {
+        !self.kube_proxy_has_left()
+    }
+
+    /// Nothing of kube-proxy listens on its healthz port any more.
+    pub fn kube_proxy_has_left(&self) -> bool {
+        matches!(self, Self::Absent { .. } | Self::AnsweredByAgent)
     }
 }
 
@@ -147,10 +164,15 @@ pub fn kube_proxy_healthy_condition(
             reason: reasons::KUBE_PROXY_UNHEALTHY,
             message: format!("kube-proxy's healthz answered {status}"),
         },
-        (true, KubeProxyHealth::Unreachable { reason }) => ConditionReport {
+        (true, KubeProxyHealth::NoAnswer { reason }) => ConditionReport {
             status: false,
             reason: reasons::KUBE_PROXY_UNHEALTHY,
             message: format!("kube-proxy's healthz did not answer: {reason}"),
+        },
+        (true, KubeProxyHealth::Absent { reason }) => ConditionReport {
+            status: false,
+            reason: reasons::KUBE_PROXY_UNHEALTHY,
+            message: format!("nothing listens on kube-proxy's healthz port: {reason}"),
         },
         (true, KubeProxyHealth::AnsweredByAgent) => ConditionReport {
             status: false,
@@ -170,7 +192,15 @@ pub struct CoexistenceObservation {
     pub ipvs_mode: bool,
     pub footprint: KubeProxyFootprint,
     pub health: KubeProxyHealth,
+    /// When the round read the rules and probed (a monotonic clock: the state
+    /// machine measures how long kube-proxy has stayed away).
+    pub observed_at: Instant,
 }
+
+/// How long kube-proxy's healthz must stay refused (in every round, at least two
+/// of them) before its rules are removed: longer than a container restart's gap,
+/// so a kube-proxy that restarts in place is never taken for gone.
+pub const DEFAULT_ABSENCE_CONFIRMATION: Duration = Duration::from_secs(6);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CleanupDecision {
@@ -192,20 +222,22 @@ enum Phase {
 }
 
 /// Decides, round after round, whether to clean and what `KubeProxyRulesPresent`
-/// says. It cleans at most once per request and never while kube-proxy answers;
+/// says. It cleans at most once per request, never while kube-proxy may run, and
+/// only after kube-proxy's healthz has been refused for the absence confirmation;
 /// rules that come back after a cleanup mean kube-proxy runs again, so it stops.
 #[derive(Clone, Debug)]
 pub struct CleanupStateMachine {
     phase: Phase,
     failure: Option<String>,
+    absence_confirmation: Duration,
+    /// The first of the consecutive rounds that found kube-proxy gone, and how
+    /// many rounds that run holds.
+    left_since: Option<(Instant, u32)>,
 }
 
 impl Default for CleanupStateMachine {
     fn default() -> Self {
-        Self {
-            phase: Phase::Watching,
-            failure: None,
-        }
+        Self::new(DEFAULT_ABSENCE_CONFIRMATION)
     }
 }
 
@@ -221,7 +253,34 @@ pub struct CoexistenceVerdict {
 }
 
 impl CleanupStateMachine {
+    pub fn new(absence_confirmation: Duration) -> Self {
+        Self {
+            phase: Phase::Watching,
+            failure: None,
+            absence_confirmation,
+            left_since: None,
+        }
+    }
+
+    /// How long kube-proxy has stayed away, counted from the first of the
+    /// consecutive rounds that found it gone, once at least two such rounds (a
+    /// single refused probe proves nothing about the next second).
+    fn confirmed_absence(&self, now: Instant) -> Option<Duration> {
+        match self.left_since {
+            Some((since, rounds)) if rounds >= 2 => Some(now.saturating_duration_since(since)),
+            _ => None,
+        }
+    }
+
     pub fn observe(&mut self, observation: &CoexistenceObservation) -> CoexistenceVerdict {
+        self.left_since = if observation.health.kube_proxy_has_left() {
+            match self.left_since {
+                Some((since, rounds)) => Some((since, rounds.saturating_add(1))),
+                None => Some((observation.observed_at, 1)),
+            }
+        } else {
+            None
+        };
         let footprint = &observation.footprint;
         let rules = footprint.total_rules();
         let present_report = |reason: &'static str, message: String| ConditionReport {
@@ -317,12 +376,27 @@ impl CleanupStateMachine {
                     self.phase = Phase::Clean { generation };
                     self.failure = None;
                     (CleanupDecision::Wait, plain_report)
-                } else if observation.health.kube_proxy_answers() {
+                } else if observation.health.kube_proxy_may_run() {
                     (
                         CleanupDecision::Wait,
                         conflict(format!(
                             "kube-proxy still answers on its healthz port; not removing its {rules} rules while it runs"
                         )),
+                    )
+                } else if self
+                    .confirmed_absence(observation.observed_at)
+                    .is_none_or(|absent| absent < self.absence_confirmation)
+                {
+                    (
+                        CleanupDecision::Wait,
+                        ConditionReport {
+                            status: true,
+                            reason: reasons::RULES_PRESENT,
+                            message: format!(
+                                "kube-proxy has left its healthz port; removing its {rules} rules once it has stayed away for {} s",
+                                self.absence_confirmation.as_secs_f64()
+                            ),
+                        },
                     )
                 } else {
                     self.phase = Phase::Clean { generation };
@@ -369,7 +443,7 @@ impl CleanupStateMachine {
     /// its rules did not come back. Before that the ports collide
     /// (projectcalico/calico#10748).
     pub fn replacement_health_allowed(&self, observation: &CoexistenceObservation) -> bool {
-        !observation.ipvs_mode && !observation.health.kube_proxy_answers() && !self.in_conflict()
+        !observation.ipvs_mode && observation.health.kube_proxy_has_left() && !self.in_conflict()
     }
 }
 

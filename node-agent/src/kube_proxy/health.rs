@@ -80,7 +80,7 @@ pub fn classify_probe_answer(answer: &[u8]) -> KubeProxyHealth {
         words.next()?.parse::<u16>().ok()
     });
     let Some(status) = status else {
-        return KubeProxyHealth::Unreachable {
+        return KubeProxyHealth::NoAnswer {
             reason: "the answer is not HTTP".into(),
         };
     };

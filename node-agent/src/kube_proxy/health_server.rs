@@ -27,15 +27,25 @@ use crate::Error;
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Probes kube-proxy's healthz once, giving up after `timeout` (a node whose
-/// kube-proxy is gone must not slow the agent's loop down).
+/// kube-proxy is gone must not slow the agent's loop down). Only a refused
+/// connection means nothing listens; a timeout or a broken answer is no proof that
+/// kube-proxy has left (see [`KubeProxyHealth`]).
 pub async fn probe_kube_proxy(target: &HealthzTarget, timeout: Duration) -> KubeProxyHealth {
     let attempt = async {
-        let mut stream = TcpStream::connect(target.authority.as_str()).await?;
-        stream.write_all(target.request().as_bytes()).await?;
+        let mut stream = TcpStream::connect(target.authority.as_str())
+            .await
+            .map_err(ProbeFailure::Connect)?;
+        stream
+            .write_all(target.request().as_bytes())
+            .await
+            .map_err(ProbeFailure::Exchange)?;
         let mut answer = Vec::new();
         let mut buffer = [0_u8; 1024];
         loop {
-            let read = stream.read(&mut buffer).await?;
+            let read = stream
+                .read(&mut buffer)
+                .await
+                .map_err(ProbeFailure::Exchange)?;
             if read == 0 {
                 break;
             }
@@ -46,20 +56,36 @@ pub async fn probe_kube_proxy(target: &HealthzTarget, timeout: Duration) -> Kube
                 break;
             }
         }
-        Ok::<_, std::io::Error>(answer)
+        Ok::<_, ProbeFailure>(answer)
     };
     match tokio::time::timeout(timeout, attempt).await {
-        Err(_) => KubeProxyHealth::Unreachable {
+        Err(_) => KubeProxyHealth::NoAnswer {
             reason: format!("no answer within {} ms", timeout.as_millis()),
         },
-        Ok(Err(error)) => KubeProxyHealth::Unreachable {
-            reason: error.to_string(),
-        },
-        Ok(Ok(answer)) if answer.is_empty() => KubeProxyHealth::Unreachable {
+        Ok(Err(ProbeFailure::Connect(error)))
+            if error.kind() == std::io::ErrorKind::ConnectionRefused =>
+        {
+            KubeProxyHealth::Absent {
+                reason: error.to_string(),
+            }
+        }
+        Ok(Err(ProbeFailure::Connect(error) | ProbeFailure::Exchange(error))) => {
+            KubeProxyHealth::NoAnswer {
+                reason: error.to_string(),
+            }
+        }
+        Ok(Ok(answer)) if answer.is_empty() => KubeProxyHealth::NoAnswer {
             reason: "the connection closed without an answer".into(),
         },
         Ok(Ok(answer)) => classify_probe_answer(&answer),
     }
+}
+
+/// Where a probe failed: connecting (refused means nothing listens) or exchanging
+/// the request and answer (something listens).
+enum ProbeFailure {
+    Connect(std::io::Error),
+    Exchange(std::io::Error),
 }
 
 /// Where the replacement servers listen.

@@ -127,6 +127,19 @@ impl NftRuleset {
         Ok(ruleset)
     }
 
+    /// Keeps only the tables, chains and rules of `families`: the agent reads,
+    /// counts and cleans kube-proxy's rules only in the families its datapath
+    /// serves (deleting `ip6 kube-proxy` on a dual-stack node served over IPv4
+    /// alone would cut every IPv6 Service off).
+    pub fn retain_families(&mut self, families: &[Family]) {
+        let served = |family: &str| {
+            Family::from_nft(family).is_some_and(|family| families.contains(&family))
+        };
+        self.tables.retain(|table| served(&table.family));
+        self.chains.retain(|chain| served(&chain.family));
+        self.rules.retain(|rule| served(&rule.family));
+    }
+
     /// kube-proxy's nftables-mode tables present, in the families Switchyard knows.
     pub fn kube_proxy_tables(&self) -> Vec<Family> {
         self.tables

@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use super::{
+    chain_order::agent_chains_present,
     detection::{
         footprint, ipvs_mode, kube_proxy_healthy_condition, CleanupDecision, CleanupStateMachine,
         CoexistenceObservation, CoexistenceVerdict, ConditionReport, KubeProxyFootprint,
@@ -40,6 +41,8 @@ pub struct RoundOutcome {
     pub kube_proxy_healthy: ConditionReport,
     /// `Some` when the round cleaned: the rules removed, or why it failed.
     pub cleanup: Option<Result<usize, String>>,
+    /// The agent's own chains (or jumps to them) are in some backend.
+    pub agent_chains_present: bool,
 }
 
 pub async fn coexistence_round(
@@ -59,11 +62,16 @@ pub async fn coexistence_round(
     .await?;
     let health = probe_kube_proxy(&settings.healthz, settings.probe_timeout).await;
     let found = footprint(&rules);
+    let agent_chains = rules
+        .iptables
+        .iter()
+        .any(|dump| agent_chains_present(&dump.ruleset));
     let observation = CoexistenceObservation {
         cleanup_requested,
         ipvs_mode: ipvs_mode(&interfaces, &rules),
         footprint: found,
         health: health.clone(),
+        observed_at: std::time::Instant::now(),
     };
     let verdict = machine.observe(&observation);
     let cleanup = if verdict.decision == CleanupDecision::Clean {
@@ -82,6 +90,7 @@ pub async fn coexistence_round(
         footprint: found,
         health,
         cleanup,
+        agent_chains_present: agent_chains,
     })
 }
 

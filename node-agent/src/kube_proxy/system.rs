@@ -187,10 +187,13 @@ impl Tools {
         }
     }
 
-    /// Reads every backend of `families` that has anything in it, and nftables.
+    /// Reads every backend of `families` that has anything in it, and the nftables
+    /// tables of those families.
     pub fn read_node_rules(&self, families: &[Family]) -> Result<NodeRules, Error> {
+        let mut nftables = self.nft_ruleset()?;
+        nftables.retain_families(families);
         let mut rules = NodeRules {
-            nftables: self.nft_ruleset()?,
+            nftables,
             ..NodeRules::default()
         };
         for family in families {

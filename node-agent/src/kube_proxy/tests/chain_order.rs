@@ -1,7 +1,8 @@
 use super::*;
 use crate::kube_proxy::chain_order::{
-    agent_chains, check_chain_order, plan_agent_chain_removal, plan_chain_order_repair,
-    OrderProblem, FORWARD_CHAIN, FORWARD_COMMENT, FORWARD_INVALID_COMMENT, POSTROUTING_CHAIN,
+    agent_chains, agent_chains_present, check_chain_order, plan_agent_chain_removal,
+    plan_chain_order_repair, OrderProblem, FORWARD_CHAIN, FORWARD_COMMENT, FORWARD_INVALID_COMMENT,
+    POSTROUTING_CHAIN,
 };
 
 const MARK: u32 = 0x4000;
@@ -317,4 +318,24 @@ fn removal_takes_the_jumps_and_chains_away_and_nothing_else() {
         rule_lines(&before, "filter").len() - 3
     );
     assert_eq!(plan_agent_chain_removal(&after, &agent_chains(MARK)), "");
+}
+
+#[test]
+fn the_agents_chains_are_seen_until_their_removal_is_applied() {
+    let agent_first = parse(AGENT_FIRST);
+    assert!(agent_chains_present(&agent_first));
+    let removed = apply_restore(
+        &agent_first,
+        &plan_agent_chain_removal(&agent_first, &agent_chains(MARK)),
+    )
+    .unwrap();
+    assert!(!agent_chains_present(&removed));
+    // A dangling jump alone (its chain gone by hand) still counts: removal takes it.
+    let dangling = parse(
+        "*nat\n:POSTROUTING ACCEPT [0:0]\n-A POSTROUTING -j SWITCHYARD-POSTROUTING\nCOMMIT\n",
+    );
+    assert!(agent_chains_present(&dangling));
+    assert!(!agent_chains_present(&parse(
+        "*filter\n:FORWARD ACCEPT [0:0]\n-A FORWARD -s 10.244.0.0/16 -j ACCEPT\nCOMMIT\n"
+    )));
 }

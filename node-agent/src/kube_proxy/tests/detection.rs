@@ -1,3 +1,8 @@
+use std::{
+    sync::OnceLock,
+    time::{Duration, Instant},
+};
+
 use proptest::prelude::*;
 use switchyard_crds::reasons;
 
@@ -40,8 +45,42 @@ const ABSENT: KubeProxyFootprint = KubeProxyFootprint {
 };
 
 fn gone() -> KubeProxyHealth {
-    KubeProxyHealth::Unreachable {
+    KubeProxyHealth::Absent {
         reason: "connection refused".into(),
+    }
+}
+
+fn timed_out() -> KubeProxyHealth {
+    KubeProxyHealth::NoAnswer {
+        reason: "no answer within 500 ms".into(),
+    }
+}
+
+const CONFIRMATION: Duration = Duration::from_secs(6);
+
+/// The test's clock: `at(0)` is a fixed instant, `at(n)` n milliseconds later.
+fn at(milliseconds: u64) -> Instant {
+    static START: OnceLock<Instant> = OnceLock::new();
+    *START.get_or_init(Instant::now) + Duration::from_millis(milliseconds)
+}
+
+/// After the settling rounds of [`settled`].
+fn later() -> Instant {
+    at(CONFIRMATION.as_millis() as u64 + 1_000)
+}
+
+fn observation_at(
+    request: Option<i64>,
+    footprint: KubeProxyFootprint,
+    health: KubeProxyHealth,
+    observed_at: Instant,
+) -> CoexistenceObservation {
+    CoexistenceObservation {
+        cleanup_requested: request,
+        ipvs_mode: false,
+        footprint,
+        health,
+        observed_at,
     }
 }
 
@@ -50,12 +89,100 @@ fn observation(
     footprint: KubeProxyFootprint,
     health: KubeProxyHealth,
 ) -> CoexistenceObservation {
-    CoexistenceObservation {
-        cleanup_requested: request,
-        ipvs_mode: false,
-        footprint,
-        health,
+    observation_at(request, footprint, health, later())
+}
+
+/// A machine that has already seen kube-proxy's healthz refused for the whole
+/// confirmation (no cleanup requested yet), so that a test can look at what
+/// happens after that.
+fn settled() -> CleanupStateMachine {
+    let mut machine = CleanupStateMachine::new(CONFIRMATION);
+    machine.observe(&observation_at(None, ABSENT, gone(), at(0)));
+    machine.observe(&observation_at(
+        None,
+        ABSENT,
+        gone(),
+        at(CONFIRMATION.as_millis() as u64),
+    ));
+    machine
+}
+
+#[test]
+fn a_single_refused_probe_is_no_proof_and_the_cleanup_waits_for_the_confirmation() {
+    let mut machine = CleanupStateMachine::new(CONFIRMATION);
+    for (milliseconds, expected) in [
+        (0, CleanupDecision::Wait),
+        (2_000, CleanupDecision::Wait),
+        (5_999, CleanupDecision::Wait),
+        (6_000, CleanupDecision::Clean),
+    ] {
+        let verdict = machine.observe(&observation_at(Some(1), PRESENT, gone(), at(milliseconds)));
+        assert_eq!(verdict.decision, expected, "at {milliseconds} ms");
+        if expected == CleanupDecision::Wait {
+            assert_eq!(verdict.rules_present.reason, reasons::RULES_PRESENT);
+            assert!(
+                verdict
+                    .rules_present
+                    .message
+                    .contains("stayed away for 6 s"),
+                "{}",
+                verdict.rules_present.message
+            );
+        }
     }
+}
+
+#[test]
+fn a_kube_proxy_that_answers_again_restarts_the_confirmation() {
+    let mut machine = CleanupStateMachine::new(CONFIRMATION);
+    machine.observe(&observation_at(Some(1), PRESENT, gone(), at(0)));
+    // A container restart: the healthz answers again before the confirmation ends.
+    let back = machine.observe(&observation_at(
+        Some(1),
+        PRESENT,
+        KubeProxyHealth::Healthy,
+        at(5_000),
+    ));
+    assert_eq!(back.decision, CleanupDecision::Wait);
+    assert_eq!(back.rules_present.reason, reasons::KUBE_PROXY_CONFLICT);
+    for milliseconds in [6_000, 9_000, 11_999] {
+        let verdict = machine.observe(&observation_at(Some(1), PRESENT, gone(), at(milliseconds)));
+        assert_eq!(
+            verdict.decision,
+            CleanupDecision::Wait,
+            "at {milliseconds} ms"
+        );
+    }
+    let verdict = machine.observe(&observation_at(Some(1), PRESENT, gone(), at(12_000)));
+    assert_eq!(verdict.decision, CleanupDecision::Clean);
+}
+
+#[test]
+fn a_healthz_that_times_out_never_counts_as_kube_proxy_gone() {
+    let mut machine = CleanupStateMachine::new(CONFIRMATION);
+    for second in 0..60 {
+        let verdict = machine.observe(&observation_at(
+            Some(1),
+            PRESENT,
+            timed_out(),
+            at(second * 1_000),
+        ));
+        assert_eq!(verdict.decision, CleanupDecision::Wait);
+        assert_eq!(verdict.rules_present.reason, reasons::KUBE_PROXY_CONFLICT);
+        assert!(
+            !verdict.replacement_health_allowed,
+            "something still holds kube-proxy's port"
+        );
+    }
+}
+
+#[test]
+fn even_without_a_confirmation_time_two_rounds_must_find_kube_proxy_gone() {
+    let mut machine = CleanupStateMachine::new(Duration::ZERO);
+    let first = machine.observe(&observation_at(Some(1), PRESENT, gone(), at(0)));
+    assert_eq!(first.decision, CleanupDecision::Wait);
+    let second = machine.observe(&observation_at(Some(1), PRESENT, gone(), at(0)));
+    assert_eq!(second.decision, CleanupDecision::Clean);
 }
 
 #[test]
@@ -151,7 +278,7 @@ fn cleanup_is_never_requested_while_kube_proxy_runs() {
         KubeProxyHealth::Healthy,
         KubeProxyHealth::Unhealthy { status: 503 },
     ] {
-        let mut machine = CleanupStateMachine::default();
+        let mut machine = settled();
         for _ in 0..5 {
             let verdict = machine.observe(&observation(Some(1), PRESENT, health.clone()));
             assert_eq!(verdict.decision, CleanupDecision::Wait);
@@ -164,7 +291,7 @@ fn cleanup_is_never_requested_while_kube_proxy_runs() {
 
 #[test]
 fn once_kube_proxy_is_gone_the_rules_are_cleaned_once_and_reported_absent() {
-    let mut machine = CleanupStateMachine::default();
+    let mut machine = settled();
     let verdict = machine.observe(&observation(Some(3), PRESENT, gone()));
     assert_eq!(verdict.decision, CleanupDecision::Clean);
     assert_eq!(verdict.rules_present.reason, reasons::RULES_PRESENT);
@@ -180,7 +307,7 @@ fn once_kube_proxy_is_gone_the_rules_are_cleaned_once_and_reported_absent() {
 
 #[test]
 fn rules_that_come_back_after_the_cleanup_stop_the_agent_for_good() {
-    let mut machine = CleanupStateMachine::default();
+    let mut machine = settled();
     assert_eq!(
         machine
             .observe(&observation(Some(3), PRESENT, gone()))
@@ -210,7 +337,7 @@ fn rules_that_come_back_after_the_cleanup_stop_the_agent_for_good() {
 
 #[test]
 fn rules_that_come_back_right_after_the_cleanup_are_a_conflict_too() {
-    let mut machine = CleanupStateMachine::default();
+    let mut machine = settled();
     machine.observe(&observation(Some(1), PRESENT, gone()));
     machine.cleanup_succeeded();
     let verdict = machine.observe(&observation(Some(1), PRESENT, gone()));
@@ -220,7 +347,7 @@ fn rules_that_come_back_right_after_the_cleanup_are_a_conflict_too() {
 
 #[test]
 fn a_node_found_clean_reports_a_conflict_when_kube_proxy_appears() {
-    let mut machine = CleanupStateMachine::default();
+    let mut machine = settled();
     assert_eq!(
         machine
             .observe(&observation(Some(1), ABSENT, gone()))
@@ -234,7 +361,7 @@ fn a_node_found_clean_reports_a_conflict_when_kube_proxy_appears() {
 
 #[test]
 fn a_conflict_whose_rules_vanish_reports_absent_but_still_never_cleans() {
-    let mut machine = CleanupStateMachine::default();
+    let mut machine = settled();
     machine.observe(&observation(Some(1), PRESENT, gone()));
     machine.cleanup_succeeded();
     machine.observe(&observation(Some(1), PRESENT, gone()));
@@ -248,7 +375,7 @@ fn a_conflict_whose_rules_vanish_reports_absent_but_still_never_cleans() {
 
 #[test]
 fn a_new_request_generation_re_arms_the_cleanup() {
-    let mut machine = CleanupStateMachine::default();
+    let mut machine = settled();
     machine.observe(&observation(Some(1), PRESENT, gone()));
     machine.cleanup_succeeded();
     machine.observe(&observation(Some(1), PRESENT, gone()));
@@ -259,7 +386,7 @@ fn a_new_request_generation_re_arms_the_cleanup() {
 
 #[test]
 fn withdrawing_the_request_stops_cleaning_and_reports_plain_presence() {
-    let mut machine = CleanupStateMachine::default();
+    let mut machine = settled();
     for footprint in [PRESENT, ABSENT] {
         let verdict = machine.observe(&observation(None, footprint, gone()));
         assert_eq!(verdict.decision, CleanupDecision::Wait);
@@ -283,7 +410,7 @@ fn withdrawing_the_request_stops_cleaning_and_reports_plain_presence() {
 
 #[test]
 fn a_failed_cleanup_is_retried_and_reported_as_failed() {
-    let mut machine = CleanupStateMachine::default();
+    let mut machine = settled();
     assert_eq!(
         machine
             .observe(&observation(Some(1), PRESENT, gone()))
@@ -302,13 +429,14 @@ fn a_failed_cleanup_is_retried_and_reported_as_failed() {
 
 #[test]
 fn ipvs_mode_is_reported_and_never_cleaned() {
-    let mut machine = CleanupStateMachine::default();
+    let mut machine = settled();
     for health in [gone(), KubeProxyHealth::Healthy] {
         let verdict = machine.observe(&CoexistenceObservation {
             cleanup_requested: Some(1),
             ipvs_mode: true,
             footprint: PRESENT,
             health,
+            observed_at: later(),
         });
         assert_eq!(verdict.decision, CleanupDecision::Wait);
         assert!(verdict.rules_present.status);
@@ -322,7 +450,7 @@ fn ipvs_mode_is_reported_and_never_cleaned() {
 
 #[test]
 fn the_agents_own_health_server_answering_means_kube_proxy_has_left() {
-    let mut machine = CleanupStateMachine::default();
+    let mut machine = settled();
     let verdict = machine.observe(&observation(
         Some(1),
         PRESENT,
@@ -354,8 +482,11 @@ fn any_health() -> impl Strategy<Value = KubeProxyHealth> {
         Just(KubeProxyHealth::Healthy),
         Just(KubeProxyHealth::Unhealthy { status: 503 }),
         Just(KubeProxyHealth::AnsweredByAgent),
-        Just(KubeProxyHealth::Unreachable {
+        Just(KubeProxyHealth::Absent {
             reason: "refused".into()
+        }),
+        Just(KubeProxyHealth::NoAnswer {
+            reason: "no answer within 500 ms".into()
         }),
     ]
 }
@@ -370,6 +501,8 @@ enum Step {
         present: bool,
         ipvs: bool,
         health: KubeProxyHealth,
+        /// Milliseconds since the previous round.
+        advance: u64,
     },
     /// The cleanup decided in the previous round failed.
     Fail,
@@ -377,21 +510,26 @@ enum Step {
 
 fn any_step() -> impl Strategy<Value = Step> {
     prop_oneof![
-        8 => (prop::bool::weighted(0.8), prop::bool::weighted(0.2), any::<bool>(), prop::bool::weighted(0.1), any_health())
-            .prop_map(|(requested, bump, present, ipvs, health)| Step::Observe { requested, bump, present, ipvs, health }),
+        8 => (prop::bool::weighted(0.8), prop::bool::weighted(0.2), any::<bool>(), prop::bool::weighted(0.1), any_health(), 0_u64..4_000)
+            .prop_map(|(requested, bump, present, ipvs, health, advance)| Step::Observe { requested, bump, present, ipvs, health, advance }),
         1 => Just(Step::Fail),
     ]
 }
 
 proptest! {
-    /// Never fight kube-proxy: no cleanup while it answers or in IPVS mode, and at
-    /// most one successful cleanup per request generation (a failure allows a retry).
+    /// Never fight kube-proxy: no cleanup while it may run or in IPVS mode, none
+    /// before its healthz has been refused in at least two rounds spanning the
+    /// confirmation, and at most one successful cleanup per request generation (a
+    /// failure allows a retry).
     #[test]
     fn the_state_machine_never_fights_kube_proxy(steps in prop::collection::vec(any_step(), 1..60)) {
-        let mut machine = CleanupStateMachine::default();
+        let mut machine = CleanupStateMachine::new(CONFIRMATION);
         let mut cleaned_generations: Vec<i64> = Vec::new();
         let mut last_clean: Option<i64> = None;
         let mut generation = 1_i64;
+        let mut now = 0_u64;
+        // The rounds since kube-proxy was last seen possibly running: (first, count).
+        let mut gone_since: Option<(u64, u32)> = None;
         for step in steps {
             match step {
                 Step::Fail => {
@@ -400,19 +538,30 @@ proptest! {
                         cleaned_generations.retain(|seen| *seen != generation);
                     }
                 }
-                Step::Observe { requested, bump, present, ipvs, health } => {
+                Step::Observe { requested, bump, present, ipvs, health, advance } => {
                     generation += i64::from(bump);
+                    now += advance;
+                    gone_since = match (health.kube_proxy_has_left(), gone_since) {
+                        (false, _) => None,
+                        (true, None) => Some((now, 1)),
+                        (true, Some((first, rounds))) => Some((first, rounds + 1)),
+                    };
                     let request = requested.then_some(generation);
                     let verdict = machine.observe(&CoexistenceObservation {
                         cleanup_requested: request,
                         ipvs_mode: ipvs,
                         footprint: if present { PRESENT } else { ABSENT },
                         health: health.clone(),
+                        observed_at: at(now),
                     });
                     last_clean = None;
                     if verdict.decision == CleanupDecision::Clean {
                         prop_assert!(!ipvs);
-                        prop_assert!(!health.kube_proxy_answers());
+                        prop_assert!(!health.kube_proxy_may_run());
+                        let confirmed = gone_since.is_some_and(|(first, rounds)| {
+                            rounds >= 2 && now - first >= CONFIRMATION.as_millis() as u64
+                        });
+                        prop_assert!(confirmed, "cleaned before kube-proxy stayed away: {gone_since:?} at {now}");
                         prop_assert!(present, "nothing to clean");
                         prop_assert!(request.is_some(), "cleaning without a request");
                         prop_assert!(
@@ -426,7 +575,7 @@ proptest! {
                         cleaned_generations.clear();
                     }
                     if verdict.replacement_health_allowed {
-                        prop_assert!(!ipvs && !health.kube_proxy_answers());
+                        prop_assert!(!ipvs && health.kube_proxy_has_left());
                     }
                     prop_assert_eq!(verdict.rules_present.status, present || ipvs);
                 }

@@ -65,10 +65,13 @@ fn kube_proxys_answers_are_classified() {
         classify_probe_answer(b"HTTP/1.1 200 OK\r\nx-switchyard-agent: true\r\n\r\n"),
         KubeProxyHealth::AnsweredByAgent
     );
-    assert!(matches!(
-        classify_probe_answer(b"SSH-2.0-OpenSSH_9.2\r\n"),
-        KubeProxyHealth::Unreachable { .. }
-    ));
+    // Something listens on the port: no proof that kube-proxy has left.
+    let not_http = classify_probe_answer(b"SSH-2.0-OpenSSH_9.2\r\n");
+    assert!(
+        matches!(not_http, KubeProxyHealth::NoAnswer { .. }),
+        "{not_http:?}"
+    );
+    assert!(not_http.kube_proxy_may_run());
 }
 
 #[test]
@@ -236,17 +239,43 @@ fn the_probe_reads_a_fake_kube_proxy_and_reports_a_closed_port_unreachable() {
         server.await.unwrap();
         let closed =
             HealthzTarget::parse(&format!("http://127.0.0.1:{}/healthz", free_port())).unwrap();
-        assert!(matches!(
-            probe_kube_proxy(&closed, Duration::from_secs(2)).await,
-            KubeProxyHealth::Unreachable { .. }
-        ));
+        let refused = probe_kube_proxy(&closed, Duration::from_secs(2)).await;
+        assert!(
+            matches!(refused, KubeProxyHealth::Absent { .. }),
+            "{refused:?}"
+        );
+        assert!(refused.kube_proxy_has_left());
+    });
+}
+
+#[test]
+fn a_server_that_closes_without_answering_may_still_be_kube_proxy() {
+    runtime().block_on(async {
+        let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+            .await
+            .unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let server = tokio::spawn(async move {
+            let (stream, _) = listener.accept().await.unwrap();
+            drop(stream);
+        });
+        let target = HealthzTarget::parse(&format!("http://127.0.0.1:{port}/healthz")).unwrap();
+        let health = probe_kube_proxy(&target, Duration::from_secs(2)).await;
+        server.await.unwrap();
+        assert!(
+            matches!(health, KubeProxyHealth::NoAnswer { .. }),
+            "{health:?}"
+        );
+        assert!(health.kube_proxy_may_run());
     });
 }
 
 #[test]
 fn a_silent_server_times_out_quickly() {
     runtime().block_on(async {
-        let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await.unwrap();
+        let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+            .await
+            .unwrap();
         let port = listener.local_addr().unwrap().port();
         let _hold = tokio::spawn(async move {
             let (_stream, _) = listener.accept().await.unwrap();
@@ -255,7 +284,12 @@ fn a_silent_server_times_out_quickly() {
         let target = HealthzTarget::parse(&format!("http://127.0.0.1:{port}/healthz")).unwrap();
         let started = std::time::Instant::now();
         let health = probe_kube_proxy(&target, Duration::from_millis(300)).await;
-        assert!(matches!(health, KubeProxyHealth::Unreachable { ref reason } if reason.contains("300 ms")), "{health:?}");
+        assert!(
+            matches!(health, KubeProxyHealth::NoAnswer { ref reason } if reason.contains("300 ms")),
+            "{health:?}"
+        );
+        // A busy kube-proxy answers late: that is not a kube-proxy that has left.
+        assert!(health.kube_proxy_may_run());
         assert!(started.elapsed() < Duration::from_secs(2));
     });
 }

@@ -65,6 +65,30 @@ fn a_kube_proxy_table_in_another_family_is_not_ours_to_delete() {
 }
 
 #[test]
+fn a_node_served_over_ipv4_alone_never_loses_its_ipv6_kube_proxy_table() {
+    let mut ruleset = nftables_mode();
+    ruleset.retain_families(&[Family::Ipv4]);
+    assert_eq!(ruleset.kube_proxy_tables(), [Family::Ipv4]);
+    assert!(ruleset.tables.iter().all(|table| table.family == "ip"));
+    assert!(ruleset.chains.iter().all(|chain| chain.family == "ip"));
+    assert!(ruleset.rules.iter().all(|rule| rule.family == "ip"));
+    let plan = plan_node_cleanup(&NodeRules {
+        iptables: Vec::new(),
+        nftables: ruleset,
+    });
+    assert_eq!(plan.nftables.deleted_tables, [Family::Ipv4]);
+    assert!(
+        !plan.nftables.script().contains("ip6"),
+        "{}",
+        plan.nftables.script()
+    );
+    // Both families served: both tables are kube-proxy's to delete.
+    let mut both = nftables_mode();
+    both.retain_families(&Family::ALL);
+    assert_eq!(both.kube_proxy_tables(), [Family::Ipv4, Family::Ipv6]);
+}
+
+#[test]
 fn malformed_nft_output_is_an_error() {
     for text in [
         "",
