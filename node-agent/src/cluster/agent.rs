@@ -39,6 +39,9 @@ use crate::Error;
 /// This node's DataplaneNode as the agent uses it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DataplaneNodeView {
+    /// The object's UID: a DataplaneNode recreated under the same name is a new
+    /// object that has not been given the agent's status yet.
+    pub uid: Option<String>,
     pub generation: Option<i64>,
     pub spec: DataplaneNodeSpec,
     /// The status as read back (its conditions' transition times are kept).

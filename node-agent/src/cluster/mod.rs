@@ -42,7 +42,7 @@ use self::agent::{AgentSettings, ClusterAgent, DEFAULT_FULL_RESYNC_PERIOD};
 use self::coexist::{CoexistenceRequest, CoexistenceSettings};
 use self::datapath::{KernelDatapath, NodeDatapath, SocketHookCgroup};
 use self::metrics::AgentMetrics;
-use self::status::{compute_status, CoexistenceReport, SyncReport};
+use self::status::{compute_status, CoexistenceReport, SyncReport, WrittenStatus};
 use crate::gate::GateStatus;
 use crate::kube_proxy::health::HealthzTarget;
 use crate::loader::MapSizes;
@@ -156,7 +156,7 @@ pub async fn run(options: ClusterOptions, shutdown: impl Future<Output = ()>) ->
     let started = Instant::now();
     let mut coexistence_report = CoexistenceReport::default();
     let mut last_conditions: Option<Vec<Condition>> = None;
-    let mut last_status: Option<DataplaneNodeStatus> = None;
+    let mut last_written = WrittenStatus::default();
     let mut counters_read_at: Option<Instant> = None;
     let mut status_writes_counted = 0_u64;
     tokio::pin!(shutdown);
@@ -263,9 +263,12 @@ pub async fn run(options: ClusterOptions, shutdown: impl Future<Output = ()>) ->
                     .unwrap_or_default()
             });
             let status = compute_status(&inputs, &previous, Utc::now());
-            if last_status.as_ref() != Some(&status) {
+            if last_written.needs_write(view.uid.as_deref(), &status) {
                 last_conditions = Some(status.conditions.clone());
-                last_status = Some(status.clone());
+                last_written = WrittenStatus {
+                    object_uid: view.uid.clone(),
+                    status: Some(status.clone()),
+                };
                 status_sender.send_replace(Some(status));
             }
         }

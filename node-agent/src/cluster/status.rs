@@ -122,6 +122,23 @@ pub fn worth_reporting(gate: &GateStatus) -> bool {
     !matches!(gate, GateStatus::Waiting { .. })
 }
 
+/// The status last handed to the writer, and the DataplaneNode object (its UID)
+/// it was meant for.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct WrittenStatus {
+    pub object_uid: Option<String>,
+    pub status: Option<DataplaneNodeStatus>,
+}
+
+impl WrittenStatus {
+    /// Whether `status` must be written to the object `object_uid`: it changed, or
+    /// the DataplaneNode is a new object (deleted and recreated under the same
+    /// name, possibly at the same generation) that has not been given it yet.
+    pub fn needs_write(&self, object_uid: Option<&str>, status: &DataplaneNodeStatus) -> bool {
+        self.status.as_ref() != Some(status) || self.object_uid.as_deref() != object_uid
+    }
+}
+
 fn as_count(value: usize) -> i64 {
     i64::try_from(value).unwrap_or(i64::MAX)
 }
@@ -559,5 +576,23 @@ mod tests {
         assert!(condition(&status, condition_types::CHAIN_ORDER_SAFE).is_true());
         assert!(condition(&status, condition_types::KUBE_PROXY_HEALTHY).is_true());
         assert!(find_condition(&status.conditions, "Foreign").is_none());
+    }
+
+    #[test]
+    fn a_dataplane_node_recreated_under_the_same_name_is_given_the_status_again() {
+        let status = compute_status(&ready_inputs(), &[], at(0));
+        let mut written = WrittenStatus::default();
+        assert!(written.needs_write(Some("first"), &status));
+        written = WrittenStatus {
+            object_uid: Some("first".into()),
+            status: Some(status.clone()),
+        };
+        assert!(!written.needs_write(Some("first"), &status), "unchanged");
+        // Garbage-collected with its Node and recreated: same name, same
+        // generation, same status, but a new object without it.
+        assert!(written.needs_write(Some("second"), &status));
+        let mut changed = status.clone();
+        changed.observed_generation = Some(99);
+        assert!(written.needs_write(Some("first"), &changed));
     }
 }

@@ -337,6 +337,7 @@ pub fn spawn_watchers(
 
 fn view_of(object: &DataplaneNode) -> DataplaneNodeView {
     DataplaneNodeView {
+        uid: object.metadata.uid.clone(),
         generation: object.metadata.generation,
         spec: object.spec.clone(),
         status: object.status.clone(),

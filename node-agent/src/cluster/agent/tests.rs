@@ -153,6 +153,7 @@ fn key_of(name: &str) -> ServiceName {
 
 fn dataplane_node(mode: DataplaneMode, generation: i64) -> Input {
     Input::DataplaneNode(Some(DataplaneNodeView {
+        uid: Some(format!("uid-{generation}")),
         generation: Some(generation),
         spec: DataplaneNodeSpec::new(mode),
         status: None,
