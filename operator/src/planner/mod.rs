@@ -28,6 +28,12 @@
 //! `KubeProxy` counting as done once its agent reports it detached; draining nodes are shown,
 //! not counted against `maxUnavailable` nor as failed before their drain timeout; `Ready`.
 //!
+//! # Missing DataplaneNodes
+//! A Node without a DataplaneNode (new, or re-registered under the same name, whose agent keeps
+//! its programs meanwhile) gets one in the mode `created_mode` picks from the whole cluster:
+//! `Ebpf` wherever kube-proxy may not serve it (disabled by Switchyard, removed, or a rollback
+//! not finished), `KubeProxy` otherwise; never with cleanup. Every flow creates them so.
+//!
 //! # Reversals, pauses, failures
 //! Batches are chosen in node-name order, so a snapshot that does not yet show the last writes
 //! (a lagging informer cache) picks the same nodes again, never more of them.
@@ -128,8 +134,8 @@ pub struct AgentPodDeletion {
 ///   it said `mode: Ebpf`, which from there only brings joining nodes to eBPF and cleans them,
 ///   so deleting the DataplaneConfig rips nothing out under traffic;
 /// - in the middle of a transition, holds everything where it stands (as `paused` does), except
-///   that it creates missing DataplaneNodes in `KubeProxy` mode and withdraws cleanup wherever
-///   kube-proxy runs or could start.
+///   that it creates missing DataplaneNodes (in the mode `created_mode` gives) and withdraws
+///   cleanup wherever kube-proxy runs or could start.
 ///
 /// A DataplaneConfig with any other name gets a plan that changes nothing and a status whose
 /// `Degraded` condition says it is ignored.
@@ -302,6 +308,51 @@ pub(crate) struct Context<'a> {
     /// The last status said kube-proxy came back (still waiting for it to leave): once cleanup
     /// is withdrawn from every node, this is what still remembers that it had been gone.
     pub(crate) kube_proxy_reported_returned: bool,
+    /// The mode every missing DataplaneNode is created with, whatever the flow (see
+    /// [`created_mode`]).
+    pub(crate) created_mode: DataplaneMode,
+}
+
+/// The mode a missing DataplaneNode is created with (never with cleanup).
+///
+/// A DataplaneNode is missing on a new Node, and also on a Node that re-registered under the
+/// same name (its DataplaneNode, owned by the old Node, was garbage-collected): that node's
+/// agent keeps its programs while it has no DataplaneNode and follows the spec once one exists.
+/// Creating it as `KubeProxy` makes an attached agent drain and detach, which is safe only
+/// where kube-proxy serves the node. Nothing on a missing DataplaneNode says whether it does
+/// (its agent's reports went with it), so the cluster decides:
+/// - `Ebpf` while Switchyard has the kube-proxy DaemonSet disabled: kube-proxy is gone or
+///   leaving from every node (disabling, cleaning, on eBPF, a rollback before the restore,
+///   any hold there).
+/// - `Ebpf` while some node is told `Ebpf` unless the cluster heads to `Ebpf` with a kube-proxy
+///   DaemonSet that still schedules: a rollback (kube-proxy restored but not yet healthy
+///   everywhere, then deactivation), a hold with no DataplaneConfig (it may be a rollback), or
+///   kube-proxy absent or scheduling nowhere (removed by its owner with `management: External`).
+///   A node created so is deactivated later through the normal batches, only once its own
+///   agent reports kube-proxy healthy there, and the rollback is not Ready before.
+/// - `KubeProxy` otherwise: kube-proxy serves the node (a node joining a cluster Switchyard
+///   never switched, one joining after a rollback finished, or one joining during an
+///   activation, which brings it to eBPF later, once its agent is Ready, in the batches).
+///
+/// Limit: if the last nodes still told `Ebpf` during a rollback all lose their DataplaneNodes at
+/// once, no fact is left to tell them from nodes joining a cluster back on kube-proxy, and they
+/// are created as `KubeProxy`.
+pub(crate) fn created_mode(
+    requested: DataplaneMode,
+    kube_proxy_daemon_set: Option<&KubeProxyDaemonSet>,
+    facts: &[NodeFacts],
+) -> DataplaneMode {
+    let disabled = kube_proxy_daemon_set.is_some_and(|set| set.disabled_by_switchyard);
+    let schedules = kube_proxy_daemon_set.is_some_and(KubeProxyDaemonSet::would_schedule);
+    let any_on_ebpf = facts
+        .iter()
+        .any(|node| node.mode() == Some(DataplaneMode::Ebpf));
+    let kube_proxy_stays = requested == DataplaneMode::Ebpf && schedules;
+    if disabled || (any_on_ebpf && !kube_proxy_stays) {
+        DataplaneMode::Ebpf
+    } else {
+        DataplaneMode::KubeProxy
+    }
 }
 
 /// Whether the DataplaneConfig's last status shows kube-proxy had left and is now back: it says
@@ -376,6 +427,11 @@ impl<'a> Context<'a> {
             kube_proxy_schedules,
             kube_proxy_gone,
             kube_proxy_reported_returned: false,
+            created_mode: created_mode(
+                settings.mode,
+                observed.kube_proxy_daemon_set.as_ref(),
+                facts,
+            ),
         }
     }
 
@@ -396,15 +452,20 @@ impl<'a> Context<'a> {
         self.failed.iter().filter(|failed| **failed).count()
     }
 
-    /// Every node keeps its current spec; nodes without a DataplaneNode get `KubeProxy`.
+    /// Every node keeps its current spec; nodes without a DataplaneNode get `created_mode`.
     fn unchanged(&self) -> Vec<DesiredNode> {
         self.facts
             .iter()
             .map(|node| DesiredNode {
-                mode: node.mode().unwrap_or(DataplaneMode::KubeProxy),
+                mode: node.mode().unwrap_or(self.created_mode),
                 cleanup: node.cleanup_requested(),
             })
             .collect()
+    }
+
+    /// A missing DataplaneNode created on eBPF by [`created_mode`]: no activation of its own.
+    fn created_on_ebpf(&self, node: &NodeFacts) -> bool {
+        node.spec.is_none() && self.created_mode == DataplaneMode::Ebpf
     }
 
     fn decision(
@@ -586,8 +647,12 @@ impl<'a> Context<'a> {
                 && !self.failed[index]
         });
         let capacity = settings.max_unavailable.saturating_sub(in_flight.len());
+        // Missing DataplaneNodes created on eBPF need no activation: kube-proxy cannot serve
+        // them, so they are not made unavailable and do not use up maxUnavailable.
+        let created = self.names_where(|_, node| self.created_on_ebpf(node));
         let eligible = |index: usize, node: &NodeFacts| {
             node.mode() != Some(DataplaneMode::Ebpf)
+                && !self.created_on_ebpf(node)
                 && !self.failed[index]
                 // Once kube-proxy is gone a node not on eBPF serves nothing, so waiting for its
                 // agent gains nothing; before, only a node whose agent is ready may switch.
@@ -606,10 +671,17 @@ impl<'a> Context<'a> {
             }
         }
         let waiting = self.names_where(|index, node| {
-            node.mode() != Some(DataplaneMode::Ebpf) && !self.failed[index] && !chosen[index]
+            node.mode() != Some(DataplaneMode::Ebpf)
+                && !self.created_on_ebpf(node)
+                && !self.failed[index]
+                && !chosen[index]
         });
         let failed = self.failed_names();
-        if in_flight.is_empty() && activated.is_empty() && waiting.is_empty() && !failed.is_empty()
+        if in_flight.is_empty()
+            && activated.is_empty()
+            && created.is_empty()
+            && waiting.is_empty()
+            && !failed.is_empty()
         {
             return self.halted(
                 desired,
@@ -624,6 +696,12 @@ impl<'a> Context<'a> {
                 name_list(activated.iter().copied())
             ));
         }
+        if !created.is_empty() {
+            parts.push(format!(
+                "creating the DataplaneNodes of {} on eBPF (kube-proxy cannot serve them)",
+                name_list(created.iter().copied())
+            ));
+        }
         if !in_flight.is_empty() {
             parts.push(format!(
                 "waiting for {} to report programs attached and Services synced",
@@ -632,6 +710,7 @@ impl<'a> Context<'a> {
         }
         let blocked = self.names_where(|index, node| {
             node.mode() != Some(DataplaneMode::Ebpf)
+                && !self.created_on_ebpf(node)
                 && !self.failed[index]
                 && !chosen[index]
                 && !eligible(index, node)
@@ -749,11 +828,14 @@ impl<'a> Context<'a> {
 
     /// Ebpf -> KubeProxy, from wherever the cluster stands.
     fn toward_kube_proxy(&self) -> Decision {
+        // A missing DataplaneNode is created on eBPF until the rollback is over (see
+        // `created_mode`): `deactivate` then brings it back like any other node, once its own
+        // agent reports kube-proxy healthy, and it keeps the rollback from being Ready before.
         let desired: Vec<DesiredNode> = self
             .facts
             .iter()
             .map(|node| DesiredNode {
-                mode: node.mode().unwrap_or(DataplaneMode::KubeProxy),
+                mode: node.mode().unwrap_or(self.created_mode),
                 cleanup: false,
             })
             .collect();
@@ -946,7 +1028,7 @@ impl<'a> Context<'a> {
     }
 
     /// No DataplaneConfig while a transition was under way: nothing moves; only missing
-    /// DataplaneNodes are created (in `KubeProxy` mode).
+    /// DataplaneNodes are created (in the mode `created_mode` gives).
     fn hold(&self) -> Decision {
         let message =
             "no DataplaneConfig named default: the transition is held where it stands".to_owned();

@@ -1199,6 +1199,237 @@ fn managed_rollback_without_a_kube_proxy_daemon_set_is_degraded_and_waits() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Missing DataplaneNodes (new Nodes, or Nodes that re-registered and lost theirs)
+// ---------------------------------------------------------------------------------------------
+
+/// Nodes on eBPF during a rollback whose kube-proxy DaemonSet was restored: kube-proxy is
+/// healthy on node-1; node-2's DataplaneNode was garbage-collected (its Node re-registered) and
+/// its agent keeps its programs.
+fn rollback_restored_with_a_lost_dataplane_node() -> ObservedCluster {
+    let mut cluster = cluster(vec![ebpf_node("node-1"), ebpf_node("node-2")]);
+    node_mut(&mut cluster, "node-2").dataplane_node = None;
+    cluster
+}
+
+#[test]
+fn a_dataplane_node_recreated_during_the_rollback_keeps_serving_from_ebpf_until_kube_proxy_is_healthy_there(
+) {
+    let config = with_max_unavailable(rollback_config(), IntOrString::Int(2));
+    let mut cluster = rollback_restored_with_a_lost_dataplane_node();
+    let plan = plan(Some(&config), &cluster);
+    let write = written(&plan, "node-2").expect("node-2's DataplaneNode is recreated");
+    assert!(write.create);
+    assert_eq!(
+        (write.spec.mode, write.spec.iptables_cleanup),
+        (Ebpf, false),
+        "KubeProxy would make its agent detach before kube-proxy serves there"
+    );
+    assert_eq!(
+        written_modes(&plan),
+        vec![("node-2", Ebpf)],
+        "no node leaves eBPF meanwhile"
+    );
+    assert_eq!(phase(&plan), DataplanePhase::RestoringKubeProxy);
+
+    // Its agent follows the new spec, kube-proxy not yet healthy there: nobody moves, not Ready.
+    let node = node_mut(&mut cluster, "node-2");
+    set_spec(node, Ebpf, false, at(0));
+    let mut unhealthy = Report::following(Ebpf);
+    unhealthy.kube_proxy_healthy = false;
+    report(node, unhealthy, None, OLD_REVISION);
+    let plan = super::plan(Some(&config), &cluster);
+    assert!(plan.dataplane_nodes.is_empty());
+    assert_eq!(phase(&plan), DataplanePhase::RestoringKubeProxy);
+    assert!(message(&plan).contains("node-2"), "{}", message(&plan));
+
+    // kube-proxy healthy on node-2: it is deactivated in the normal batches.
+    report(
+        node_mut(&mut cluster, "node-2"),
+        Report::following(Ebpf),
+        None,
+        OLD_REVISION,
+    );
+    let plan = super::plan(Some(&config), &cluster);
+    assert_eq!(phase(&plan), DataplanePhase::DeactivatingNodes);
+    assert_eq!(
+        written_modes(&plan),
+        vec![("node-1", KubeProxy), ("node-2", KubeProxy)]
+    );
+}
+
+#[test]
+fn a_dataplane_node_recreated_before_the_rollback_restored_kube_proxy_is_created_as_ebpf() {
+    let mut cluster = cluster_on_ebpf();
+    node_mut(&mut cluster, "node-2").dataplane_node = None;
+    let plan = plan(Some(&rollback_config()), &cluster);
+    let write = written(&plan, "node-2").expect("node-2's DataplaneNode is recreated");
+    assert!(write.create);
+    assert_eq!(
+        (write.spec.mode, write.spec.iptables_cleanup),
+        (Ebpf, false)
+    );
+    assert_eq!(phase(&plan), DataplanePhase::RestoringKubeProxy);
+}
+
+#[test]
+fn a_dataplane_node_recreated_while_the_rollback_is_halted_is_created_as_ebpf() {
+    let mut cluster = rollback_restored_with_a_lost_dataplane_node();
+    cluster.nodes.push(ebpf_node("node-3"));
+    draining(node_mut(&mut cluster, "node-3"), at(-901));
+    let plan = plan(Some(&rollback_config()), &cluster);
+    assert_eq!(phase(&plan), DataplanePhase::Halted);
+    assert_eq!(written_modes(&plan), vec![("node-2", Ebpf)]);
+}
+
+#[test]
+fn a_dataplane_node_recreated_while_paused_with_kube_proxy_disabled_is_created_as_ebpf_once_resumed(
+) {
+    // Disabling kube-proxy: its DaemonSet is disabled, its pods left node-1 already.
+    let mut cluster = cluster(vec![ebpf_node("node-1"), ebpf_node("node-2")]);
+    cluster.kube_proxy_daemon_set = Some(disabled_kube_proxy_daemon_set());
+    node_mut(&mut cluster, "node-1").kube_proxy_pod = None;
+    node_mut(&mut cluster, "node-2").dataplane_node = None;
+    for mode in [Ebpf, KubeProxy] {
+        let mut config = config(mode);
+        config.spec.paused = true;
+        let paused = plan(Some(&config), &cluster);
+        assert!(
+            paused.dataplane_nodes.is_empty(),
+            "paused writes nothing: node-2's agent keeps its programs meanwhile"
+        );
+        config.spec.paused = false;
+        let resumed = plan(Some(&config), &cluster);
+        let write = written(&resumed, "node-2").expect("node-2's DataplaneNode");
+        assert!(write.create, "{mode:?}");
+        assert_eq!(
+            (write.spec.mode, write.spec.iptables_cleanup),
+            (Ebpf, false),
+            "{mode:?}"
+        );
+    }
+}
+
+#[test]
+fn a_dataplane_node_recreated_while_held_without_a_config_after_kube_proxy_was_restored_is_created_as_ebpf(
+) {
+    // The DataplaneConfig was deleted in the middle of a rollback: nothing says kube-proxy is
+    // healthy on node-2 yet.
+    let plan = plan(None, &rollback_restored_with_a_lost_dataplane_node());
+    assert_eq!(written_modes(&plan), vec![("node-2", Ebpf)]);
+    assert_eq!(plan.kube_proxy, KubeProxyAction::None);
+}
+
+#[test]
+fn dataplane_nodes_recreated_where_an_external_owner_removed_kube_proxy_are_created_as_ebpf_without_using_max_unavailable(
+) {
+    let mut cluster = cluster(vec![
+        cleaned_node("node-1"),
+        bare_node("node-2"),
+        bare_node("node-3"),
+    ]);
+    cluster.kube_proxy_daemon_set = None;
+    for node in &mut cluster.nodes {
+        node.kube_proxy_pod = None;
+    }
+    for mode in [Ebpf, KubeProxy] {
+        let mut config = config(mode);
+        config.spec.kube_proxy.management = KubeProxyManagement::External;
+        let plan = plan(Some(&config), &cluster);
+        assert_eq!(
+            written_modes(&plan)
+                .into_iter()
+                .filter(|(name, _)| *name != "node-1")
+                .collect::<Vec<_>>(),
+            vec![("node-2", Ebpf), ("node-3", Ebpf)],
+            "{mode:?}: nothing else could serve them (maxUnavailable 1)"
+        );
+        assert!(
+            plan.dataplane_nodes
+                .iter()
+                .all(|write| !write.spec.iptables_cleanup),
+            "{mode:?}"
+        );
+    }
+}
+
+#[test]
+fn a_node_joining_a_cluster_on_kube_proxy_is_created_as_kube_proxy() {
+    let mut cluster = three_kube_proxy_nodes();
+    cluster.nodes.push(bare_node("node-4"));
+    for config in [Some(rollback_config()), None] {
+        let plan = plan(config.as_ref(), &cluster);
+        assert_eq!(written_modes(&plan), vec![("node-4", KubeProxy)]);
+        assert!(written(&plan, "node-4").expect("write").create);
+        assert!(
+            !written(&plan, "node-4")
+                .expect("write")
+                .spec
+                .iptables_cleanup
+        );
+    }
+}
+
+#[test]
+fn a_node_joining_during_an_activation_is_created_as_kube_proxy_and_waited_for() {
+    // kube-proxy still runs everywhere: it serves the new node until activation reaches it.
+    let mut cluster = cluster(vec![ebpf_node("node-1"), kube_proxy_node("node-2")]);
+    cluster.nodes.push(bare_node("node-3"));
+    let plan = plan(
+        Some(&with_max_unavailable(ebpf_config(), IntOrString::Int(3))),
+        &cluster,
+    );
+    assert_eq!(phase(&plan), DataplanePhase::ActivatingNodes);
+    assert_eq!(
+        written_modes(&plan),
+        vec![("node-2", Ebpf), ("node-3", KubeProxy)]
+    );
+}
+
+#[test]
+fn a_node_joining_after_the_rollback_finished_is_created_as_kube_proxy() {
+    let mut simulation = Simulation::new(3, Ebpf, 1);
+    simulation.run_until_ready(60);
+    simulation.set_mode(KubeProxy);
+    simulation.run_until_ready(80);
+    let mut joining = bare_node("node-4");
+    let now = simulation.cluster.now;
+    joining.kube_proxy_pod = Some(pod("kube-proxy-node-4", "kp-1", now));
+    joining.agent_pod = Some(pod("agent-node-4", OLD_REVISION, now));
+    simulation.cluster.nodes.push(joining);
+    let plan = simulation.round();
+    assert_eq!(written_modes(&plan), vec![("node-4", KubeProxy)]);
+    assert_eq!(plan.kube_proxy, KubeProxyAction::None);
+    assert!(written(&plan, "node-4").expect("write").create);
+}
+
+#[test]
+fn a_dataplane_node_lost_at_any_round_of_either_transition_never_leaves_its_node_unserved() {
+    // The simulation checks at every round that every node is served by its agent's programs
+    // or by kube-proxy, and every plan against the invariants.
+    for to in [Ebpf, KubeProxy] {
+        for lost_after in 0..16 {
+            let mut simulation = Simulation::new(3, Ebpf, 1);
+            simulation.live_flows.insert("node-2".into(), 2);
+            if to == KubeProxy {
+                simulation.run_until_ready(60);
+                simulation.set_mode(KubeProxy);
+            }
+            for _ in 0..lost_after {
+                simulation.round();
+            }
+            simulation.lose_dataplane_node("node-2");
+            simulation.run_until_ready(80);
+            let spec = &node_mut(&mut simulation.cluster, "node-2")
+                .dataplane_node
+                .as_ref()
+                .expect("recreated")
+                .spec;
+            assert_eq!(spec.mode, to, "to {to:?}, lost after {lost_after} rounds");
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Reversals
 // ---------------------------------------------------------------------------------------------
 
@@ -1434,8 +1665,8 @@ fn without_a_default_config_a_transition_in_the_middle_is_held_where_it_stands()
     let plan = plan(None, &cluster);
     assert_eq!(
         written_modes(&plan),
-        vec![("node-3", KubeProxy)],
-        "only the missing DataplaneNode is created"
+        vec![("node-3", Ebpf)],
+        "only the missing DataplaneNode is created, on eBPF: kube-proxy is disabled"
     );
     assert_eq!(
         plan.kube_proxy,

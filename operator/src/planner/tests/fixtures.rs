@@ -381,6 +381,58 @@ pub(super) fn check_invariants(
         );
     }
 
+    // A missing DataplaneNode (a new Node, or one whose Node re-registered and whose agent kept
+    // its programs) is never created with cleanup, and never as KubeProxy where kube-proxy may
+    // not serve it: while Switchyard has the kube-proxy DaemonSet disabled, or while a node is
+    // told Ebpf unless the cluster heads to eBPF with a DaemonSet that still schedules (a
+    // rollback, a hold without a DataplaneConfig, kube-proxy removed by its owner).
+    let disabled_by_switchyard = observed
+        .kube_proxy_daemon_set
+        .as_ref()
+        .is_some_and(|set| set.disabled_by_switchyard);
+    let any_told_ebpf = facts
+        .values()
+        .any(|node| node.mode() == Some(DataplaneMode::Ebpf));
+    let heading_to_ebpf_with_kube_proxy =
+        config.is_some() && settings.mode == DataplaneMode::Ebpf && daemon_set_schedules;
+    let kube_proxy_may_not_serve =
+        disabled_by_switchyard || (any_told_ebpf && !heading_to_ebpf_with_kube_proxy);
+    for write in plan.dataplane_nodes.iter().filter(|write| write.create) {
+        assert!(
+            !write.spec.iptables_cleanup,
+            "{} created with cleanup",
+            write.node_name
+        );
+        if kube_proxy_may_not_serve {
+            assert_eq!(
+                write.spec.mode,
+                DataplaneMode::Ebpf,
+                "{} created as KubeProxy where kube-proxy may not serve it",
+                write.node_name
+            );
+        }
+    }
+
+    // A return to kube-proxy is never Ready while a node is (or is created) on Ebpf.
+    if config.is_some()
+        && settings.mode == DataplaneMode::KubeProxy
+        && plan.status.as_ref().is_some_and(|status| {
+            matches!(
+                status.phase,
+                DataplanePhase::Ready | DataplanePhase::UpgradingAgents
+            )
+        })
+    {
+        for (name, node) in &facts {
+            let final_mode = written(plan, name).map_or(node.mode(), |write| Some(write.spec.mode));
+            assert_ne!(
+                final_mode,
+                Some(DataplaneMode::Ebpf),
+                "Ready on kube-proxy while {name} is on Ebpf"
+            );
+        }
+    }
+
     // kube-proxy is never disabled while any node is not serving from eBPF.
     if plan.kube_proxy == KubeProxyAction::Disable {
         assert_eq!(settings.mode, DataplaneMode::Ebpf);
@@ -413,7 +465,9 @@ pub(super) fn check_invariants(
         }
     }
 
-    // Never more than maxUnavailable nodes in flight once the plan adds one.
+    // Never more than maxUnavailable nodes in flight once the plan adds one. A DataplaneNode
+    // created on Ebpf is not an activation: kube-proxy cannot be relied on there (see above), so
+    // the node loses nothing it serves from, and it does not use up maxUnavailable.
     let final_mode = |name: &str, node: &NodeFacts| {
         written(plan, name)
             .map(|write| write.spec.mode)
@@ -424,6 +478,7 @@ pub(super) fn check_invariants(
         .iter()
         .filter(|write| {
             write.spec.mode == DataplaneMode::Ebpf
+                && !write.create
                 && facts[write.node_name.as_str()].mode() != Some(DataplaneMode::Ebpf)
         })
         .count();
@@ -432,6 +487,7 @@ pub(super) fn check_invariants(
             .iter()
             .filter(|(name, node)| {
                 final_mode(name, node) == Some(DataplaneMode::Ebpf)
+                    && node.spec.is_some()
                     && !(node.mode() == Some(DataplaneMode::Ebpf) && node.serving_from_ebpf())
                     && !node.failed(&settings, now)
             })
@@ -494,6 +550,11 @@ pub(super) struct Simulation {
     pub(super) live_flows: BTreeMap<String, u32>,
     /// Whether kube-proxy's rules are on each node.
     pub(super) rules_present: BTreeMap<String, bool>,
+    /// Whether the agent's programs are attached on each node. An agent without a
+    /// DataplaneNode keeps them as they are.
+    pub(super) attached: BTreeMap<String, bool>,
+    /// Whether the agent's programs take new connections on each node (attached, not draining).
+    pub(super) translating_new: BTreeMap<String, bool>,
     pub(super) phases: Vec<DataplanePhase>,
     pub(super) kube_proxy_actions: Vec<(usize, KubeProxyAction)>,
 }
@@ -515,6 +576,8 @@ impl Simulation {
             broken_agents: Vec::new(),
             live_flows: BTreeMap::new(),
             rules_present,
+            attached: BTreeMap::new(),
+            translating_new: BTreeMap::new(),
             phases: Vec::new(),
             kube_proxy_actions: Vec::new(),
         }
@@ -535,8 +598,36 @@ impl Simulation {
         check_invariants(Some(&config), &self.cluster, &plan);
         self.apply(&plan);
         self.react();
+        self.check_every_node_is_served();
         self.cluster.now += Duration::seconds(1);
         plan
+    }
+
+    /// The promise of the whole operator: every node serves new Service connections all the
+    /// time, from its agent's programs (a draining agent only finishes old ones) or from
+    /// kube-proxy (a pod and its rules).
+    fn check_every_node_is_served(&self) {
+        for node in &self.cluster.nodes {
+            let ebpf = self
+                .translating_new
+                .get(&node.name)
+                .copied()
+                .unwrap_or(false);
+            let kube_proxy = node.kube_proxy_pod.is_some()
+                && self.rules_present.get(&node.name).copied().unwrap_or(true);
+            assert!(
+                ebpf || kube_proxy,
+                "{} serves Services from nothing; phases: {:?}",
+                node.name,
+                self.phases
+            );
+        }
+    }
+
+    /// The DataplaneNode of `name` is garbage-collected (its Node re-registered under the same
+    /// name); the agent keeps its programs until a DataplaneNode exists again.
+    pub(super) fn lose_dataplane_node(&mut self, name: &str) {
+        node_mut(&mut self.cluster, name).dataplane_node = None;
     }
 
     fn apply(&mut self, plan: &Plan) {
@@ -626,10 +717,7 @@ impl Simulation {
                 continue;
             };
             let spec = dataplane_node.spec.clone();
-            let was_attached = dataplane_node
-                .status
-                .as_ref()
-                .is_some_and(|status| status.condition_is_true(types::PROGRAMS_ATTACHED));
+            let was_attached = self.attached.get(&name).copied().unwrap_or(false);
             let flows = self.live_flows.get(&name).copied().unwrap_or(0);
             let draining = spec.mode == DataplaneMode::KubeProxy && was_attached && flows > 0;
             if draining {
@@ -644,8 +732,12 @@ impl Simulation {
                 .as_ref()
                 .and_then(|pod| pod.revision.clone())
                 .unwrap_or_default();
+            let attached = spec.mode == DataplaneMode::Ebpf || draining;
+            self.attached.insert(name.clone(), attached);
+            self.translating_new
+                .insert(name.clone(), attached && !draining);
             let state = Report {
-                attached: spec.mode == DataplaneMode::Ebpf || draining,
+                attached,
                 synced: true,
                 ready: true,
                 rules_present,

@@ -178,8 +178,10 @@ proptest! {
 
     /// From a cluster on kube-proxy, any sequence of mode flips driven through a simulated
     /// cluster (with an agent that may stop reporting for a while, live connections that make
-    /// nodes drain, and an agent upgrade that may land at any time) keeps every invariant at
-    /// every round, and once the broken agent recovers ends Ready in the last requested mode.
+    /// nodes drain, an agent upgrade that may land at any time, and a DataplaneNode that may be
+    /// garbage-collected at any time while its agent keeps its programs) keeps every invariant
+    /// and every node served at every round, and once the broken agent recovers ends Ready in
+    /// the last requested mode.
     #[test]
     fn any_sequence_of_mode_flips_converges_safely(
         node_count in 1usize..5,
@@ -190,6 +192,7 @@ proptest! {
         broken_rounds in 0usize..400,
         live_flows in prop::collection::vec(0u32..4, 4),
         upgrade_after in prop::option::weighted(0.3, 0usize..20),
+        lost_dataplane_node in prop::option::weighted(0.5, (1usize..5, 0usize..20)),
     ) {
         let mut simulation = Simulation::new(node_count, DataplaneMode::KubeProxy, max_unavailable);
         simulation.config.spec.rollout.max_failed_nodes = max_failed_nodes;
@@ -205,6 +208,9 @@ proptest! {
             for _ in 0..*rounds {
                 if upgrade_after == Some(round) {
                     simulation.cluster.agent_daemon_set = Some(AgentDaemonSet { update_revision: Some(NEW_REVISION.into()) });
+                }
+                if let Some((node, _)) = lost_dataplane_node.filter(|(node, at)| *at == round && *node <= node_count) {
+                    simulation.lose_dataplane_node(&format!("node-{node}"));
                 }
                 simulation.round();
                 round += 1;
