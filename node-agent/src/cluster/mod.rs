@@ -138,7 +138,14 @@ pub async fn run(options: ClusterOptions, shutdown: impl Future<Output = ()>) ->
         written_sender,
     ));
 
-    let (request_sender, request_receiver) = channel::channel(CoexistenceRequest::default());
+    // The first round must already know whether programs are attached: a default
+    // "not serving" would make it remove the agent's chains (their masquerade
+    // included) under the programs a previous process left serving, until the
+    // first real request puts them back.
+    let (request_sender, request_receiver) = channel::channel(CoexistenceRequest {
+        serving_from_ebpf: agent.attachment() != Attachment::Detached,
+        ..CoexistenceRequest::default()
+    });
     let (report_sender, mut reports) = channel::channel(CoexistenceReport::default());
     let coexistence = tokio::spawn(coexist::run_coexistence(
         CoexistenceSettings {
