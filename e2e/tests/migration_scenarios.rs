@@ -246,7 +246,7 @@ async fn a_cluster_moves_to_ebpf_and_back_under_traffic_without_breaking_a_conne
     }
     assert!(
         world
-            .event_count("default", "Node", "node-1", "DataplaneNodeCreated")
+            .event_count_above("default", "Node", "node-1", "DataplaneNodeCreated", 0)
             .await
             .expect("Events")
             > 0,
@@ -467,7 +467,7 @@ async fn a_cluster_moves_to_ebpf_and_back_under_traffic_without_breaking_a_conne
         ),
     ] {
         let count = world
-            .event_count(namespace, kind, name, reason)
+            .event_count_above(namespace, kind, name, reason, 0)
             .await
             .expect("Events");
         assert!(
@@ -717,7 +717,13 @@ async fn a_cluster_moves_to_ebpf_and_back_under_traffic_without_breaking_a_conne
     drop(agent_pods);
     assert!(
         world
-            .event_count("default", "DataplaneConfig", "default", "AgentPodsDeleted")
+            .event_count_above(
+                "default",
+                "DataplaneConfig",
+                "default",
+                "AgentPodsDeleted",
+                0
+            )
             .await
             .expect("Events")
             > 0,
@@ -1486,11 +1492,12 @@ async fn the_operator_killed_twice_finishes_without_repeating_or_skipping_a_step
         println!("{node}: served at revision {serving}; kube-proxy disabled at {disabled_revision}; {pod} gone at {gone}; told to clean at {cleanup}; operator writes of its DataplaneNode: 2");
     }
     let disabled_events = world
-        .event_count(
+        .event_count_above(
             "kube-system",
             "DaemonSet",
             "kube-proxy",
             "KubeProxyDisabled",
+            disabled_events_before,
         )
         .await
         .expect("Events");
@@ -1642,7 +1649,13 @@ async fn the_operator_killed_twice_finishes_without_repeating_or_skipping_a_step
         "the recorded selector left on kube-proxy"
     );
     let restored_after = world
-        .event_count("default", "DataplaneConfig", "default", "KubeProxyRestored")
+        .event_count_above(
+            "default",
+            "DataplaneConfig",
+            "default",
+            "KubeProxyRestored",
+            restored_before,
+        )
         .await
         .expect("Events");
     assert!(
@@ -1730,11 +1743,12 @@ async fn a_kube_proxy_owned_by_argo_cd_is_refused_then_waited_for(
     );
     tokio::time::sleep(Duration::from_secs(3)).await;
     let refusals = world
-        .event_count(
+        .event_count_above(
             "default",
             "DataplaneConfig",
             "default",
             "KubeProxyManagedExternally",
+            refusals_before,
         )
         .await
         .expect("Events");
@@ -1916,7 +1930,13 @@ async fn a_kube_proxy_owned_by_argo_cd_is_refused_then_waited_for(
     );
     assert!(
         world
-            .event_count("default", "DataplaneConfig", "default", "KubeProxyReturned")
+            .event_count_above(
+                "default",
+                "DataplaneConfig",
+                "default",
+                "KubeProxyReturned",
+                0
+            )
             .await
             .expect("Events")
             > 0,

@@ -689,7 +689,31 @@ impl World {
             .map(|event| event.count.unwrap_or(1))
             .sum())
     }
+
+    /// The count of matching Events once it exceeds `more_than`, or as it stands after
+    /// `EVENT_WAIT`: the operator publishes Events from a queue, off the reconcile path, so
+    /// one may land a moment after the status that reports the same step.
+    pub async fn event_count_above(
+        &self,
+        namespace: &str,
+        kind: &str,
+        name: &str,
+        reason: &str,
+        more_than: i32,
+    ) -> Outcome<i32> {
+        let started = Instant::now();
+        loop {
+            let count = self.event_count(namespace, kind, name, reason).await?;
+            if count > more_than || started.elapsed() >= EVENT_WAIT {
+                return Ok(count);
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
 }
+
+/// How long a test waits for an Event the operator has queued.
+const EVENT_WAIT: Duration = Duration::from_secs(15);
 
 /// A plain HTTP/1.1 GET; the body.
 pub fn http_get(address: SocketAddr, path: &str) -> Outcome<String> {
