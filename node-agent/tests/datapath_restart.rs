@@ -67,27 +67,55 @@ fn agent_logs(node: &Node) -> String {
 struct Load {
     stop: Arc<AtomicBool>,
     successes: Arc<AtomicUsize>,
-    failures: Arc<AtomicUsize>,
-    first_failure: Arc<std::sync::Mutex<Option<String>>>,
+    failures: Arc<std::sync::Mutex<Failures>>,
     workers: Vec<std::thread::JoinHandle<()>>,
+}
+
+/// Failed requests of one load, timed from the start of the load (as the
+/// signals are), so that a failure can be placed: before the first signal,
+/// after the SIGTERM, or after the SIGKILL.
+#[derive(Default)]
+struct Failures {
+    count: usize,
+    first: Option<(Duration, String)>,
+    last: Option<(Duration, String)>,
+}
+
+impl Failures {
+    fn record(&mut self, at: Duration, error: String) {
+        self.count += 1;
+        if self.first.is_none() {
+            self.first = Some((at, error.clone()));
+        }
+        self.last = Some((at, error));
+    }
+
+    /// "none", or the count with the first and last failure and their times.
+    fn describe(&self) -> String {
+        match (&self.first, &self.last) {
+            (Some((first_at, first)), Some((last_at, last))) => format!(
+                "{} failed, the first at {first_at:?} ({first}), the last at {last_at:?} ({last})",
+                self.count
+            ),
+            _ => "none failed".to_string(),
+        }
+    }
 }
 
 /// Closed-loop clients: each worker opens a connection, sends a line, reads the
 /// answer, closes, and starts again.
-fn start_load(namespace: Option<&'static str>, address: SocketAddrV4, workers: usize) -> Load {
+fn start_load(
+    namespace: Option<&'static str>,
+    address: SocketAddrV4,
+    workers: usize,
+    epoch: Instant,
+) -> Load {
     let stop = Arc::new(AtomicBool::new(false));
     let successes = Arc::new(AtomicUsize::new(0));
-    let failures = Arc::new(AtomicUsize::new(0));
-    let first_failure = Arc::new(std::sync::Mutex::new(None));
+    let failures = Arc::new(std::sync::Mutex::new(Failures::default()));
     let workers = (0..workers)
         .map(|_| {
-            let (stop, successes, failures, first_failure) = (
-                stop.clone(),
-                successes.clone(),
-                failures.clone(),
-                first_failure.clone(),
-            );
-            let load_started = Instant::now();
+            let (stop, successes, failures) = (stop.clone(), successes.clone(), failures.clone());
             in_namespace(namespace, move || {
                 while !stop.load(Ordering::Relaxed) {
                     match tcp_request(address, Duration::from_secs(2)) {
@@ -95,11 +123,9 @@ fn start_load(namespace: Option<&'static str>, address: SocketAddrV4, workers: u
                             successes.fetch_add(1, Ordering::Relaxed);
                         }
                         Err(error) => {
-                            failures.fetch_add(1, Ordering::Relaxed);
-                            if let Ok(mut first) = first_failure.lock() {
-                                first.get_or_insert_with(|| {
-                                    format!("{error} at {:?}", load_started.elapsed())
-                                });
+                            let at = epoch.elapsed();
+                            if let Ok(mut failures) = failures.lock() {
+                                failures.record(at, error.to_string());
                             }
                         }
                     }
@@ -111,27 +137,22 @@ fn start_load(namespace: Option<&'static str>, address: SocketAddrV4, workers: u
         stop,
         successes,
         failures,
-        first_failure,
         workers,
     }
 }
 
 impl Load {
-    fn stop(self) -> (usize, usize, Option<String>) {
+    /// Stops the workers; returns the successes and the failures.
+    fn stop(self) -> (usize, Failures) {
         self.stop.store(true, Ordering::Relaxed);
         for worker in self.workers {
             worker.join().expect("load worker");
         }
-        let first_failure = self
-            .first_failure
-            .lock()
+        let failures = Arc::try_unwrap(self.failures)
             .ok()
-            .and_then(|first| first.clone());
-        (
-            self.successes.load(Ordering::Relaxed),
-            self.failures.load(Ordering::Relaxed),
-            first_failure,
-        )
+            .and_then(|failures| failures.into_inner().ok())
+            .unwrap_or_default();
+        (self.successes.load(Ordering::Relaxed), failures)
     }
 }
 
@@ -148,46 +169,56 @@ fn killing_and_restarting_the_agent_twice_fails_no_connection() {
             let mut agent = start_agent(node, 0);
             let cluster_ip = SocketAddrV4::new(CLUSTER_IP, 80);
             let node_port = SocketAddrV4::new(NODE_IP, NODE_PORT);
-            // Serving means every interface is attached: the ClusterIP from a pod
-            // and the NodePort from outside both answer.
+            // Serving means every path the load below takes is in place: the
+            // ClusterIP from a pod (TC on the pod's veth), the NodePort from
+            // outside (TC on ext0) and the ClusterIP from this host (the socket
+            // hooks). The agent attaches the socket hooks after the interfaces,
+            // in the same round; a check of the TC paths alone can pass in
+            // between, and the host load then starts before the hooks are there
+            // (failing at once with ENETUNREACH: nothing routes the ClusterIP).
             let serving = wait_until(Duration::from_secs(20), || {
-                [("pod3", cluster_ip), ("client", node_port)]
-                    .into_iter()
-                    .all(|(namespace, address)| {
-                        in_namespace(Some(namespace), move || {
-                            tcp_request(address, Duration::from_millis(300)).is_ok()
-                        })
-                        .join()
-                        .unwrap_or(false)
+                [
+                    (Some("pod3"), cluster_ip),
+                    (Some("client"), node_port),
+                    (None, cluster_ip),
+                ]
+                .into_iter()
+                .all(|(namespace, address)| {
+                    in_namespace(namespace, move || {
+                        tcp_request(address, Duration::from_millis(300)).is_ok()
                     })
+                    .join()
+                    .unwrap_or(false)
+                })
             });
             assert!(serving, "the agent never served:\n{}", agent_logs(node));
 
-            let through_cluster_ip = start_load(Some("pod3"), cluster_ip, 2);
-            let through_node_port = start_load(Some("client"), node_port, 2);
-            // Host processes too (socket hooks, pinned like the TC links).
-            let from_host = start_load(None, cluster_ip, 1);
+            // Failures and signals are timed from here.
             let started = Instant::now();
+            let through_cluster_ip = start_load(Some("pod3"), cluster_ip, 2, started);
+            let through_node_port = start_load(Some("client"), node_port, 2, started);
+            // Host processes too (socket hooks, pinned like the TC links).
+            let from_host = start_load(None, cluster_ip, 1, started);
             std::thread::sleep(Duration::from_secs(2));
             // SIGTERM: the agent leaves everything in place; a new one takes over.
-            println!("SIGTERM at {:?}", started.elapsed());
+            let sigterm_at = started.elapsed();
+            println!("SIGTERM at {sigterm_at:?}");
             sh(&format!("kill -TERM {}", agent.id()));
             let _ = agent.wait();
             agent = start_agent(node, 1);
             std::thread::sleep(Duration::from_secs(4));
             // SIGKILL: no chance to clean up or to finish anything.
-            println!("SIGKILL at {:?}", started.elapsed());
+            let sigkill_at = started.elapsed();
+            println!("SIGKILL at {sigkill_at:?}");
             agent.kill().expect("SIGKILL the agent");
             let _ = agent.wait();
             agent = start_agent(node, 2);
             let remaining = Duration::from_secs(10).saturating_sub(started.elapsed());
             std::thread::sleep(remaining);
             let elapsed = started.elapsed().as_secs_f64();
-            let (cluster_ip_successes, cluster_ip_failures, cluster_ip_error) =
-                through_cluster_ip.stop();
-            let (node_port_successes, node_port_failures, node_port_error) =
-                through_node_port.stop();
-            let (host_successes, host_failures, host_error) = from_host.stop();
+            let (cluster_ip_successes, cluster_ip_failures) = through_cluster_ip.stop();
+            let (node_port_successes, node_port_failures) = through_node_port.stop();
+            let (host_successes, host_failures) = from_host.stop();
             let still_running = agent.try_wait().expect("agent status").is_none();
             let _ = agent.kill();
             let _ = agent.wait();
@@ -196,17 +227,32 @@ fn killing_and_restarting_the_agent_twice_fails_no_connection() {
             let node_port_rate = node_port_successes as f64 / elapsed;
             println!(
                 "restart test: {elapsed:.1} s; ClusterIP {cluster_ip_successes} ok / \
-                 {cluster_ip_failures} failed ({cluster_ip_rate:.0}/s); NodePort \
-                 {node_port_successes} ok / {node_port_failures} failed ({node_port_rate:.0}/s)"
+                 {} failed ({cluster_ip_rate:.0}/s); NodePort \
+                 {node_port_successes} ok / {} failed ({node_port_rate:.0}/s)",
+                cluster_ip_failures.count, node_port_failures.count
             );
-            println!("from the host: {host_successes} ok / {host_failures} failed");
+            println!(
+                "from the host: {host_successes} ok / {} failed",
+                host_failures.count
+            );
+            let signals = format!(
+                "load started at 0 s, SIGTERM at {sigterm_at:?}, SIGKILL at {sigkill_at:?}"
+            );
             assert!(still_running, "the last agent died:\n{}", agent_logs(node));
-            assert_eq!(host_failures, 0, "host connections failed: {host_error:?}");
+            assert_eq!(
+                host_failures.count,
+                0,
+                "host connections (socket hooks): {}; {signals}:\n{}",
+                host_failures.describe(),
+                agent_logs(node)
+            );
             assert!(host_successes > 0);
             assert_eq!(
-                (cluster_ip_failures, node_port_failures),
+                (cluster_ip_failures.count, node_port_failures.count),
                 (0, 0),
-                "failed connections ({cluster_ip_error:?} / {node_port_error:?}):\n{}",
+                "failed connections: ClusterIP from a pod: {}; NodePort: {}; {signals}:\n{}",
+                cluster_ip_failures.describe(),
+                node_port_failures.describe(),
                 agent_logs(node)
             );
             assert!(
