@@ -50,10 +50,13 @@ pub fn observe(
     now: DateTime<Utc>,
     api_server_address_configured: bool,
 ) -> ObservedCluster {
-    let mut dataplane_nodes: BTreeMap<String, &DataplaneNode> = BTreeMap::new();
-    for dataplane_node in &objects.dataplane_nodes {
-        dataplane_nodes.insert(dataplane_node.name_any(), dataplane_node.as_ref());
-    }
+    let dataplane_nodes: BTreeMap<&str, &Arc<DataplaneNode>> = objects
+        .dataplane_nodes
+        .iter()
+        .filter_map(|dataplane_node| {
+            Some((dataplane_node.metadata.name.as_deref()?, dataplane_node))
+        })
+        .collect();
     let kube_proxy_pods = pods_by_node(
         &objects.kube_proxy_namespace_pods,
         &names.kube_proxy_daemon_set,
@@ -67,7 +70,9 @@ pub fn observe(
             let name = node.name_any();
             ObservedNode {
                 ready: node_is_ready(node),
-                dataplane_node: dataplane_nodes.get(&name).map(|found| (*found).clone()),
+                dataplane_node: dataplane_nodes
+                    .get(name.as_str())
+                    .map(|found| Arc::clone(found)),
                 kube_proxy_pod: kube_proxy_pods.get(&name).cloned(),
                 agent_pod: agent_pods.get(&name).cloned(),
                 name,

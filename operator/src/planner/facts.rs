@@ -27,7 +27,7 @@ pub(crate) struct NodeFacts<'a> {
 
 impl<'a> NodeFacts<'a> {
     pub(crate) fn new(node: &'a ObservedNode) -> Self {
-        let dataplane_node = node.dataplane_node.as_ref();
+        let dataplane_node = node.dataplane_node.as_deref();
         let status = dataplane_node.and_then(|dataplane_node| dataplane_node.status.as_ref());
         let generation =
             dataplane_node.and_then(|dataplane_node| dataplane_node.metadata.generation);

@@ -228,7 +228,7 @@ impl WithoutConfig {
         let specs = || {
             nodes
                 .iter()
-                .filter_map(|node| node.dataplane_node.as_ref())
+                .filter_map(|node| node.dataplane_node.as_deref())
                 .map(|node| &node.spec)
         };
         let any_ebpf = specs().any(|spec| spec.mode == DataplaneMode::Ebpf);

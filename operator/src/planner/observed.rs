@@ -6,6 +6,8 @@
 //! reconcile, so an operator restarted in the middle of a transition, given the same cluster,
 //! makes the same decision the previous one would have made.
 
+use std::sync::Arc;
+
 use chrono::{DateTime, Utc};
 use switchyard_crds::DataplaneNode;
 
@@ -42,8 +44,10 @@ pub struct ObservedNode {
     pub ready: bool,
 
     /// The node's DataplaneNode as read from the API (spec, `metadata.generation` and the agent's
-    /// status); `None` when it does not exist yet (the plan then creates it).
-    pub dataplane_node: Option<DataplaneNode>,
+    /// status); `None` when it does not exist yet (the plan then creates it). Shared with the
+    /// operator's store rather than copied: a snapshot of 5,000 nodes would otherwise copy every
+    /// DataplaneNode and its conditions on every reconcile.
+    pub dataplane_node: Option<Arc<DataplaneNode>>,
 
     /// The kube-proxy pod on this node, if any (including one that is terminating: it may still
     /// write rules). Pods not yet bound to a node belong to the node their DaemonSet node

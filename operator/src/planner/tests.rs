@@ -4,6 +4,8 @@
 mod fixtures;
 mod properties;
 
+use std::sync::Arc;
+
 use chrono::Duration;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use switchyard_crds::{
@@ -108,6 +110,7 @@ fn preflight_refuses_a_kube_proxy_in_ipvs_mode() {
     let status = node_mut(&mut cluster, "node-2")
         .dataplane_node
         .as_mut()
+        .map(Arc::make_mut)
         .and_then(|node| node.status.as_mut())
         .expect("status");
     let rules = status
@@ -669,7 +672,12 @@ fn a_node_that_does_not_clean_in_time_halts_with_its_name() {
     cluster.kube_proxy_daemon_set = Some(disabled_kube_proxy_daemon_set());
     let node = node_mut(&mut cluster, "node-2");
     report(node, Report::following(Ebpf), None, OLD_REVISION);
-    node.dataplane_node.as_mut().expect("dpn").spec.requested_at = Some(at(-500));
+    node.dataplane_node
+        .as_mut()
+        .map(Arc::make_mut)
+        .expect("dpn")
+        .spec
+        .requested_at = Some(at(-500));
     let plan = plan(Some(&ebpf_config()), &cluster);
     assert_eq!(phase(&plan), DataplanePhase::Halted);
     assert!(message(&plan).contains("node-2"));
@@ -1858,6 +1866,7 @@ fn a_node_that_never_had_an_agent_is_not_part_of_an_upgrade() {
     node.agent_pod = None;
     node.dataplane_node
         .as_mut()
+        .map(Arc::make_mut)
         .and_then(|node| node.status.as_mut())
         .expect("status")
         .agent_revision = None;

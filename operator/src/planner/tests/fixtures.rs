@@ -3,6 +3,7 @@
 //! must keep.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use chrono::{DateTime, Duration, TimeZone, Utc};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -90,7 +91,7 @@ pub(super) fn set_spec(
         requested_at: Some(requested_at),
         drain_timeout_seconds: 600,
     };
-    match node.dataplane_node.as_mut() {
+    match node.dataplane_node.as_mut().map(Arc::make_mut) {
         Some(dataplane_node) => {
             dataplane_node.spec = spec;
             dataplane_node.metadata.generation =
@@ -99,7 +100,7 @@ pub(super) fn set_spec(
         None => {
             let mut dataplane_node = DataplaneNode::new(&node.name, spec);
             dataplane_node.metadata.generation = Some(1);
-            node.dataplane_node = Some(dataplane_node);
+            node.dataplane_node = Some(Arc::new(dataplane_node));
         }
     }
 }
@@ -139,6 +140,7 @@ pub(super) fn report(
     let dataplane_node = node
         .dataplane_node
         .as_mut()
+        .map(Arc::make_mut)
         .expect("report needs a DataplaneNode");
     let generation = generation.or(dataplane_node.metadata.generation);
     dataplane_node.status = Some(DataplaneNodeStatus {
@@ -166,6 +168,7 @@ pub(super) fn conditions_changed_at(node: &mut ObservedNode, time: DateTime<Utc>
     if let Some(status) = node
         .dataplane_node
         .as_mut()
+        .map(Arc::make_mut)
         .and_then(|node| node.status.as_mut())
     {
         for condition in &mut status.conditions {

@@ -2,6 +2,8 @@
 //! keeps the safety invariants (see `fixtures::check_invariants`), and a simulated cluster driven
 //! by plans from a generated start always converges without breaking them.
 
+use std::sync::Arc;
+
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use proptest::prelude::*;
 use switchyard_crds::{DataplaneConfig, DataplaneMode, IptablesCleanupPolicy, KubeProxyManagement};
@@ -85,7 +87,7 @@ prop_compose! {
             .enumerate()
             .map(|(index, mut node)| {
                 node.name = format!("node-{index}");
-                if let Some(dataplane_node) = node.dataplane_node.as_mut() {
+                if let Some(dataplane_node) = node.dataplane_node.as_mut().map(Arc::make_mut) {
                     dataplane_node.metadata.name = Some(node.name.clone());
                 }
                 node
