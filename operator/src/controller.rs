@@ -15,7 +15,7 @@
 //! leaves the dataplane exactly as it is, nothing is ripped out under traffic.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
 use std::time::Duration;
 
@@ -67,7 +67,14 @@ const DEBOUNCE: Duration = Duration::from_millis(200);
 /// Bounded work keeps every reconcile short, so a pause, a reversal or a returning kube-proxy is
 /// acted on within one short reconcile even while thousands of nodes are being told something.
 pub const MAX_NODE_WRITES_PER_RECONCILE: usize = 500;
-const NODE_WRITE_TIME_PER_RECONCILE: Duration = Duration::from_millis(100);
+const NODE_WRITE_TIME_PER_RECONCILE: Duration = Duration::from_millis(60);
+/// How long a reconcile waits for the DataplaneNode writes it started, at most, when nothing in
+/// its plan must follow them (see `apply_dataplane_nodes`); longer than the time it starts them
+/// for, so that the count of started writes is final when it stops waiting.
+const NODE_WRITE_WAIT_PER_RECONCILE: Duration = Duration::from_millis(90);
+/// How long a reconcile waits for its status write before leaving it to finish in the
+/// background (see `apply_status_within`).
+const STATUS_WRITE_WAIT: Duration = Duration::from_millis(50);
 
 /// DataplaneNode writes in flight at once within a reconcile.
 const NODE_WRITE_CONCURRENCY: usize = 16;
@@ -545,7 +552,7 @@ async fn reconcile_ignored(
 
 /// No DataplaneConfig named `default`: create missing DataplaneNodes, change nothing else.
 /// Returns whether creations are left for another round.
-async fn reconcile_without_config(context: &Context) -> Result<bool, Error> {
+async fn reconcile_without_config(context: &Arc<Context>) -> Result<bool, Error> {
     context.wait_for_fresh_stores().await?;
     if context.stores.config(DEFAULT_CONFIG_NAME).is_some() {
         return Ok(false);
@@ -560,7 +567,7 @@ async fn reconcile_without_config(context: &Context) -> Result<bool, Error> {
 /// reconcile again if nothing changes (`Some(ZERO)` when writes were left for the next round).
 async fn reconcile_default(
     config: Option<&DataplaneConfig>,
-    context: &Context,
+    context: &Arc<Context>,
 ) -> Result<Option<Duration>, Error> {
     let kube_proxy_spec = config
         .map(|config| config.spec.kube_proxy.clone())
@@ -612,9 +619,20 @@ async fn reconcile_default(
 
     let planned = std::time::Instant::now();
     let planned_writes = plan.dataplane_nodes.len();
-    let applied = apply_dataplane_nodes(context, &plan.dataplane_nodes, &node_uids).await?;
+    // Node writes still in flight when the reconcile stops waiting may finish in the background
+    // only when nothing else in this plan must follow them (a kube-proxy patch or an agent pod
+    // deletion is applied after the node writes it goes with, as the plan orders them).
+    let later_steps_follow =
+        plan.kube_proxy != KubeProxyAction::None || !plan.agent_pods_to_delete.is_empty();
+    let applied = apply_dataplane_nodes(
+        context,
+        &plan.dataplane_nodes,
+        &node_uids,
+        !later_steps_follow,
+    )
+    .await?;
     let more_writes_left = applied < planned_writes;
-    // The Events describe what was written.
+    // The Events describe what was written (or is being written: see apply_dataplane_nodes).
     plan.dataplane_nodes.truncate(applied);
     let steps = steps_of(previous_status, &plan);
     tracing::debug!(
@@ -664,7 +682,7 @@ async fn reconcile_default(
         publish_refusals(config, status, context);
         context.metrics.observe_status(status);
         if config.status.as_ref() != Some(status) {
-            apply_status(config, status, context).await?;
+            apply_status_within(config, status, context, STATUS_WRITE_WAIT).await?;
         }
     }
     if more_writes_left {
@@ -955,35 +973,98 @@ pub fn status_object(config_name: &str, status: &DataplaneConfigStatus) -> Value
 }
 
 /// Applies `writes` in order, [`NODE_WRITE_CONCURRENCY`] at a time, starting new ones for
-/// [`NODE_WRITE_TIME_PER_RECONCILE`]; returns how many were applied (always the first ones), or
-/// the first failure once every started write has ended.
+/// [`NODE_WRITE_TIME_PER_RECONCILE`]; returns how many were started (always the first ones), or
+/// the first failure among those that ended while the reconcile waited.
+///
+/// The reconcile waits for the writes it started until they end, or, when
+/// `may_finish_in_background`, at most [`NODE_WRITE_WAIT_PER_RECONCILE`]: a write the API server
+/// is slow to answer then finishes in the background instead of holding the reconcile (and with
+/// it a pause, a reversal or a returning kube-proxy) for its whole latency. Nothing decides on it
+/// meanwhile: [`OwnWrites`] makes the next reconcile wait until the stores hold it (or until it
+/// failed, which is logged and counted; the next plan picks the same node again).
 async fn apply_dataplane_nodes(
-    context: &Context,
+    context: &Arc<Context>,
     writes: &[DataplaneNodeWrite],
     node_uids: &BTreeMap<&str, &str>,
+    may_finish_in_background: bool,
 ) -> Result<usize, Error> {
-    let stop_starting = tokio::time::sleep(NODE_WRITE_TIME_PER_RECONCILE);
-    // The futures are made up front (they do nothing until polled): a stream mapping borrowed
-    // writes to futures trips the compiler's higher-ranked lifetime check in `Send` futures.
-    let applies: Vec<_> = writes
+    if writes.is_empty() {
+        return Ok(0);
+    }
+    let batch: Vec<(DataplaneNodeWrite, Option<String>)> = writes
         .iter()
         .map(|write| {
-            apply_dataplane_node(
-                context,
-                write,
-                node_uids.get(write.node_name.as_str()).copied(),
-            )
+            let uid = node_uids
+                .get(write.node_name.as_str())
+                .map(|uid| uid.to_string());
+            (write.clone(), uid)
         })
         .collect();
-    let outcomes: Vec<Result<(), Error>> = futures::stream::iter(applies)
-        .take_until(stop_starting)
-        .buffer_unordered(NODE_WRITE_CONCURRENCY)
-        .collect()
-        .await;
-    let applied = outcomes.len();
-    match outcomes.into_iter().find_map(Result::err) {
+    let started = Arc::new(AtomicUsize::new(0));
+    let (outcomes_sender, mut outcomes) = tokio::sync::mpsc::unbounded_channel();
+    let writer_context = Arc::clone(context);
+    let writer_started = Arc::clone(&started);
+    // Both deadlines count from now, whenever the writer task first runs.
+    let stop_starting = tokio::time::sleep(NODE_WRITE_TIME_PER_RECONCILE);
+    let stop_waiting = tokio::time::sleep(NODE_WRITE_WAIT_PER_RECONCILE);
+    tokio::spawn(async move {
+        // Each future owns what it writes: futures borrowing from the batch trip the
+        // compiler's higher-ranked lifetime check for `Send` futures in a spawned task.
+        let applies: Vec<_> = batch
+            .into_iter()
+            .map(|(write, uid)| {
+                let context = Arc::clone(&writer_context);
+                let started = Arc::clone(&writer_started);
+                async move {
+                    started.fetch_add(1, Ordering::SeqCst);
+                    let outcome = apply_dataplane_node(&context, &write, uid.as_deref()).await;
+                    (write.node_name, outcome)
+                }
+            })
+            .collect();
+        futures::stream::iter(applies)
+            .take_until(stop_starting)
+            .buffer_unordered(NODE_WRITE_CONCURRENCY)
+            .for_each(|(node_name, outcome)| {
+                if let Err(error) = outcomes_sender.send(outcome) {
+                    // The reconcile stopped waiting: this write finished in the background.
+                    if let Err(failure) = error.0 {
+                        writer_context
+                            .metrics
+                            .reconcile_errors
+                            .with_label_values(&[error_policy::step(&failure)])
+                            .inc();
+                        tracing::warn!(node = %node_name, error = %crate::error::describe(&failure), "failed to apply a DataplaneNode spec in the background; the next reconcile plans it again");
+                    }
+                }
+                std::future::ready(())
+            })
+            .await;
+    });
+
+    tokio::pin!(stop_waiting);
+    let mut first_failure = None;
+    loop {
+        tokio::select! {
+            outcome = outcomes.recv() => match outcome {
+                Some(Ok(())) => {}
+                Some(Err(failure)) => {
+                    first_failure.get_or_insert(failure);
+                }
+                // Every started write has ended.
+                None => break,
+            },
+            () = &mut stop_waiting, if may_finish_in_background => {
+                tracing::debug!("leaving the DataplaneNode writes still in flight to finish in the background");
+                break;
+            }
+        }
+    }
+    // Starting stops before the wait does, so the count is final here.
+    let started = started.load(Ordering::SeqCst);
+    match first_failure {
         Some(failure) => Err(failure),
-        None => Ok(applied),
+        None => Ok(started),
     }
 }
 
@@ -1019,6 +1100,46 @@ async fn apply_dataplane_node(
     }
     tracing::info!(node = %write.node_name, mode = %write.spec.mode, cleanup = write.spec.iptables_cleanup, create = write.create, "applied DataplaneNode spec");
     Ok(())
+}
+
+/// [`apply_status`], waited for at most `wait`: the status is the reconcile's last step, so a
+/// status write the API server is slow to answer (queued behind the node writes still in flight)
+/// finishes in the background; the next reconcile waits for it through [`OwnWrites`], and a
+/// failure is logged and counted (the next reconcile finds the status unchanged and writes it
+/// again).
+async fn apply_status_within(
+    config: &DataplaneConfig,
+    status: &DataplaneConfigStatus,
+    context: &Arc<Context>,
+    wait: Duration,
+) -> Result<(), Error> {
+    let config = config.clone();
+    let status = status.clone();
+    let writer_context = Arc::clone(context);
+    let mut write = tokio::spawn(async move {
+        let outcome = apply_status(&config, &status, &writer_context).await;
+        (writer_context, outcome)
+    });
+    match tokio::time::timeout(wait, &mut write).await {
+        Ok(Ok((_, outcome))) => outcome,
+        Ok(Err(panicked)) => Err(Error::ApplyStatusTask {
+            reason: panicked.to_string(),
+        }),
+        Err(_) => {
+            tracing::debug!("leaving the status write to finish in the background");
+            tokio::spawn(async move {
+                if let Ok((context, Err(failure))) = write.await {
+                    context
+                        .metrics
+                        .reconcile_errors
+                        .with_label_values(&[error_policy::step(&failure)])
+                        .inc();
+                    tracing::warn!(error = %crate::error::describe(&failure), "failed to apply the DataplaneConfig status in the background; the next reconcile writes it again");
+                }
+            });
+            Ok(())
+        }
+    }
 }
 
 async fn apply_status(

@@ -63,6 +63,10 @@ pub enum Error {
         #[source]
         source: ApiError,
     },
+    /// The task writing the DataplaneConfig status ended without an answer (it panicked or was
+    /// cancelled).
+    #[error("failed to apply the DataplaneConfig status: its task ended: {reason}")]
+    ApplyStatusTask { reason: String },
     /// Applying one of the operator's CustomResourceDefinitions failed.
     #[error("failed to apply the CustomResourceDefinition {name}")]
     ApplyCrd {

@@ -45,6 +45,7 @@ pub fn classify(error: &Error) -> FailureClass {
         | Error::ReadLease { source }
         | Error::WriteLease { source } => classify_api_error(source),
         Error::LeadershipLost { .. }
+        | Error::ApplyStatusTask { .. }
         | Error::FillCache { .. }
         | Error::ObserveOwnWrites { .. }
         | Error::ConfigureClient { .. }
@@ -86,7 +87,7 @@ pub fn step(error: &Error) -> &'static str {
         Error::ApplyDataplaneNode { .. } => "apply_dataplane_node",
         Error::PatchKubeProxy { .. } | Error::ComputeKubeProxyPatch { .. } => "patch_kube_proxy",
         Error::DeleteAgentPod { .. } => "delete_agent_pod",
-        Error::ApplyStatus { .. } => "apply_status",
+        Error::ApplyStatus { .. } | Error::ApplyStatusTask { .. } => "apply_status",
         Error::ApplyCrd { .. } => "apply_crd",
         Error::PublishEvent { .. } => "publish_event",
         Error::ReadLease { .. } | Error::WriteLease { .. } | Error::LeadershipLost { .. } => {
