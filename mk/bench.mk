@@ -18,7 +18,7 @@ bench: setup e2e-build
 		--agent $(BENCH_TARGET_DIR)/$(BENCH_PROFILE)/switchyard-agent \
 		--operator $(BENCH_TARGET_DIR)/$(BENCH_PROFILE)/switchyard-operator \
 		--kubernetes-bin $(K8S_BIN) --output $(BENCH_SUMMARY) $(BENCH_ARGS) | tee target/bench/tables$(if $(QUICK),-quick).md
-	bash bench/check-summary.sh $(BENCH_SUMMARY)
+	bash bench/check-summary.sh $(BENCH_SUMMARY) $(BENCH_ARGS)
 
 bench-quick:
 	$(MAKE) bench QUICK=1 BENCH_SUMMARY=target/bench/summary-quick.json
