@@ -34,7 +34,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
 
 use chrono::Utc;
-use switchyard_crds::{Condition, DataplaneNodeStatus};
+use switchyard_crds::Condition;
 use switchyard_telemetry::{Health, TelemetryServer};
 use tokio::sync::{mpsc, watch as channel};
 
@@ -129,7 +129,7 @@ pub async fn run(options: ClusterOptions, shutdown: impl Future<Output = ()>) ->
     let client = kube_client().await?;
     let watchers = watch::spawn_watchers(client.clone(), options.node_name.clone(), inputs);
 
-    let (status_sender, status_receiver) = channel::channel::<Option<DataplaneNodeStatus>>(None);
+    let (status_sender, status_receiver) = channel::channel(WrittenStatus::default());
     let (written_sender, written) = channel::channel(0_u64);
     let status_writer = tokio::spawn(watch::run_status_writer(
         client,
@@ -274,9 +274,9 @@ pub async fn run(options: ClusterOptions, shutdown: impl Future<Output = ()>) ->
                 last_conditions = Some(status.conditions.clone());
                 last_written = WrittenStatus {
                     object_uid: view.uid.clone(),
-                    status: Some(status.clone()),
+                    status: Some(status),
                 };
-                status_sender.send_replace(Some(status));
+                status_sender.send_replace(last_written.clone());
             }
         }
     }

@@ -29,6 +29,7 @@ use tokio::sync::{mpsc, watch};
 use super::agent::{DataplaneNodeView, Input};
 use super::health::{health_check_node_port, ServiceEntry};
 use super::node::NodeFacts;
+use super::status::WrittenStatus;
 use super::store::StoreChange;
 use crate::model::{self, v1beta1, EndpointSliceModel, FieldError, ServiceName};
 
@@ -350,20 +351,22 @@ fn view_of(object: &DataplaneNode) -> DataplaneNodeView {
 pub async fn run_status_writer(
     client: Client,
     node_name: String,
-    mut statuses: watch::Receiver<Option<DataplaneNodeStatus>>,
+    mut statuses: watch::Receiver<WrittenStatus>,
     written: watch::Sender<u64>,
 ) {
     let api = Api::<DataplaneNode>::all(client);
-    let mut last_written: Option<DataplaneNodeStatus> = None;
+    // What was last written, and to which object: a DataplaneNode recreated under the same
+    // name is a new object that needs the status even when it did not change.
+    let mut last_written = WrittenStatus::default();
     let mut backoff = BACKOFF_START;
     loop {
         let wanted = statuses.borrow_and_update().clone();
-        if let Some(status) = wanted {
-            if last_written.as_ref() != Some(&status) {
-                match write_status(&api, &node_name, &status).await {
+        if let Some(status) = &wanted.status {
+            if last_written.needs_write(wanted.object_uid.as_deref(), status) {
+                match write_status(&api, &node_name, status).await {
                     Ok(()) => {
                         tracing::debug!("status written");
-                        last_written = Some(status);
+                        last_written = wanted;
                         backoff = BACKOFF_START;
                         written.send_modify(|count| *count += 1);
                     }
