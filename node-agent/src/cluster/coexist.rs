@@ -96,14 +96,29 @@ pub async fn run_coexistence(
         healthz_port: settings.healthz_port,
         ..HealthServerSettings::default()
     });
+    // Rounds in a row whose request said "not serving from eBPF".
+    let mut rounds_not_serving = 0_u32;
     loop {
         let request = requests.borrow_and_update().clone();
+        rounds_not_serving = if request.serving_from_ebpf {
+            0
+        } else {
+            rounds_not_serving.saturating_add(1)
+        };
+        // The agent's chains go only when the node has not served from eBPF for two rounds
+        // and still does not as the removal starts: an activation ensures the chains and
+        // attaches before its request says so, and a round that began just before must not
+        // remove them under the new programs.
+        let chains_may_go = rounds_not_serving >= 2;
+        let still_not_serving = || !requests.borrow().serving_from_ebpf;
         let report = round(
             &settings,
             &tools,
             &mut machine,
             &mut health_servers,
             &request,
+            chains_may_go,
+            still_not_serving,
         )
         .await;
         reports.send_if_modified(|current| {
@@ -125,6 +140,8 @@ async fn round(
     machine: &mut CleanupStateMachine,
     health_servers: &mut HealthServers,
     request: &CoexistenceRequest,
+    chains_may_go: bool,
+    still_not_serving: impl Fn() -> bool,
 ) -> CoexistenceReport {
     let round_settings = RoundSettings {
         families: SERVED_FAMILIES.to_vec(),
@@ -156,7 +173,7 @@ async fn round(
         Some(Err(error)) => tracing::warn!(%error, "cleanup failed; retrying"),
         None => {}
     }
-    if !request.serving_from_ebpf && outcome.agent_chains_present {
+    if chains_may_go && outcome.agent_chains_present && still_not_serving() {
         remove_agent_chains(tools, settings.masquerade_mark).await;
     }
     let chain_order_safe = if request.serving_from_ebpf {
