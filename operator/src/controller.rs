@@ -75,6 +75,8 @@ const NODE_WRITE_WAIT_PER_RECONCILE: Duration = Duration::from_millis(90);
 /// How long a reconcile waits for its status write before leaving it to finish in the
 /// background (see `apply_status_within`).
 const STATUS_WRITE_WAIT: Duration = Duration::from_millis(50);
+/// When a reconcile that left writes in the background looks again at the latest.
+const BACKGROUND_RECHECK: Duration = Duration::from_secs(1);
 
 /// DataplaneNode writes in flight at once within a reconcile.
 const NODE_WRITE_CONCURRENCY: usize = 16;
@@ -127,6 +129,8 @@ pub struct Context {
     /// server delays Events, not reconciles. In order, after the step they describe.
     events: tokio::sync::mpsc::Sender<(ObjectReference, Occurrence)>,
     event_queue: Mutex<Option<tokio::sync::mpsc::Receiver<(ObjectReference, Occurrence)>>>,
+    /// Writes left to finish in the background (see `apply_dataplane_nodes`).
+    pub background_writes: Arc<BackgroundWrites>,
 }
 
 /// Events queued and not yet published, at most (beyond, an Event is logged and dropped).
@@ -193,6 +197,7 @@ impl Context {
             without_config: tokio::sync::Notify::new(),
             events,
             event_queue: Mutex::new(Some(event_queue)),
+            background_writes: Arc::new(BackgroundWrites::default()),
         }
     }
 
@@ -631,9 +636,10 @@ async fn reconcile_default(
         !later_steps_follow,
     )
     .await?;
-    let more_writes_left = applied < planned_writes;
+    let more_writes_left = applied.started < planned_writes;
+    let mut left_in_background = applied.left_in_background;
     // The Events describe what was written (or is being written: see apply_dataplane_nodes).
-    plan.dataplane_nodes.truncate(applied);
+    plan.dataplane_nodes.truncate(applied.started);
     let steps = steps_of(previous_status, &plan);
     tracing::debug!(
         nodes = objects.nodes.len(),
@@ -682,11 +688,20 @@ async fn reconcile_default(
         publish_refusals(config, status, context);
         context.metrics.observe_status(status);
         if config.status.as_ref() != Some(status) {
-            apply_status_within(config, status, context, STATUS_WRITE_WAIT).await?;
+            left_in_background |=
+                apply_status_within(config, status, context, STATUS_WRITE_WAIT).await?;
         }
     }
     if more_writes_left {
         return Ok(Some(Duration::ZERO));
+    }
+    if left_in_background {
+        // A write that fails in the background is no reconcile failure: look again soon, so
+        // that it is planned again without waiting for the next trigger.
+        return Ok(Some(
+            plan.requeue_after
+                .map_or(BACKGROUND_RECHECK, |after| after.min(BACKGROUND_RECHECK)),
+        ));
     }
     Ok(plan.requeue_after)
 }
@@ -973,8 +988,9 @@ pub fn status_object(config_name: &str, status: &DataplaneConfigStatus) -> Value
 }
 
 /// Applies `writes` in order, [`NODE_WRITE_CONCURRENCY`] at a time, starting new ones for
-/// [`NODE_WRITE_TIME_PER_RECONCILE`]; returns how many were started (always the first ones), or
-/// the first failure among those that ended while the reconcile waited.
+/// [`NODE_WRITE_TIME_PER_RECONCILE`]; returns how many were started (always the first ones) and
+/// whether some were left to finish in the background, or the first failure among those that
+/// ended while the reconcile waited.
 ///
 /// The reconcile waits for the writes it started until they end, or, when
 /// `may_finish_in_background`, at most [`NODE_WRITE_WAIT_PER_RECONCILE`]: a write the API server
@@ -987,9 +1003,12 @@ async fn apply_dataplane_nodes(
     writes: &[DataplaneNodeWrite],
     node_uids: &BTreeMap<&str, &str>,
     may_finish_in_background: bool,
-) -> Result<usize, Error> {
+) -> Result<AppliedWrites, Error> {
     if writes.is_empty() {
-        return Ok(0);
+        return Ok(AppliedWrites {
+            started: 0,
+            left_in_background: false,
+        });
     }
     let batch: Vec<(DataplaneNodeWrite, Option<String>)> = writes
         .iter()
@@ -1000,25 +1019,28 @@ async fn apply_dataplane_nodes(
             (write.clone(), uid)
         })
         .collect();
-    let started = Arc::new(AtomicUsize::new(0));
+    let gate = Arc::new(StartGate::default());
     let (outcomes_sender, mut outcomes) = tokio::sync::mpsc::unbounded_channel();
     let writer_context = Arc::clone(context);
-    let writer_started = Arc::clone(&started);
+    let writer_gate = Arc::clone(&gate);
     // Both deadlines count from now, whenever the writer task first runs.
     let stop_starting = tokio::time::sleep(NODE_WRITE_TIME_PER_RECONCILE);
     let stop_waiting = tokio::time::sleep(NODE_WRITE_WAIT_PER_RECONCILE);
-    tokio::spawn(async move {
+    context.background_writes.spawn(async move {
         // Each future owns what it writes: futures borrowing from the batch trip the
         // compiler's higher-ranked lifetime check for `Send` futures in a spawned task.
         let applies: Vec<_> = batch
             .into_iter()
             .map(|(write, uid)| {
                 let context = Arc::clone(&writer_context);
-                let started = Arc::clone(&writer_started);
+                let gate = Arc::clone(&writer_gate);
                 async move {
-                    started.fetch_add(1, Ordering::SeqCst);
+                    if !gate.start() {
+                        // The reconcile has counted what started: this one never does.
+                        return (write.node_name, None);
+                    }
                     let outcome = apply_dataplane_node(&context, &write, uid.as_deref()).await;
-                    (write.node_name, outcome)
+                    (write.node_name, Some(outcome))
                 }
             })
             .collect();
@@ -1026,6 +1048,9 @@ async fn apply_dataplane_nodes(
             .take_until(stop_starting)
             .buffer_unordered(NODE_WRITE_CONCURRENCY)
             .for_each(|(node_name, outcome)| {
+                let Some(outcome) = outcome else {
+                    return std::future::ready(());
+                };
                 if let Err(error) = outcomes_sender.send(outcome) {
                     // The reconcile stopped waiting: this write finished in the background.
                     if let Err(failure) = error.0 {
@@ -1044,6 +1069,7 @@ async fn apply_dataplane_nodes(
 
     tokio::pin!(stop_waiting);
     let mut first_failure = None;
+    let mut left_in_background = false;
     loop {
         tokio::select! {
             outcome = outcomes.recv() => match outcome {
@@ -1056,15 +1082,91 @@ async fn apply_dataplane_nodes(
             },
             () = &mut stop_waiting, if may_finish_in_background => {
                 tracing::debug!("leaving the DataplaneNode writes still in flight to finish in the background");
+                left_in_background = true;
                 break;
             }
         }
     }
-    // Starting stops before the wait does, so the count is final here.
-    let started = started.load(Ordering::SeqCst);
+    // Closing the gate and reading the count is one step: no write starts uncounted.
+    let started = gate.close();
     match first_failure {
         Some(failure) => Err(failure),
-        None => Ok(started),
+        None => Ok(AppliedWrites {
+            started,
+            left_in_background,
+        }),
+    }
+}
+
+/// What [`apply_dataplane_nodes`] did.
+struct AppliedWrites {
+    /// Writes started (the first ones of the plan).
+    started: usize,
+    /// Some of them were still in flight when the reconcile stopped waiting.
+    left_in_background: bool,
+}
+
+/// Which writes of a reconcile started: once the reconcile stops waiting and closes the gate,
+/// no other starts, so the count it reads is final.
+#[derive(Default)]
+struct StartGate {
+    /// (closed, writes started)
+    state: Mutex<(bool, usize)>,
+}
+
+impl StartGate {
+    /// Whether a write may start (and is then counted).
+    fn start(&self) -> bool {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        if state.0 {
+            return false;
+        }
+        state.1 += 1;
+        true
+    }
+
+    /// Closes the gate; the number of writes that started.
+    fn close(&self) -> usize {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        state.0 = true;
+        state.1
+    }
+}
+
+/// The operator's writes that finish in the background: counted, so that a graceful shutdown
+/// waits for them before releasing the leader Lease (no write of an old leader lands after the
+/// next one took over).
+#[derive(Default)]
+pub struct BackgroundWrites {
+    in_flight: AtomicUsize,
+    idle: tokio::sync::Notify,
+}
+
+impl BackgroundWrites {
+    fn spawn(self: &Arc<Self>, work: impl std::future::Future<Output = ()> + Send + 'static) {
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        let tracker = Arc::clone(self);
+        tokio::spawn(async move {
+            work.await;
+            if tracker.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
+                tracker.idle.notify_waiters();
+            }
+        });
+    }
+
+    /// Waits until no background write is left, for at most `limit`; whether none is.
+    pub async fn wait_until_idle(&self, limit: Duration) -> bool {
+        let waited = tokio::time::timeout(limit, async {
+            loop {
+                let idle = self.idle.notified();
+                if self.in_flight.load(Ordering::SeqCst) == 0 {
+                    return;
+                }
+                idle.await;
+            }
+        })
+        .await;
+        waited.is_ok()
     }
 }
 
@@ -1112,32 +1214,32 @@ async fn apply_status_within(
     status: &DataplaneConfigStatus,
     context: &Arc<Context>,
     wait: Duration,
-) -> Result<(), Error> {
+) -> Result<bool, Error> {
     let config = config.clone();
     let status = status.clone();
     let writer_context = Arc::clone(context);
-    let mut write = tokio::spawn(async move {
-        let outcome = apply_status(&config, &status, &writer_context).await;
-        (writer_context, outcome)
+    let (outcome_sender, outcome) = tokio::sync::oneshot::channel();
+    context.background_writes.spawn(async move {
+        let written = apply_status(&config, &status, &writer_context).await;
+        // Sending fails once the reconcile stopped waiting: this write finished in the
+        // background, and a failure is told here.
+        if let Err(Err(failure)) = outcome_sender.send(written) {
+            writer_context
+                .metrics
+                .reconcile_errors
+                .with_label_values(&[error_policy::step(&failure)])
+                .inc();
+            tracing::warn!(error = %crate::error::describe(&failure), "failed to apply the DataplaneConfig status in the background; the next reconcile writes it again");
+        }
     });
-    match tokio::time::timeout(wait, &mut write).await {
-        Ok(Ok((_, outcome))) => outcome,
-        Ok(Err(panicked)) => Err(Error::ApplyStatusTask {
-            reason: panicked.to_string(),
+    match tokio::time::timeout(wait, outcome).await {
+        Ok(Ok(written)) => written.map(|()| false),
+        Ok(Err(ended)) => Err(Error::ApplyStatusTask {
+            reason: ended.to_string(),
         }),
         Err(_) => {
             tracing::debug!("leaving the status write to finish in the background");
-            tokio::spawn(async move {
-                if let Ok((context, Err(failure))) = write.await {
-                    context
-                        .metrics
-                        .reconcile_errors
-                        .with_label_values(&[error_policy::step(&failure)])
-                        .inc();
-                    tracing::warn!(error = %crate::error::describe(&failure), "failed to apply the DataplaneConfig status in the background; the next reconcile writes it again");
-                }
-            });
-            Ok(())
+            Ok(true)
         }
     }
 }
@@ -1492,6 +1594,41 @@ mod tests {
         assert_eq!(
             occurrence.message,
             "created 3 DataplaneNodes (mode KubeProxy) for Nodes node-00000 to node-00099"
+        );
+    }
+
+    #[test]
+    fn a_closed_start_gate_counts_exactly_the_writes_that_started() {
+        let gate = StartGate::default();
+        assert!(gate.start());
+        assert!(gate.start());
+        assert_eq!(gate.close(), 2);
+        // A write reaching the gate after the reconcile counted never starts.
+        assert!(!gate.start());
+        assert_eq!(gate.close(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_shutdown_waits_for_background_writes_until_they_end_or_the_limit() {
+        let writes = Arc::new(BackgroundWrites::default());
+        assert!(writes.wait_until_idle(Duration::from_millis(10)).await);
+        let (finish, finished) = tokio::sync::oneshot::channel::<()>();
+        writes.spawn(async move {
+            let _ = finished.await;
+        });
+        assert!(
+            !writes.wait_until_idle(Duration::from_millis(50)).await,
+            "a write in flight is waited for"
+        );
+        let waiter = {
+            let writes = Arc::clone(&writes);
+            tokio::spawn(async move { writes.wait_until_idle(Duration::from_secs(5)).await })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let _ = finish.send(());
+        assert!(
+            waiter.await.expect("the waiter"),
+            "idle once the write ended"
         );
     }
 }

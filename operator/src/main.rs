@@ -52,6 +52,10 @@ struct Arguments {
     identity: Option<String>,
 }
 
+/// How long a graceful shutdown waits for writes left in the background before it releases the
+/// leader Lease (they are bounded by the API client's own timeouts; this bounds the exit).
+const BACKGROUND_WRITES_AT_SHUTDOWN: Duration = Duration::from_secs(5);
+
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
@@ -124,8 +128,10 @@ async fn run(arguments: Arguments) -> Result<(), Error> {
             api_server_address: arguments.api_server_address,
         },
     ));
+    let background_writes = Arc::clone(&context.background_writes);
     // Whichever ends first ends the others: dropping the controller's future stops it at its
-    // next await, so a replica that lost the Lease makes no further write.
+    // next await, so a replica that lost the Lease makes no further write (writes it left to
+    // finish in the background end with the process).
     let outcome = tokio::select! {
         () = controller::run(context) => Err(Error::LeadershipLost { reason: "the controller's watches ended".into() }),
         lost = elector.keep_renewing() => Err(lost),
@@ -134,6 +140,13 @@ async fn run(arguments: Arguments) -> Result<(), Error> {
     metrics.leader.set(0);
     health.set_ready(false);
     if outcome.is_ok() {
+        // The next leader must not meet a write of this one landing after it took over.
+        if !background_writes
+            .wait_until_idle(BACKGROUND_WRITES_AT_SHUTDOWN)
+            .await
+        {
+            tracing::warn!("writes still in flight at shutdown; releasing the Lease anyway");
+        }
         if let Err(error) = elector.release().await {
             tracing::warn!(error = %switchyard_operator::error::describe(&error), "failed to release the leader Lease");
         }
