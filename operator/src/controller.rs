@@ -201,6 +201,14 @@ impl Context {
         }
     }
 
+    /// Counts a failure in `switchyard_operator_reconcile_errors_total`, by the step that failed.
+    fn count_failure(&self, error: &Error) {
+        self.metrics
+            .reconcile_errors
+            .with_label_values(&[error_policy::step(error)])
+            .inc();
+    }
+
     /// Queues an Event about `involved` for the publishing task.
     fn record(&self, involved: &ObjectReference, occurrence: &Occurrence) {
         if let Err(error) = self.events.try_send((involved.clone(), occurrence.clone())) {
@@ -448,11 +456,7 @@ pub async fn run(context: Arc<Context>) {
                     Ok(true) => continue,
                     Ok(false) => break,
                     Err(error) => {
-                        context
-                            .metrics
-                            .reconcile_errors
-                            .with_label_values(&[error_policy::step(&error)])
-                            .inc();
+                        context.count_failure(&error);
                         tracing::warn!(error = %crate::error::describe(&error), "failed to reconcile without a DataplaneConfig");
                         break;
                     }
@@ -519,11 +523,7 @@ pub fn error_policy(_config: Arc<DataplaneConfig>, error: &Error, context: Arc<C
         .consecutive_failures
         .fetch_add(1, Ordering::SeqCst)
         .saturating_add(1);
-    context
-        .metrics
-        .reconcile_errors
-        .with_label_values(&[error_policy::step(error)])
-        .inc();
+    context.count_failure(error);
     let class = error_policy::classify(error);
     let next = error_policy::retry_after(class, failures);
     tracing::warn!(error = %crate::error::describe(error), ?class, retry_in = ?next, "reconcile failed");
@@ -1054,11 +1054,7 @@ async fn apply_dataplane_nodes(
                 if let Err(error) = outcomes_sender.send(outcome) {
                     // The reconcile stopped waiting: this write finished in the background.
                     if let Err(failure) = error.0 {
-                        writer_context
-                            .metrics
-                            .reconcile_errors
-                            .with_label_values(&[error_policy::step(&failure)])
-                            .inc();
+                        writer_context.count_failure(&failure);
                         tracing::warn!(node = %node_name, error = %crate::error::describe(&failure), "failed to apply a DataplaneNode spec in the background; the next reconcile plans it again");
                     }
                 }
@@ -1224,11 +1220,7 @@ async fn apply_status_within(
         // Sending fails once the reconcile stopped waiting: this write finished in the
         // background, and a failure is told here.
         if let Err(Err(failure)) = outcome_sender.send(written) {
-            writer_context
-                .metrics
-                .reconcile_errors
-                .with_label_values(&[error_policy::step(&failure)])
-                .inc();
+            writer_context.count_failure(&failure);
             tracing::warn!(error = %crate::error::describe(&failure), "failed to apply the DataplaneConfig status in the background; the next reconcile writes it again");
         }
     });
