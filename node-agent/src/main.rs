@@ -4,19 +4,32 @@ use clap::Parser;
 use switchyard_agent::cli::{Cli, Command};
 use switchyard_agent::standalone::{self, datapath::KernelDatapath, IpCommand};
 
-/// Completes on SIGTERM or SIGINT.
-async fn shutdown_signal() {
+/// Installs the SIGTERM and SIGINT handlers now and returns a future that
+/// completes on either.
+///
+/// Installed before the agent loads or attaches anything: a handler installed
+/// lazily (when the future is first polled, after start-up work) leaves the
+/// default action in place meanwhile, and a SIGTERM during start-up (a rollout
+/// that changes its mind) then kills the agent between attaching a program and
+/// pinning its link, which detaches that program again.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut terminate), Ok(mut interrupt)) = (
+    let handlers = (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
-    ) else {
-        tracing::error!("cannot install signal handlers; running until killed");
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = terminate.recv() => tracing::info!("SIGTERM"),
-        _ = interrupt.recv() => tracing::info!("SIGINT"),
+    );
+    if handlers.0.is_ok() && handlers.1.is_ok() {
+        tracing::info!("signal handlers installed");
+    }
+    async move {
+        let (Ok(mut terminate), Ok(mut interrupt)) = handlers else {
+            tracing::error!("cannot install signal handlers; running until killed");
+            return std::future::pending().await;
+        };
+        tokio::select! {
+            _ = terminate.recv() => tracing::info!("SIGTERM"),
+            _ = interrupt.recv() => tracing::info!("SIGINT"),
+        }
     }
 }
 
@@ -43,15 +56,17 @@ fn main() -> std::process::ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Standalone(arguments) => {
+                let shutdown = shutdown_signal();
                 let options = arguments.options();
                 let datapath = KernelDatapath::load(
                     options.pin_directory.clone(),
                     &options.socket_hook_cgroup,
                 )?;
-                standalone::run(options, datapath, IpCommand, shutdown_signal()).await
+                standalone::run(options, datapath, IpCommand, shutdown).await
             }
             Command::Run(arguments) => {
-                switchyard_agent::cluster::run(arguments.options(), shutdown_signal()).await
+                let shutdown = shutdown_signal();
+                switchyard_agent::cluster::run(arguments.options(), shutdown).await
             }
             Command::Detach(arguments) => {
                 switchyard_agent::loader::detach_everything(&arguments.bpf_pin_dir)?;

@@ -262,3 +262,65 @@ fn killing_and_restarting_the_agent_twice_fails_no_connection() {
         },
     );
 }
+
+/// Waits for the agent to exit, up to `timeout`; kills it if it does not.
+fn wait_for_exit(agent: &mut Child, timeout: Duration) -> Option<std::process::ExitStatus> {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if let Ok(Some(status)) = agent.try_wait() {
+            return Some(status);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let _ = agent.kill();
+    let _ = agent.wait();
+    None
+}
+
+#[test]
+#[ignore = "privileged netns test: run by make datapath-test"]
+fn a_sigterm_during_start_up_ends_the_agent_after_its_round_and_leaves_it_serving() {
+    run_isolated(
+        "a_sigterm_during_start_up_ends_the_agent_after_its_round_and_leaves_it_serving",
+        |node| {
+            let pods = standard_topology(3);
+            start_servers(&pods[0]);
+            start_servers(&pods[1]);
+            write_manifests(&node.work.join("manifests"), &pods[..2]);
+            let mut agent = start_agent(node, 0);
+            let log_path = node.work.join("agent-0.log");
+            // The first line the agent writes: from here on a SIGTERM is handled,
+            // while the programs are still being loaded.
+            let handled = wait_until(Duration::from_secs(10), || {
+                std::fs::read_to_string(&log_path)
+                    .is_ok_and(|log| log.contains("signal handlers installed"))
+            });
+            assert!(handled, "no handlers reported:\n{}", agent_logs(node));
+            sh(&format!("kill -TERM {}", agent.id()));
+            let status = wait_for_exit(&mut agent, Duration::from_secs(20));
+            let log = agent_logs(node);
+            // Killed by the signal's default action, the agent could die between
+            // attaching a program and pinning its link (which detaches it).
+            assert_eq!(
+                status.and_then(|status| status.code()),
+                Some(0),
+                "the agent exits by itself, not by the signal: {status:?}\n{log}"
+            );
+            assert!(
+                log.contains("exiting; programs and maps stay in place"),
+                "a graceful exit:\n{log}"
+            );
+            // It finished the round it was in: everything it attached is pinned
+            // and serves with no agent running.
+            let cluster_ip = SocketAddrV4::new(CLUSTER_IP, 80);
+            let node_port = SocketAddrV4::new(NODE_IP, NODE_PORT);
+            for (namespace, address) in [(Some("pod3"), cluster_ip), (Some("client"), node_port)] {
+                let answers = tcp_requests_from(namespace, address, 20);
+                assert!(
+                    answers.iter().all(Result::is_ok),
+                    "{address} from {namespace:?} after the agent exited: {answers:?}\n{log}"
+                );
+            }
+        },
+    );
+}
