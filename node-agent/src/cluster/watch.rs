@@ -194,6 +194,18 @@ impl<K: Resource, V> ChangeBuilder<K, V> {
     }
 }
 
+/// How the Service and EndpointSlice collections are listed and watched.
+///
+/// Lists are served from the API server's watch cache (resourceVersion 0), as
+/// kube-proxy's and the kubelet's informers list: a quorum read of every Service
+/// and EndpointSlice from etcd, by every agent at every restart (a rolling upgrade
+/// of thousands of nodes), costs the control plane far more, and the watch that
+/// follows brings a list that was a little behind up to date. The Node and the
+/// DataplaneNode (one object each) stay quorum reads.
+fn collection_watch_config() -> watcher::Config {
+    watcher::Config::default().any_semantic()
+}
+
 /// Watches a collection converted to the model, sending complete lists as one
 /// `Replace` and single changes as they come. Returns when the agent is gone.
 async fn watch_collection<K, V>(
@@ -208,7 +220,7 @@ async fn watch_collection<K, V>(
     let mut builder = ChangeBuilder::new(what, convert);
     consume(
         api,
-        watcher::Config::default(),
+        collection_watch_config(),
         what,
         |event| match builder.on_event(event) {
             Some(change) => inputs.send(wrap(change)).is_ok(),
@@ -408,6 +420,14 @@ async fn write_status(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn services_and_endpoint_slices_are_listed_from_the_watch_cache() {
+        assert_eq!(
+            collection_watch_config().list_semantic,
+            watcher::ListSemantic::Any
+        );
+    }
 
     fn v1beta1_slice(name: &str, ready: bool) -> DynamicObject {
         serde_json::from_value(serde_json::json!({
