@@ -27,7 +27,8 @@ use crate::maps::ServiceMaps;
 use crate::model::{EndpointSliceModel, ServiceName};
 use crate::standalone::datapath::datapath_config;
 use crate::standalone::follow::{
-    detach_interfaces, follow_mode, instruction, Attachment, Instruction, ModeAction,
+    detach_interfaces, follow_mode, instruction, interfaces_to_detach, Attachment, Instruction,
+    ModeAction,
 };
 use crate::standalone::interfaces::{self, Globs, InterfaceRole, IpInterface};
 use crate::standalone::masquerade;
@@ -603,11 +604,8 @@ impl<D: NodeDatapath> ClusterAgent<D> {
                 // The socket hooks stay: with the config draining they pass
                 // every new connection untranslated.
                 let retrying = self.attachment == Attachment::Detaching;
-                let names: Vec<String> = if retrying {
-                    self.detach_left.iter().cloned().collect()
-                } else {
-                    self.roles.keys().cloned().collect()
-                };
+                let names =
+                    interfaces_to_detach(self.attachment, &self.detach_left, self.roles.keys());
                 let datapath = &mut self.datapath;
                 let round = detach_interfaces(&names, |name| datapath.detach_interface(name));
                 self.attached.clear();

@@ -179,24 +179,29 @@ async fn round(
     let chain_order_safe = if request.serving_from_ebpf {
         let guard_tools = tools.clone();
         let mark = settings.masquerade_mark;
-        match tokio::task::spawn_blocking(move || guard_tools.guard_chain_order(Family::Ipv4, mark))
-            .await
-        {
-            Ok(Ok(report)) => {
+        let guarded = run_blocking(move || {
+            SERVED_FAMILIES
+                .iter()
+                .map(|family| guard_tools.guard_chain_order(*family, mark))
+                .collect::<Result<Vec<_>, _>>()
+        })
+        .await;
+        match guarded.map(most_telling_report) {
+            Ok(Some(report)) => {
                 if report.reason == reasons::CHAIN_ORDER_RESTORED {
                     tracing::info!(message = %report.message, "chain order restored");
                 }
                 value(report)
             }
-            Ok(Err(error)) => ConditionValue::new(
-                false,
-                crate::kube_proxy::system::CHAIN_ORDER_REPAIR_FAILED,
-                error.to_string(),
+            Ok(None) => ConditionValue::new(
+                true,
+                reasons::CHAIN_ORDER_VERIFIED,
+                "no address family served",
             ),
-            Err(error) => ConditionValue::new(
+            Err(message) => ConditionValue::new(
                 false,
                 crate::kube_proxy::system::CHAIN_ORDER_REPAIR_FAILED,
-                error.to_string(),
+                message,
             ),
         }
     } else {
@@ -247,19 +252,83 @@ async fn round(
 /// retried by the next round, which finds the chains still there.
 async fn remove_agent_chains(tools: &Tools, masquerade_mark: u32) {
     let removal_tools = tools.clone();
-    let removed = tokio::task::spawn_blocking(move || {
+    let removed = run_blocking(move || {
         SERVED_FAMILIES
             .iter()
             .try_for_each(|family| removal_tools.remove_agent_chains(*family, masquerade_mark))
     })
     .await;
     match removed {
-        Ok(Ok(())) => tracing::info!("removed the agent's netfilter chains (the node left eBPF)"),
-        Ok(Err(error)) => {
-            tracing::warn!(%error, "failed to remove the agent's netfilter chains; retrying")
-        }
+        Ok(()) => tracing::info!("removed the agent's netfilter chains (the node left eBPF)"),
         Err(error) => {
             tracing::warn!(%error, "failed to remove the agent's netfilter chains; retrying")
         }
+    }
+}
+
+/// Runs netfilter work (external commands) off the agent's loop; a task that
+/// panicked reads as a failure like any other.
+async fn run_blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, crate::Error> + Send + 'static,
+) -> Result<T, String> {
+    match tokio::task::spawn_blocking(work).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(error)) => Err(error.to_string()),
+        Err(error) => Err(format!("failed to run the netfilter task: {error}")),
+    }
+}
+
+/// One `ChainOrderSafe` report for every served family: the first that is not
+/// safe, else the first that restored the order, else the first.
+fn most_telling_report(reports: Vec<ConditionReport>) -> Option<ConditionReport> {
+    let position = reports
+        .iter()
+        .position(|report| !report.status)
+        .or_else(|| {
+            reports
+                .iter()
+                .position(|report| report.reason == reasons::CHAIN_ORDER_RESTORED)
+        })
+        .unwrap_or(0);
+    reports.into_iter().nth(position)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(status: bool, reason: &'static str) -> ConditionReport {
+        ConditionReport {
+            status,
+            reason,
+            message: reason.to_string(),
+        }
+    }
+
+    #[test]
+    fn an_unsafe_family_outweighs_a_restored_or_verified_one() {
+        let chosen = most_telling_report(vec![
+            report(true, reasons::CHAIN_ORDER_VERIFIED),
+            report(true, reasons::CHAIN_ORDER_RESTORED),
+            report(false, "ChainOrderRepairFailed"),
+        ]);
+        assert_eq!(chosen.map(|report| report.status), Some(false));
+    }
+
+    #[test]
+    fn a_restored_order_is_reported_over_a_verified_one() {
+        let chosen = most_telling_report(vec![
+            report(true, reasons::CHAIN_ORDER_VERIFIED),
+            report(true, reasons::CHAIN_ORDER_RESTORED),
+        ]);
+        assert_eq!(
+            chosen.map(|report| report.reason),
+            Some(reasons::CHAIN_ORDER_RESTORED)
+        );
+    }
+
+    #[test]
+    fn no_served_family_gives_no_report() {
+        assert!(most_telling_report(Vec::new()).is_none());
     }
 }

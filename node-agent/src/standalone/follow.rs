@@ -101,6 +101,20 @@ impl DetachRound {
     }
 }
 
+/// The interfaces a detach round works on: when a failed round is being
+/// retried, the ones it left; otherwise every interface the node has now.
+pub fn interfaces_to_detach<'a>(
+    attachment: Attachment,
+    left: &BTreeSet<String>,
+    current: impl IntoIterator<Item = &'a String>,
+) -> Vec<String> {
+    if attachment == Attachment::Detaching {
+        left.iter().cloned().collect()
+    } else {
+        current.into_iter().cloned().collect()
+    }
+}
+
 /// Detaches every interface in `names` with `detach`, carrying on past a failure
 /// (one stuck interface must not keep the others translating), and says which
 /// are left.
@@ -188,6 +202,30 @@ mod tests {
     use super::*;
 
     const TIMEOUT: Duration = Duration::from_secs(600);
+
+    #[test]
+    fn a_retried_detach_works_on_the_interfaces_left_and_a_first_one_on_every_interface() {
+        let left: BTreeSet<String> = ["veth-b".to_string()].into();
+        let current = [
+            "veth-a".to_string(),
+            "veth-b".to_string(),
+            "eth0".to_string(),
+        ];
+        assert_eq!(
+            interfaces_to_detach(Attachment::Detaching, &left, current.iter()),
+            vec!["veth-b".to_string()]
+        );
+        assert_eq!(
+            interfaces_to_detach(
+                Attachment::Draining {
+                    since: Instant::now()
+                },
+                &left,
+                current.iter()
+            ),
+            current.to_vec()
+        );
+    }
 
     #[test]
     fn ebpf_mode_attaches_once() {

@@ -25,7 +25,7 @@ use switchyard_common::{DATAPATH_MODE_ACTIVE, DATAPATH_MODE_DRAINING};
 use switchyard_crds::DataplaneMode;
 
 use self::datapath::{datapath_config, Datapath};
-use self::follow::{detach_interfaces, follow_mode, Attachment, ModeAction};
+use self::follow::{detach_interfaces, follow_mode, interfaces_to_detach, Attachment, ModeAction};
 use self::interfaces::{Globs, InterfaceRole};
 use self::manifests::{Fingerprint, Manifests};
 use crate::desired::NodeView;
@@ -482,11 +482,7 @@ impl<D: Datapath, H: HostView> Standalone<D, H> {
             Some(ModeAction::Detach) => {
                 // The socket hooks stay: with the config draining they pass
                 // every new connection untranslated.
-                let names: Vec<String> = if self.attachment == Attachment::Detaching {
-                    self.detach_left.iter().cloned().collect()
-                } else {
-                    roles.keys().cloned().collect()
-                };
+                let names = interfaces_to_detach(self.attachment, &self.detach_left, roles.keys());
                 let datapath = &mut self.datapath;
                 let round = detach_interfaces(&names, |name| datapath.detach_interface(name));
                 self.attached.clear();
