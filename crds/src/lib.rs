@@ -90,6 +90,8 @@ pub mod reasons {
     /// The kube-proxy DaemonSet carries Helm, Argo CD or addon-manager ownership marks, so
     /// `management: Managed` is refused: set `management: External`.
     pub const KUBE_PROXY_MANAGED_EXTERNALLY: &str = "KubeProxyManagedExternally";
+    /// `management: Managed`, but the operator may not patch the kube-proxy DaemonSet (RBAC).
+    pub const KUBE_PROXY_NOT_PATCHABLE: &str = "KubeProxyNotPatchable";
     /// The kube-proxy DaemonSet does not exist.
     pub const KUBE_PROXY_NOT_FOUND: &str = "KubeProxyNotFound";
     /// `management: External`: waiting for someone else to remove kube-proxy.

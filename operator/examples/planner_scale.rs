@@ -100,6 +100,7 @@ fn main() {
                 disabled_by_switchyard: false,
                 desired_number_scheduled: Some(i32::try_from(count).unwrap_or(i32::MAX)),
                 external_owner: None,
+                patch_allowed: Some(true),
             }),
             agent_daemon_set: Some(AgentDaemonSet {
                 update_revision: Some("r1".into()),

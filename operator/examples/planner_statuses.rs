@@ -85,6 +85,7 @@ fn cluster(nodes: Vec<ObservedNode>, update_revision: &str) -> ObservedCluster {
             disabled_by_switchyard: kube_proxy_gone,
             desired_number_scheduled: Some(if kube_proxy_gone { 0 } else { 3 }),
             external_owner: None,
+            patch_allowed: Some(true),
         }),
         agent_daemon_set: Some(AgentDaemonSet {
             update_revision: Some(update_revision.to_owned()),

@@ -22,9 +22,12 @@ use std::time::Duration;
 use chrono::Utc;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
+};
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{watcher, WatchStreamExt};
@@ -33,7 +36,8 @@ use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 use switchyard_crds::{
     condition_types, find_condition, reasons, ConditionStatus, DataplaneConfig,
-    DataplaneConfigStatus, DataplaneNode, KubeProxySpec, DEFAULT_CONFIG_NAME,
+    DataplaneConfigStatus, DataplaneMode, DataplaneNode, KubeProxyManagement, KubeProxySpec,
+    DEFAULT_CONFIG_NAME,
 };
 
 use crate::cache::{self, OwnWrites, Stores, WrittenKind, WrittenObject};
@@ -131,6 +135,35 @@ pub struct Context {
     event_queue: Mutex<Option<tokio::sync::mpsc::Receiver<(ObjectReference, Occurrence)>>>,
     /// Writes left to finish in the background (see `apply_dataplane_nodes`).
     pub background_writes: Arc<BackgroundWrites>,
+    /// The last answer to "may the operator patch the kube-proxy DaemonSet?".
+    kube_proxy_permission: Mutex<Option<PatchPermission>>,
+}
+
+/// An answer of the API server to a SelfSubjectAccessReview for patching one DaemonSet.
+#[derive(Clone, Debug)]
+struct PatchPermission {
+    namespace: String,
+    name: String,
+    /// `None`: the review failed (the preflight then does not hold on it).
+    allowed: Option<bool>,
+    asked_at: std::time::Instant,
+}
+
+/// How long an answer about the kube-proxy DaemonSet's patch permission is reused: RBAC rarely
+/// changes, and the review must not add a request to every reconcile.
+const PATCH_PERMISSION_REUSE: Duration = Duration::from_secs(30);
+/// How soon a refused (or failed) review is asked again, with a reconcile of its own: a fixed
+/// Role or RoleBinding triggers no watch of the operator's.
+const PATCH_PERMISSION_RECHECK: Duration = Duration::from_secs(10);
+
+impl PatchPermission {
+    fn reusable_for(&self) -> Duration {
+        if self.allowed == Some(true) {
+            PATCH_PERMISSION_REUSE
+        } else {
+            PATCH_PERMISSION_RECHECK
+        }
+    }
 }
 
 /// Events queued and not yet published, at most (beyond, an Event is logged and dropped).
@@ -198,6 +231,7 @@ impl Context {
             events,
             event_queue: Mutex::new(Some(event_queue)),
             background_writes: Arc::new(BackgroundWrites::default()),
+            kube_proxy_permission: Mutex::new(None),
         }
     }
 
@@ -570,6 +604,60 @@ async fn reconcile_without_config(context: &Arc<Context>) -> Result<bool, Error>
 
 /// The `default` DataplaneConfig (or none): snapshot -> plan -> apply -> status. Returns when to
 /// reconcile again if nothing changes (`Some(ZERO)` when writes were left for the next round).
+/// Whether the operator may patch the DaemonSet `namespace/name`, as a SelfSubjectAccessReview
+/// answers (reused for a while: [`PatchPermission::reusable_for`]); `None` when the review
+/// itself failed.
+async fn kube_proxy_patch_allowed(context: &Context, namespace: &str, name: &str) -> Option<bool> {
+    let now = std::time::Instant::now();
+    if let Ok(cached) = context.kube_proxy_permission.lock() {
+        if let Some(answer) = cached.as_ref().filter(|answer| {
+            answer.namespace == namespace
+                && answer.name == name
+                && now.duration_since(answer.asked_at) < answer.reusable_for()
+        }) {
+            return answer.allowed;
+        }
+    }
+    let review = daemon_set_patch_review(namespace, name);
+    let allowed = match Api::<SelfSubjectAccessReview>::all(context.client.clone())
+        .create(&PostParams::default(), &review)
+        .await
+    {
+        Ok(answer) => answer.status.map(|status| status.allowed),
+        Err(error) => {
+            tracing::warn!(%error, %namespace, %name, "failed to ask whether the operator may patch the kube-proxy DaemonSet");
+            None
+        }
+    };
+    if let Ok(mut cached) = context.kube_proxy_permission.lock() {
+        *cached = Some(PatchPermission {
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+            allowed,
+            asked_at: now,
+        });
+    }
+    allowed
+}
+
+/// The question "may I patch DaemonSet `namespace/name`?" for the API server.
+fn daemon_set_patch_review(namespace: &str, name: &str) -> SelfSubjectAccessReview {
+    SelfSubjectAccessReview {
+        spec: SelfSubjectAccessReviewSpec {
+            resource_attributes: Some(ResourceAttributes {
+                group: Some("apps".into()),
+                resource: Some("daemonsets".into()),
+                verb: Some("patch".into()),
+                namespace: Some(namespace.to_string()),
+                name: Some(name.to_string()),
+                ..ResourceAttributes::default()
+            }),
+            ..SelfSubjectAccessReviewSpec::default()
+        },
+        ..SelfSubjectAccessReview::default()
+    }
+}
+
 async fn reconcile_default(
     config: Option<&DataplaneConfig>,
     context: &Arc<Context>,
@@ -593,14 +681,41 @@ async fn reconcile_default(
         kube_proxy_daemon_set: kube_proxy_spec.daemon_set_name.clone(),
         agent_daemon_set: context.settings.agent_daemon_set.clone(),
     };
-    let observed = snapshot::observe(
+    let mut observed = snapshot::observe(
         &objects,
         &names,
         Utc::now(),
         context.settings.api_server_address.is_some(),
     );
+    if let (Some(config), Some(daemon_set)) = (config, observed.kube_proxy_daemon_set.as_mut()) {
+        // Only while a disabling patch may still be planned: that is the patch a transition
+        // would otherwise reach only after switching every node.
+        if config.spec.mode == DataplaneMode::Ebpf
+            && config.spec.kube_proxy.management == KubeProxyManagement::Managed
+            && !daemon_set.disabled_by_switchyard
+        {
+            daemon_set.patch_allowed = kube_proxy_patch_allowed(
+                context,
+                &kube_proxy_spec.namespace,
+                &kube_proxy_spec.daemon_set_name,
+            )
+            .await;
+        }
+    }
+    let patch_refused = observed
+        .kube_proxy_daemon_set
+        .as_ref()
+        .is_some_and(|daemon_set| daemon_set.patch_allowed == Some(false));
     let mut plan = plan(config, &observed);
     drop(observed);
+    if patch_refused {
+        plan.requeue_after = Some(
+            plan.requeue_after
+                .map_or(PATCH_PERMISSION_RECHECK, |after| {
+                    after.min(PATCH_PERMISSION_RECHECK)
+                }),
+        );
+    }
     if config.is_none() {
         plan = only_creations(plan);
     }
@@ -1375,7 +1490,33 @@ async fn delete_agent_pod(
 mod tests {
     use super::*;
     use chrono::{DateTime, Utc};
-    use switchyard_crds::{Condition, DataplaneMode, DataplaneNodeSpec, DataplanePhase};
+    use switchyard_crds::{Condition, DataplaneNodeSpec, DataplanePhase};
+
+    #[test]
+    fn the_patch_review_asks_for_patch_on_exactly_the_named_daemon_set() {
+        let review = daemon_set_patch_review("kube-system", "kube-proxy");
+        let attributes = review.spec.resource_attributes.expect("resource attributes");
+        assert_eq!(attributes.group.as_deref(), Some("apps"));
+        assert_eq!(attributes.resource.as_deref(), Some("daemonsets"));
+        assert_eq!(attributes.verb.as_deref(), Some("patch"));
+        assert_eq!(attributes.namespace.as_deref(), Some("kube-system"));
+        assert_eq!(attributes.name.as_deref(), Some("kube-proxy"));
+        assert!(review.spec.non_resource_attributes.is_none());
+    }
+
+    #[test]
+    fn a_granted_patch_is_asked_again_less_often_than_a_refused_or_failed_one() {
+        let answer = |allowed| PatchPermission {
+            namespace: "kube-system".into(),
+            name: "kube-proxy".into(),
+            allowed,
+            asked_at: std::time::Instant::now(),
+        };
+        assert_eq!(answer(Some(true)).reusable_for(), PATCH_PERMISSION_REUSE);
+        assert_eq!(answer(Some(false)).reusable_for(), PATCH_PERMISSION_RECHECK);
+        assert_eq!(answer(None).reusable_for(), PATCH_PERMISSION_RECHECK);
+        assert!(PATCH_PERMISSION_RECHECK < PATCH_PERMISSION_REUSE);
+    }
 
     fn now() -> DateTime<Utc> {
         DateTime::parse_from_rfc3339("2026-11-22T01:00:00Z")

@@ -113,6 +113,8 @@ fn observe_kube_proxy(daemon_set: &DaemonSet) -> KubeProxyDaemonSet {
             None
         },
         external_owner: kube_proxy::external_owner(daemon_set),
+        // Asked by the controller (an API call), not read from the object.
+        patch_allowed: None,
     }
 }
 

@@ -10,7 +10,8 @@
 //! 1. `Preflight` (while no node is told `Ebpf`): every node has a DataplaneNode whose agent
 //!    reports Ready on its current spec and whose Node is Ready; no agent reports
 //!    `UnsupportedKubeProxyMode`; the API server address is configured; with `Managed`, the
-//!    kube-proxy DaemonSet carries no other tool's ownership marks. A missing DaemonSet is said.
+//!    kube-proxy DaemonSet carries no other tool's ownership marks and the operator may patch it
+//!    (a SelfSubjectAccessReview). A missing DaemonSet is said.
 //! 2. `ActivatingNodes`: `mode: Ebpf` on at most `maxUnavailable` nodes at a time (nodes in
 //!    flight included); a node is done when it reports `ProgramsAttached` and `ServicesSynced`
 //!    on the spec that asked. Up to `maxFailedNodes` failed nodes let further batches go on.
@@ -608,6 +609,17 @@ impl<'a> Context<'a> {
                     "the kube-proxy DaemonSet is managed by another tool ({owner}): set spec.kubeProxy.management to External"
                 ));
                 degraded_reason.get_or_insert(reasons::KUBE_PROXY_MANAGED_EXTERNALLY);
+            }
+            let patch_refused = self
+                .observed
+                .kube_proxy_daemon_set
+                .as_ref()
+                .is_some_and(|set| set.patch_allowed == Some(false));
+            if patch_refused {
+                problems.push(
+                    "the operator may not patch the kube-proxy DaemonSet that spec.kubeProxy names (RBAC): grant it patch on that DaemonSet, or set spec.kubeProxy.management to External".into(),
+                );
+                degraded_reason.get_or_insert(reasons::KUBE_PROXY_NOT_PATCHABLE);
             }
         }
         if problems.is_empty() {

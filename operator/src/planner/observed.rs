@@ -95,6 +95,13 @@ pub struct KubeProxyDaemonSet {
     /// for example `argocd.argoproj.io/tracking-id`. With `management: Managed` the operator then
     /// refuses to touch the DaemonSet.
     pub external_owner: Option<String>,
+
+    /// Whether the operator may patch the DaemonSet, as the API server answered a
+    /// SelfSubjectAccessReview; `None` when not known (not asked, or the review failed). With
+    /// `management: Managed` a `Some(false)` is refused in preflight: the transition would
+    /// otherwise switch every node to eBPF and then stop at `DisablingKubeProxy` on a 403 (a
+    /// hand-written DataplaneConfig naming a DaemonSet the operator's Role does not cover).
+    pub patch_allowed: Option<bool>,
 }
 
 impl KubeProxyDaemonSet {

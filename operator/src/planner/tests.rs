@@ -149,6 +149,48 @@ fn preflight_refuses_a_managed_kube_proxy_owned_by_another_tool() {
 }
 
 #[test]
+fn preflight_refuses_a_managed_kube_proxy_the_operator_may_not_patch() {
+    let mut cluster = three_kube_proxy_nodes();
+    cluster
+        .kube_proxy_daemon_set
+        .as_mut()
+        .expect("daemon set")
+        .patch_allowed = Some(false);
+    let plan = plan(Some(&ebpf_config()), &cluster);
+    assert_eq!(phase(&plan), DataplanePhase::Preflight);
+    assert!(plan.dataplane_nodes.is_empty());
+    let degraded = condition_of(&plan, types::DEGRADED);
+    assert_eq!(degraded.reason, reasons::KUBE_PROXY_NOT_PATCHABLE);
+    assert!(
+        degraded.message.contains("may not patch") && degraded.message.contains("External"),
+        "{}",
+        degraded.message
+    );
+}
+
+#[test]
+fn an_unknown_patch_permission_does_not_hold_preflight_and_external_management_needs_none() {
+    let mut cluster = three_kube_proxy_nodes();
+    cluster
+        .kube_proxy_daemon_set
+        .as_mut()
+        .expect("daemon set")
+        .patch_allowed = None;
+    let plan_unknown = plan(Some(&ebpf_config()), &cluster);
+    assert_eq!(phase(&plan_unknown), DataplanePhase::ActivatingNodes);
+
+    cluster
+        .kube_proxy_daemon_set
+        .as_mut()
+        .expect("daemon set")
+        .patch_allowed = Some(false);
+    let mut config = ebpf_config();
+    config.spec.kube_proxy.management = KubeProxyManagement::External;
+    let plan_external = plan(Some(&config), &cluster);
+    assert_eq!(phase(&plan_external), DataplanePhase::ActivatingNodes);
+}
+
+#[test]
 fn an_externally_managed_kube_proxy_owned_by_another_tool_passes_preflight() {
     let mut cluster = three_kube_proxy_nodes();
     cluster

@@ -220,6 +220,7 @@ pub(super) fn kube_proxy_daemon_set() -> KubeProxyDaemonSet {
         disabled_by_switchyard: false,
         desired_number_scheduled: Some(3),
         external_owner: None,
+        patch_allowed: Some(true),
     }
 }
 
@@ -228,6 +229,7 @@ pub(super) fn disabled_kube_proxy_daemon_set() -> KubeProxyDaemonSet {
         disabled_by_switchyard: true,
         desired_number_scheduled: Some(0),
         external_owner: None,
+        patch_allowed: Some(true),
     }
 }
 

@@ -100,6 +100,7 @@ prop_compose! {
                 disabled_by_switchyard,
                 desired_number_scheduled: if disabled_by_switchyard { Some(0) } else { desired_number_scheduled },
                 external_owner,
+                patch_allowed: None,
             }),
             agent_daemon_set: update_revision.map(|new| AgentDaemonSet {
                 update_revision: Some(if new { NEW_REVISION } else { OLD_REVISION }.to_owned()),
