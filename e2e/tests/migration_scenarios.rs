@@ -3,7 +3,8 @@
 //! order: (1) helm install and KubeProxy -> Ebpf, (7) `kubectl wait` and the columns, (2) agent
 //! upgrade by `helm upgrade`, (3) rollback with draining, (4) KubeProxy -> Ebpf with the
 //! operator SIGKILLed in ActivatingNodes and again in DisablingKubeProxy, then kube-proxy's
-//! nodeSelector reset under eBPF and the rollback restoring it exactly, (6) kube-proxy owned by
+//! nodeSelector reset under eBPF and the rollback restoring it exactly, (4b) an operator that
+//! may not patch kube-proxy refused in Preflight until its RoleBinding is back, (6) kube-proxy owned by
 //! Argo CD (`Managed` refused, `External` waits until the test deletes it, then it comes back),
 //! (5) an agent that never becomes Ready, and the DataplaneConfig deleted mid-transition.
 //! `make e2e-operator` starts the cluster, runs the operator's own cluster tests and then this
@@ -25,6 +26,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::rbac::v1::RoleBinding;
 use kube::Api;
 use migration_support::*;
 use switchyard_crds::{
@@ -945,10 +947,11 @@ async fn a_cluster_moves_to_ebpf_and_back_under_traffic_without_breaking_a_conne
     let traffic = world.short_traffic().expect("traffic");
     tokio::time::sleep(Duration::from_secs(1)).await;
     the_operator_killed_twice_finishes_without_repeating_or_skipping_a_step(&world, &traffic).await;
+    a_kube_proxy_the_operator_may_not_patch_is_refused_until_it_may(&world, &traffic).await;
     a_kube_proxy_owned_by_argo_cd_is_refused_then_waited_for(&world, &traffic).await;
     let report = traffic.stop().await;
     println!("{report}");
-    world.assert_no_failed_connections(&report, "in scenarios 4 and 6");
+    world.assert_no_failed_connections(&report, "in scenarios 4, 4b and 6");
 
     // (5) An agent that never becomes Ready: node-3's bpffs is hidden under a tmpfs (pins
     // fail there) and its agent is restarted; mode Ebpf then halts with Degraded naming
@@ -1665,6 +1668,128 @@ async fn the_operator_killed_twice_finishes_without_repeating_or_skipping_a_step
     let report = traffic.snapshot();
     world.assert_no_failed_connections(&report, "so far");
     println!("rolled back to KubeProxy, nodeSelector restored exactly: {original_selector:?}");
+}
+
+/// Scenario 4b: the operator may not patch the kube-proxy DaemonSet (the chart's RoleBinding
+/// for it is deleted, as when a hand-written DataplaneConfig names a DaemonSet the chart's Role
+/// does not cover). `Managed` is refused in Preflight (Degraded KubeProxyNotPatchable) before
+/// any node is switched; once the binding is back, the transition starts by itself (a refusal
+/// is asked again every 10 s, with no watch event needed), and is then turned back to KubeProxy.
+async fn a_kube_proxy_the_operator_may_not_patch_is_refused_until_it_may(
+    world: &World,
+    traffic: &TrafficGenerator,
+) {
+    println!("\n(4b) the operator may not patch kube-proxy");
+    let rollout = serde_json::json!({"maxUnavailable": 3, "nodeReadyTimeoutSeconds": 60, "drainTimeoutSeconds": 120});
+    let bindings: Api<RoleBinding> = Api::namespaced(world.client.clone(), "kube-system");
+    let binding_name = "switchyard-operator-kube-proxy";
+    let binding = bindings
+        .get(binding_name)
+        .await
+        .expect("the chart's RoleBinding for the kube-proxy DaemonSet");
+    bindings
+        .delete(binding_name, &kube::api::DeleteParams::default())
+        .await
+        .expect("delete the RoleBinding");
+    let generations_before = generations(&world.dataplane_nodes().await.expect("list"));
+    let daemon_set_before = world
+        .kube_proxy_daemon_set()
+        .get("kube-proxy")
+        .await
+        .expect("read");
+    world
+        .apply_config(DataplaneMode::Ebpf, rollout.clone())
+        .await
+        .expect("apply mode Ebpf");
+    let mut phases = Phases::default();
+    let refused = phases
+        .wait_until(
+            world,
+            traffic,
+            "see Degraded KubeProxyNotPatchable",
+            Duration::from_secs(60),
+            |config, _| {
+                degraded_condition(config).filter(|condition| {
+                    condition.reason == "KubeProxyNotPatchable"
+                        && config
+                            .status
+                            .as_ref()
+                            .map(|status| status.observed_generation)
+                            == Some(config.metadata.generation)
+                })
+            },
+        )
+        .await;
+    println!("Managed refused: {}", refused.message);
+    assert!(
+        refused.message.contains("may not patch") && refused.message.contains("External"),
+        "the message says what is missing and what to do: {}",
+        refused.message
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let config = world
+        .config()
+        .await
+        .expect("read")
+        .expect("the DataplaneConfig");
+    assert_eq!(
+        config.status.as_ref().map(|status| status.phase),
+        Some(DataplanePhase::Preflight)
+    );
+    assert_eq!(
+        generations(&world.dataplane_nodes().await.expect("list")),
+        generations_before,
+        "a node was instructed while refused"
+    );
+    let daemon_set = world
+        .kube_proxy_daemon_set()
+        .get("kube-proxy")
+        .await
+        .expect("read");
+    assert_eq!(
+        daemon_set.metadata.resource_version, daemon_set_before.metadata.resource_version,
+        "the kube-proxy DaemonSet was touched while refused"
+    );
+
+    // Bound again: the next review lets the transition start, with no other change.
+    let mut restored = binding.clone();
+    restored.metadata.resource_version = None;
+    restored.metadata.uid = None;
+    restored.metadata.creation_timestamp = None;
+    restored.metadata.managed_fields = None;
+    bindings
+        .create(&kube::api::PostParams::default(), &restored)
+        .await
+        .expect("re-create the RoleBinding");
+    let bound_again = Instant::now();
+    phases
+        .wait_until(
+            world,
+            traffic,
+            "start switching nodes once the operator may patch kube-proxy",
+            Duration::from_secs(40),
+            |_, nodes| (generations(nodes) != generations_before).then_some(()),
+        )
+        .await;
+    println!(
+        "nodes switched {:.1?} after the RoleBinding came back",
+        bound_again.elapsed()
+    );
+    world
+        .apply_config(DataplaneMode::KubeProxy, rollout)
+        .await
+        .expect("apply mode KubeProxy");
+    phases
+        .wait_until(
+            world,
+            traffic,
+            "reach Ready on KubeProxy",
+            Duration::from_secs(120),
+            |config, _| config_ready(config, DataplaneMode::KubeProxy).then_some(()),
+        )
+        .await;
+    let report = traffic.snapshot();
+    world.assert_no_failed_connections(&report, "so far");
 }
 
 /// Scenario 6: the kube-proxy DaemonSet carries Argo CD's tracking annotation. `Managed` is

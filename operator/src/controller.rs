@@ -1495,7 +1495,10 @@ mod tests {
     #[test]
     fn the_patch_review_asks_for_patch_on_exactly_the_named_daemon_set() {
         let review = daemon_set_patch_review("kube-system", "kube-proxy");
-        let attributes = review.spec.resource_attributes.expect("resource attributes");
+        let attributes = review
+            .spec
+            .resource_attributes
+            .expect("resource attributes");
         assert_eq!(attributes.group.as_deref(), Some("apps"));
         assert_eq!(attributes.resource.as_deref(), Some("daemonsets"));
         assert_eq!(attributes.verb.as_deref(), Some("patch"));
