@@ -36,8 +36,8 @@ use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 use switchyard_crds::{
     condition_types, find_condition, reasons, ConditionStatus, DataplaneConfig,
-    DataplaneConfigStatus, DataplaneMode, DataplaneNode, KubeProxyManagement, KubeProxySpec,
-    DEFAULT_CONFIG_NAME,
+    DataplaneConfigStatus, DataplaneMode, DataplaneNode, DataplanePhase, KubeProxyManagement,
+    KubeProxySpec, DEFAULT_CONFIG_NAME,
 };
 
 use crate::cache::{self, OwnWrites, Stores, WrittenKind, WrittenObject};
@@ -135,36 +135,11 @@ pub struct Context {
     event_queue: Mutex<Option<tokio::sync::mpsc::Receiver<(ObjectReference, Occurrence)>>>,
     /// Writes left to finish in the background (see `apply_dataplane_nodes`).
     pub background_writes: Arc<BackgroundWrites>,
-    /// The last answer to "may the operator patch the kube-proxy DaemonSet?".
-    kube_proxy_permission: Mutex<Option<PatchPermission>>,
 }
 
-/// An answer of the API server to a SelfSubjectAccessReview for patching one DaemonSet.
-#[derive(Clone, Debug)]
-struct PatchPermission {
-    namespace: String,
-    name: String,
-    /// `None`: the review failed (the preflight then does not hold on it).
-    allowed: Option<bool>,
-    asked_at: std::time::Instant,
-}
-
-/// How long an answer about the kube-proxy DaemonSet's patch permission is reused: RBAC rarely
-/// changes, and the review must not add a request to every reconcile.
-const PATCH_PERMISSION_REUSE: Duration = Duration::from_secs(30);
-/// How soon a refused (or failed) review is asked again, with a reconcile of its own: a fixed
-/// Role or RoleBinding triggers no watch of the operator's.
+/// How soon a refused review is asked again, with a reconcile of its own: a fixed Role or
+/// RoleBinding triggers no watch of the operator's.
 const PATCH_PERMISSION_RECHECK: Duration = Duration::from_secs(10);
-
-impl PatchPermission {
-    fn reusable_for(&self) -> Duration {
-        if self.allowed == Some(true) {
-            PATCH_PERMISSION_REUSE
-        } else {
-            PATCH_PERMISSION_RECHECK
-        }
-    }
-}
 
 /// Events queued and not yet published, at most (beyond, an Event is logged and dropped).
 const EVENT_QUEUE: usize = 1024;
@@ -231,7 +206,6 @@ impl Context {
             events,
             event_queue: Mutex::new(Some(event_queue)),
             background_writes: Arc::new(BackgroundWrites::default()),
-            kube_proxy_permission: Mutex::new(None),
         }
     }
 
@@ -605,21 +579,10 @@ async fn reconcile_without_config(context: &Arc<Context>) -> Result<bool, Error>
 /// The `default` DataplaneConfig (or none): snapshot -> plan -> apply -> status. Returns when to
 /// reconcile again if nothing changes (`Some(ZERO)` when writes were left for the next round).
 /// Whether the operator may patch the DaemonSet `namespace/name`, as a SelfSubjectAccessReview
-/// answers (reused for a while: [`PatchPermission::reusable_for`]); `None` when the review
-/// itself failed.
+/// answers now; `None` when the review itself failed.
 async fn kube_proxy_patch_allowed(context: &Context, namespace: &str, name: &str) -> Option<bool> {
-    let now = std::time::Instant::now();
-    if let Ok(cached) = context.kube_proxy_permission.lock() {
-        if let Some(answer) = cached.as_ref().filter(|answer| {
-            answer.namespace == namespace
-                && answer.name == name
-                && now.duration_since(answer.asked_at) < answer.reusable_for()
-        }) {
-            return answer.allowed;
-        }
-    }
     let review = daemon_set_patch_review(namespace, name);
-    let allowed = match Api::<SelfSubjectAccessReview>::all(context.client.clone())
+    match Api::<SelfSubjectAccessReview>::all(context.client.clone())
         .create(&PostParams::default(), &review)
         .await
     {
@@ -628,16 +591,31 @@ async fn kube_proxy_patch_allowed(context: &Context, namespace: &str, name: &str
             tracing::warn!(%error, %namespace, %name, "failed to ask whether the operator may patch the kube-proxy DaemonSet");
             None
         }
-    };
-    if let Ok(mut cached) = context.kube_proxy_permission.lock() {
-        *cached = Some(PatchPermission {
-            namespace: namespace.to_string(),
-            name: name.to_string(),
-            allowed,
-            asked_at: now,
-        });
     }
-    allowed
+}
+
+/// Whether a reconcile asks the API server if the operator may patch the kube-proxy DaemonSet:
+/// only where the answer can decide whether a transition to eBPF starts (`Managed`, kube-proxy
+/// not disabled yet, and no transition under way), so that a refusal holds it in Preflight
+/// before any node is switched. Asked afresh each time (RBAC changes trigger no watch), which
+/// costs one request per reconcile in those phases only, never per node.
+fn asks_patch_permission(config: &DataplaneConfig, daemon_set_disabled: bool) -> bool {
+    let phase = config.status.as_ref().map(|status| status.phase);
+    let transition_under_way = matches!(
+        phase,
+        Some(
+            DataplanePhase::ActivatingNodes
+                | DataplanePhase::DisablingKubeProxy
+                | DataplanePhase::CleaningRules
+                | DataplanePhase::RestoringKubeProxy
+                | DataplanePhase::DeactivatingNodes
+                | DataplanePhase::UpgradingAgents
+        )
+    );
+    config.spec.mode == DataplaneMode::Ebpf
+        && config.spec.kube_proxy.management == KubeProxyManagement::Managed
+        && !daemon_set_disabled
+        && !transition_under_way
 }
 
 /// The question "may I patch DaemonSet `namespace/name`?" for the API server.
@@ -688,12 +666,7 @@ async fn reconcile_default(
         context.settings.api_server_address.is_some(),
     );
     if let (Some(config), Some(daemon_set)) = (config, observed.kube_proxy_daemon_set.as_mut()) {
-        // Only while a disabling patch may still be planned: that is the patch a transition
-        // would otherwise reach only after switching every node.
-        if config.spec.mode == DataplaneMode::Ebpf
-            && config.spec.kube_proxy.management == KubeProxyManagement::Managed
-            && !daemon_set.disabled_by_switchyard
-        {
+        if asks_patch_permission(config, daemon_set.disabled_by_switchyard) {
             daemon_set.patch_allowed = kube_proxy_patch_allowed(
                 context,
                 &kube_proxy_spec.namespace,
@@ -1490,7 +1463,7 @@ async fn delete_agent_pod(
 mod tests {
     use super::*;
     use chrono::{DateTime, Utc};
-    use switchyard_crds::{Condition, DataplaneNodeSpec, DataplanePhase};
+    use switchyard_crds::{Condition, DataplaneNodeSpec};
 
     #[test]
     fn the_patch_review_asks_for_patch_on_exactly_the_named_daemon_set() {
@@ -1508,17 +1481,52 @@ mod tests {
     }
 
     #[test]
-    fn a_granted_patch_is_asked_again_less_often_than_a_refused_or_failed_one() {
-        let answer = |allowed| PatchPermission {
-            namespace: "kube-system".into(),
-            name: "kube-proxy".into(),
-            allowed,
-            asked_at: std::time::Instant::now(),
+    fn the_patch_permission_is_asked_only_where_it_can_hold_a_transition_to_ebpf_in_preflight() {
+        let config = |mode, management, phase: Option<DataplanePhase>| {
+            let mut config = DataplaneConfig::new("default", Default::default());
+            config.spec.mode = mode;
+            config.spec.kube_proxy.management = management;
+            config.status = phase.map(|phase| DataplaneConfigStatus {
+                phase,
+                ..DataplaneConfigStatus::default()
+            });
+            config
         };
-        assert_eq!(answer(Some(true)).reusable_for(), PATCH_PERMISSION_REUSE);
-        assert_eq!(answer(Some(false)).reusable_for(), PATCH_PERMISSION_RECHECK);
-        assert_eq!(answer(None).reusable_for(), PATCH_PERMISSION_RECHECK);
-        assert!(PATCH_PERMISSION_RECHECK < PATCH_PERMISSION_REUSE);
+        let managed = KubeProxyManagement::Managed;
+        for phase in [
+            None,
+            Some(DataplanePhase::Pending),
+            Some(DataplanePhase::Preflight),
+            Some(DataplanePhase::Ready),
+            Some(DataplanePhase::Halted),
+        ] {
+            assert!(
+                asks_patch_permission(&config(DataplaneMode::Ebpf, managed, phase), false),
+                "{phase:?}"
+            );
+        }
+        for phase in [
+            DataplanePhase::ActivatingNodes,
+            DataplanePhase::DisablingKubeProxy,
+            DataplanePhase::CleaningRules,
+        ] {
+            assert!(
+                !asks_patch_permission(&config(DataplaneMode::Ebpf, managed, Some(phase)), false),
+                "{phase:?}"
+            );
+        }
+        assert!(!asks_patch_permission(
+            &config(DataplaneMode::Ebpf, managed, None),
+            true
+        ));
+        assert!(!asks_patch_permission(
+            &config(DataplaneMode::KubeProxy, managed, None),
+            false
+        ));
+        assert!(!asks_patch_permission(
+            &config(DataplaneMode::Ebpf, KubeProxyManagement::External, None),
+            false
+        ));
     }
 
     fn now() -> DateTime<Utc> {
