@@ -33,6 +33,8 @@ use switchyard_common::{
     PROTOCOL_UDP, SCOPE_EXTERNAL, SCOPE_INTERNAL,
 };
 
+use core::mem::MaybeUninit;
+
 use crate::packet::Packet;
 
 /// Per-CPU LRU lists for conntrack: every new flow inserts two entries, and a
@@ -242,9 +244,10 @@ fn try_ingress(ctx: &TcContext, scope: u8) -> Result<i32, ()> {
     };
     // SAFETY: helper without arguments.
     let now = unsafe { bpf_ktime_get_ns() };
-    let key = packet.conntrack_key();
+    let mut key_storage = MaybeUninit::uninit();
+    let key = packet.write_conntrack_key(&mut key_storage);
 
-    if let Some(entry) = CONNTRACK.get_ptr_mut(&key) {
+    if let Some(entry) = CONNTRACK.get_ptr_mut(key) {
         // SAFETY: the pointer is valid for this program run; fields are read and
         // written one at a time, which is what an LRU entry allows.
         let entry = unsafe { &mut *entry };
@@ -254,7 +257,7 @@ fn try_ingress(ctx: &TcContext, scope: u8) -> Result<i32, ()> {
         // socket may get the same port, and its flow may have taken that entry over).
         let reply_lost = packet.protocol == PROTOCOL_UDP
             && entry.flags & CONNTRACK_FLAG_REPLY == 0
-            && !conntrack::reply_belongs_to(&key, entry, config, now);
+            && !conntrack::reply_belongs_to(key, entry, config, now);
         if conntrack::is_live(entry, packet.protocol, config, now) && !is_new_syn && !reply_lost {
             return Ok(on_conntrack_hit(ctx, &packet, entry, config, now));
         }
@@ -285,8 +288,9 @@ fn on_conntrack_hit(
     config: &DatapathConfig,
     now: u64,
 ) -> i32 {
-    let key = packet.conntrack_key();
-    conntrack::apply_at_ingress(ctx, packet, &key, entry, config.masquerade_mark, now)
+    let mut key_storage = MaybeUninit::uninit();
+    let key = packet.write_conntrack_key(&mut key_storage);
+    conntrack::apply_at_ingress(ctx, packet, key, entry, config.masquerade_mark, now)
         .unwrap_or_else(|()| count_error())
 }
 
@@ -340,7 +344,10 @@ fn try_conntrack_miss(
         count(counter::NO_BACKEND);
         return Ok(REFUSE);
     }
-    flow.key = packet.conntrack_key();
+    // SAFETY: `MaybeUninit<T>` has the layout of `T`; every byte gets written.
+    packet.write_conntrack_key(unsafe {
+        &mut *(&mut flow.key as *mut ConntrackKey).cast::<MaybeUninit<ConntrackKey>>()
+    });
     open_flow(ctx, packet, flow, config, now)
 }
 
@@ -465,8 +472,9 @@ fn try_egress(ctx: &TcContext) -> Result<i32, ()> {
     let Some(packet) = Packet::parse(ctx) else {
         return Ok(PASS);
     };
-    let key = packet.conntrack_key();
-    let Some(entry) = CONNTRACK.get_ptr_mut(&key) else {
+    let mut key_storage = MaybeUninit::uninit();
+    let key = packet.write_conntrack_key(&mut key_storage);
+    let Some(entry) = CONNTRACK.get_ptr_mut(key) else {
         return Ok(PASS);
     };
     let Some(config) = config() else {
@@ -485,7 +493,7 @@ fn try_egress(ctx: &TcContext) -> Result<i32, ()> {
     if !conntrack::is_live(entry, packet.protocol, config, now) {
         return Ok(PASS);
     }
-    conntrack::refresh(entry, &packet, &key, now);
+    conntrack::refresh(entry, &packet, key, now);
     count(counter::REVERSE_TRANSLATED);
     let rewrite = *entry;
     packet::rewrite_source(
