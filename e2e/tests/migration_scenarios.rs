@@ -1167,6 +1167,35 @@ impl Phases {
     }
 }
 
+impl Phases {
+    /// Waits up to 60 s until the DataplaneConfig is Degraded for `reason` on its current spec
+    /// (`observedGeneration` is the spec's generation), and returns that condition.
+    async fn wait_degraded_on_current_spec(
+        &mut self,
+        world: &World,
+        traffic: &TrafficGenerator,
+        reason: &str,
+    ) -> switchyard_crds::Condition {
+        self.wait_until(
+            world,
+            traffic,
+            &format!("see Degraded {reason}"),
+            Duration::from_secs(60),
+            |config, _| {
+                degraded_condition(config).filter(|condition| {
+                    condition.reason == reason
+                        && config
+                            .status
+                            .as_ref()
+                            .map(|status| status.observed_generation)
+                            == Some(config.metadata.generation)
+                })
+            },
+        )
+        .await
+    }
+}
+
 fn degraded_condition(config: &DataplaneConfig) -> Option<switchyard_crds::Condition> {
     config
         .status
@@ -1703,22 +1732,7 @@ async fn a_kube_proxy_the_operator_may_not_patch_is_refused_until_it_may(
         .expect("apply mode Ebpf");
     let mut phases = Phases::default();
     let refused = phases
-        .wait_until(
-            world,
-            traffic,
-            "see Degraded KubeProxyNotPatchable",
-            Duration::from_secs(60),
-            |config, _| {
-                degraded_condition(config).filter(|condition| {
-                    condition.reason == "KubeProxyNotPatchable"
-                        && config
-                            .status
-                            .as_ref()
-                            .map(|status| status.observed_generation)
-                            == Some(config.metadata.generation)
-                })
-            },
-        )
+        .wait_degraded_on_current_spec(world, traffic, "KubeProxyNotPatchable")
         .await;
     println!("Managed refused: {}", refused.message);
     assert!(
@@ -1837,22 +1851,7 @@ async fn a_kube_proxy_owned_by_argo_cd_is_refused_then_waited_for(
         .expect("apply mode Ebpf");
     let mut phases = Phases::default();
     let refused = phases
-        .wait_until(
-            world,
-            traffic,
-            "see Degraded KubeProxyManagedExternally",
-            Duration::from_secs(60),
-            |config, _| {
-                degraded_condition(config).filter(|condition| {
-                    condition.reason == "KubeProxyManagedExternally"
-                        && config
-                            .status
-                            .as_ref()
-                            .map(|status| status.observed_generation)
-                            == Some(config.metadata.generation)
-                })
-            },
-        )
+        .wait_degraded_on_current_spec(world, traffic, "KubeProxyManagedExternally")
         .await;
     println!("Managed refused: {}", refused.message);
     assert!(
