@@ -62,6 +62,38 @@ pub mod map_names {
     pub const CONFIG: &str = "SY_CONFIG";
     pub const COUNTERS: &str = "SY_COUNTERS";
     pub const SOCKET_REVERSE: &str = "SY_SOCK_REVERSE";
+    /// The port filter (see [`port_filter`]). Derived state: not part of the
+    /// schema, rebuilt by the agent from the other maps at every load.
+    pub const PORT_FILTER: &str = "SY_PORTS";
+}
+
+/// A pre-filter in front of the conntrack lookups, in an array map of one byte per
+/// (role, port): TC ingress looks a packet up in conntrack only if its destination
+/// port is one some frontend uses (or it goes to the hairpin address), TC egress
+/// only if its source port is one some backend uses. Every packet of a translated
+/// flow passes the filter; most other packets (pod to pod, host traffic) skip the
+/// hash lookups, which an array lookup, inlined by the verifier, replaces.
+///
+/// Entries are only ever set: a port stays marked after its last frontend or
+/// backend goes, because flows opened through it may still be alive, and a marked
+/// port costs only a lookup. The agent marks a port before it writes the entry
+/// that uses it, and marks every port the maps and live flows hold when it loads.
+pub mod port_filter {
+    /// First entry of the frontend ports (packets' destination ports at ingress).
+    pub const FRONTEND_PORTS: u32 = 0;
+    /// First entry of the backend ports (packets' source ports at egress).
+    pub const BACKEND_PORTS: u32 = 1 << 16;
+    /// Entries in the map: both roles, every port.
+    pub const ENTRIES: u32 = 2 << 16;
+    /// The value of a marked port (an unmarked one is zero).
+    pub const MARKED: u8 = 1;
+
+    /// The entry of `port_big_endian` (as on the wire, read as a native `u16`,
+    /// the form keys hold) in `role` ([`FRONTEND_PORTS`] or [`BACKEND_PORTS`]).
+    #[inline(always)]
+    pub const fn index(role: u32, port_big_endian: u16) -> u32 {
+        role + port_big_endian as u32
+    }
 }
 
 /// Names of the programs (kernel object names are limited to 15 characters).
@@ -343,6 +375,15 @@ mod tests {
     use super::*;
 
     #[test]
+    fn every_port_of_both_roles_has_its_own_port_filter_entry() {
+        use port_filter::*;
+        assert_eq!(index(FRONTEND_PORTS, 0), 0);
+        assert_eq!(index(FRONTEND_PORTS, u16::MAX), BACKEND_PORTS - 1);
+        assert_eq!(index(BACKEND_PORTS, 0), BACKEND_PORTS);
+        assert_eq!(index(BACKEND_PORTS, u16::MAX), ENTRIES - 1);
+    }
+
+    #[test]
     fn an_ipv4_address_round_trips_through_its_mapped_form() {
         let mapped = ipv4_mapped([10, 96, 0, 1]);
         assert_eq!(&mapped[..12], &[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff]);
@@ -368,6 +409,7 @@ mod tests {
             map_names::CONFIG,
             map_names::COUNTERS,
             map_names::SOCKET_REVERSE,
+            map_names::PORT_FILTER,
         ] {
             assert!(name.len() <= 15, "{name} is longer than 15 characters");
         }

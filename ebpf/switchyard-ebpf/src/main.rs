@@ -24,7 +24,7 @@ use aya_ebpf::{
     programs::{SockAddrContext, TcContext},
 };
 use switchyard_common::{
-    counter, AffinityKey, AffinityValue, BackendSlotKey, BackendValue, ConntrackKey,
+    counter, port_filter, AffinityKey, AffinityValue, BackendSlotKey, BackendValue, ConntrackKey,
     ConntrackValue, DatapathConfig, FrontendKey, FrontendValue, SocketReverseKey,
     SocketReverseValue, BACKEND_FLAG_LOCAL, CONNTRACK_FLAG_MASQUERADE,
     CONNTRACK_FLAG_PORT_TRANSLATED, CONNTRACK_FLAG_REPLY, CONNTRACK_FLAG_REWRITE_DESTINATION,
@@ -91,6 +91,10 @@ struct NewFlow {
     forward: ConntrackValue,
 }
 
+/// Which ports frontends and backends use: see `switchyard_common::port_filter`.
+#[map(name = "SY_PORTS")]
+static PORT_FILTER: Array<u8> = Array::pinned(port_filter::ENTRIES, 0);
+
 #[map(name = "SY_SOCK_REVERSE")]
 static SOCKET_REVERSE: LruHashMap<SocketReverseKey, SocketReverseValue> =
     LruHashMap::pinned(65_536, 0);
@@ -148,6 +152,26 @@ fn count_error() -> i32 {
 #[inline(always)]
 fn config() -> Option<&'static DatapathConfig> {
     CONFIG.get(0)
+}
+
+/// Whether `port_big_endian` is marked in `role` of the port filter.
+#[inline(always)]
+fn port_marked(role: u32, port_big_endian: u16) -> bool {
+    matches!(
+        PORT_FILTER.get(port_filter::index(role, port_big_endian)),
+        Some(&port_filter::MARKED)
+    )
+}
+
+/// Whether a packet at ingress may belong to a Switchyard flow: it goes to a
+/// frontend port (a new flow or a client-direction packet), or to the hairpin
+/// address (the reply of a hairpin flow, which ingress translates). Every other
+/// entry ingress could find is a plain reply, which it passes on anyway.
+#[inline(always)]
+fn may_be_translated_at_ingress(packet: &Packet, config: &DatapathConfig) -> bool {
+    let hairpin = &config.hairpin_address;
+    port_marked(port_filter::FRONTEND_PORTS, packet.destination_port)
+        || packet.destination_ipv4 == [hairpin[12], hairpin[13], hairpin[14], hairpin[15]]
 }
 
 /// Where `choose_backend` works: its affinity key and entry, and the result.
@@ -242,6 +266,9 @@ fn try_ingress(ctx: &TcContext, scope: u8) -> Result<i32, ()> {
     let Some(config) = config() else {
         return Ok(PASS);
     };
+    if !may_be_translated_at_ingress(&packet, config) {
+        return Ok(PASS);
+    }
     // SAFETY: helper without arguments.
     let now = unsafe { bpf_ktime_get_ns() };
     let mut key_storage = MaybeUninit::uninit();
@@ -472,6 +499,10 @@ fn try_egress(ctx: &TcContext) -> Result<i32, ()> {
     let Some(packet) = Packet::parse(ctx) else {
         return Ok(PASS);
     };
+    // Egress translates replies only, and a reply comes from a backend's port.
+    if !port_marked(port_filter::BACKEND_PORTS, packet.source_port) {
+        return Ok(PASS);
+    }
     let mut key_storage = MaybeUninit::uninit();
     let key = packet.write_conntrack_key(&mut key_storage);
     let Some(entry) = CONNTRACK.get_ptr_mut(key) else {

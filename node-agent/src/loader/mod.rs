@@ -16,6 +16,7 @@
 mod attach;
 mod migrate;
 mod pinned_maps;
+mod port_filter;
 pub mod schema;
 pub mod system;
 mod watch;
@@ -260,6 +261,13 @@ impl Datapath {
             std::fs::rename(&maps_directory, &version_directory)
                 .map_err(io_error("move the converted maps into", &version_directory))?;
         }
+        // Before any program of this process is attached: a new port filter would
+        // otherwise hide the flows and Services the maps already hold from it.
+        let marked = PinnedServiceMaps::open_version(&version_directory)?.mark_ports_in_use()?;
+        tracing::debug!(
+            entries = marked,
+            "marked the ports in use in the port filter"
+        );
         std::fs::create_dir_all(&programs_directory)
             .map_err(io_error("create", &programs_directory))?;
 

@@ -1,14 +1,17 @@
 //! The real `ServiceMaps`: the pinned maps of the current schema version, opened
 //! by path, so any process (the agent, a test, a status reader) can use them.
 
-use std::{collections::BTreeMap, path::Path};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    path::{Path, PathBuf},
+};
 
 use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray};
 use switchyard_common::{
-    counter, map_names, BackendSlotKey, BackendValue, ConntrackKey, ConntrackValue, DatapathConfig,
-    FrontendKey, FrontendValue, CONNTRACK_FLAG_REPLY, DEFAULT_TCP_IDLE_TIMEOUT_SECONDS,
-    PROTOCOL_TCP, SCHEMA_VERSION, TCP_STATE_FIN_FROM_BACKEND, TCP_STATE_FIN_FROM_CLIENT,
-    TCP_STATE_RESET,
+    counter, map_names, port_filter, BackendSlotKey, BackendValue, ConntrackKey, ConntrackValue,
+    DatapathConfig, FrontendKey, FrontendValue, CONNTRACK_FLAG_REPLY,
+    DEFAULT_TCP_IDLE_TIMEOUT_SECONDS, PROTOCOL_TCP, SCHEMA_VERSION, TCP_STATE_FIN_FROM_BACKEND,
+    TCP_STATE_FIN_FROM_CLIENT, TCP_STATE_RESET,
 };
 
 use super::{schema, system, version_directory};
@@ -51,6 +54,11 @@ pub struct PinnedServiceMaps {
     conntrack: std::os::fd::OwnedFd,
     config: Array<MapData, DatapathConfig>,
     counters: PerCpuArray<MapData, u64>,
+    port_filter: Array<MapData, u8>,
+    /// Port filter entries this process has marked: each is written once.
+    marked_ports: BTreeSet<u32>,
+    /// Where the maps are pinned (batch reads open their own descriptors).
+    directory: PathBuf,
 }
 
 impl PinnedServiceMaps {
@@ -96,7 +104,49 @@ impl PinnedServiceMaps {
                 open_map(directory, map_names::COUNTERS)?,
                 map_names::COUNTERS,
             )?,
+            port_filter: typed(
+                open_map(directory, map_names::PORT_FILTER)?,
+                map_names::PORT_FILTER,
+            )?,
+            marked_ports: BTreeSet::new(),
+            directory: directory.to_path_buf(),
         })
+    }
+
+    /// Marks one port filter entry (`port_filter::index`), once per process.
+    fn mark_port(&mut self, index: u32) -> Result<(), Error> {
+        if self.marked_ports.contains(&index) {
+            return Ok(());
+        }
+        self.port_filter
+            .set(index, port_filter::MARKED, 0)
+            .map_err(update_error(map_names::PORT_FILTER))?;
+        self.marked_ports.insert(index);
+        Ok(())
+    }
+
+    /// Marks every port the frontends, backend slots and conntrack entries hold
+    /// (see `port_filter::ports_in_use`): a port filter that is new (the first
+    /// start of an agent that has one, or a schema migration) must let through
+    /// every flow the maps already serve before a program that reads it is
+    /// attached. Read in batches, so this costs milliseconds at 10,000 Services.
+    pub fn mark_ports_in_use(&mut self) -> Result<usize, Error> {
+        let frontends =
+            batch_entries::<FrontendKey, FrontendValue>(&self.directory, map_names::FRONTENDS)?;
+        let backend_slots = batch_entries::<BackendSlotKey, BackendValue>(
+            &self.directory,
+            map_names::BACKEND_SLOTS,
+        )?;
+        let conntrack = self.conntrack_entries()?;
+        let indexes = super::port_filter::ports_in_use(
+            frontends.iter().map(|(key, _)| key),
+            backend_slots.iter().map(|(_, value)| value),
+            &conntrack,
+        );
+        for index in &indexes {
+            self.mark_port(*index)?;
+        }
+        Ok(indexes.len())
     }
 
     pub fn counters(&self) -> Result<Counters, Error> {
@@ -190,6 +240,27 @@ pub fn live_tcp_flow_count(
         .count()
 }
 
+/// Every entry of the hash map pinned as `name` in `directory`, read in batches
+/// (see `system::map_entries`).
+fn batch_entries<K: aya::Pod, V: aya::Pod>(
+    directory: &Path,
+    name: &'static str,
+) -> Result<Vec<(K, V)>, Error> {
+    let read_error = |reason: String| Error::ReadMap { map: name, reason };
+    let map = system::open_pinned(&directory.join(name))
+        .map_err(|error| read_error(format!("cannot open the pin: {error}")))?;
+    let raw = system::map_entries(
+        std::os::fd::AsFd::as_fd(&map),
+        std::mem::size_of::<K>(),
+        std::mem::size_of::<V>(),
+    )
+    .map_err(|error| read_error(error.to_string()))?;
+    Ok(raw
+        .iter()
+        .filter_map(|(key, value)| Some((schema::from_bytes(key)?, schema::from_bytes(value)?)))
+        .collect())
+}
+
 fn read_all<K, V>(map: &HashMap<MapData, K, V>, name: &'static str) -> Result<BTreeMap<K, V>, Error>
 where
     K: aya::Pod + Ord,
@@ -236,6 +307,11 @@ impl ServiceMaps for PinnedServiceMaps {
     }
 
     fn write_frontend(&mut self, key: &FrontendKey, value: &FrontendValue) -> Result<(), Error> {
+        // Marked first: the programs must not skip the frontend's first packets.
+        self.mark_port(port_filter::index(
+            port_filter::FRONTEND_PORTS,
+            key.port_big_endian,
+        ))?;
         self.frontends
             .insert(key, value, 0)
             .map_err(update_error(map_names::FRONTENDS))
@@ -250,6 +326,11 @@ impl ServiceMaps for PinnedServiceMaps {
         key: &BackendSlotKey,
         value: &BackendValue,
     ) -> Result<(), Error> {
+        // Marked first: the programs must not skip the backend's first replies.
+        self.mark_port(port_filter::index(
+            port_filter::BACKEND_PORTS,
+            value.port_big_endian,
+        ))?;
         self.backend_slots
             .insert(key, value, 0)
             .map_err(update_error(map_names::BACKEND_SLOTS))

@@ -296,26 +296,34 @@ pub fn enter_namespace(namespace: &str) {
 /// "<pod name> <client address as seen>\n"; UDP on 8053 answers every datagram the
 /// same way. They run until the process ends.
 pub fn start_servers(pod: &Pod) {
+    start_tcp_server(pod, TCP_PORT);
     let name = pod.name.clone();
     let (ready_sender, ready) = std::sync::mpsc::channel();
-    let tcp_name = name.clone();
     in_namespace(Some(&pod.name), move || {
-        let listener = TcpListener::bind(("0.0.0.0", TCP_PORT)).expect("bind tcp");
         let udp = UdpSocket::bind(("0.0.0.0", UDP_PORT)).expect("bind udp");
         ready_sender.send(()).expect("signal ready");
-        let udp_name = tcp_name.clone();
-        std::thread::spawn(move || {
-            let mut buffer = [0u8; 1500];
-            while let Ok((_, peer)) = udp.recv_from(&mut buffer) {
-                let _ = udp.send_to(format!("{udp_name} {peer}\n").as_bytes(), peer);
-            }
-        });
+        let mut buffer = [0u8; 1500];
+        while let Ok((_, peer)) = udp.recv_from(&mut buffer) {
+            let _ = udp.send_to(format!("{name} {peer}\n").as_bytes(), peer);
+        }
+    });
+    ready.recv().expect("udp server ready");
+}
+
+/// A TCP server on `port` in `pod`'s namespace answering every line it gets with
+/// the pod's name and the client address it sees.
+pub fn start_tcp_server(pod: &Pod, port: u16) {
+    let name = pod.name.clone();
+    let (ready_sender, ready) = std::sync::mpsc::channel();
+    in_namespace(Some(&pod.name), move || {
+        let listener = TcpListener::bind(("0.0.0.0", port)).expect("bind tcp");
+        ready_sender.send(()).expect("signal ready");
         for stream in listener.incoming().flatten() {
-            let name = tcp_name.clone();
+            let name = name.clone();
             std::thread::spawn(move || serve_connection(stream, &name));
         }
     });
-    ready.recv().expect("servers ready");
+    ready.recv().expect("tcp server ready");
 }
 
 fn serve_connection(stream: TcpStream, name: &str) {

@@ -1,0 +1,109 @@
+//! The port filter in front of the conntrack lookups (`switchyard_common::port_filter`):
+//! a process that finds no port filter pinned (the first start of an agent that
+//! has one, or a schema migration) builds it from the maps before it attaches a
+//! program that reads it. A Service deleted before that start is in no map but
+//! conntrack, and its established connections must still be translated.
+
+mod datapath_support;
+
+use std::{
+    net::{Ipv4Addr, SocketAddrV4},
+    time::Duration,
+};
+
+use datapath_support::*;
+use switchyard_agent::{loader, maps::ServiceMaps};
+use switchyard_common::{
+    ipv4_mapped, map_names, BackendSlotKey, FrontendKey, PROTOCOL_TCP, SCHEMA_VERSION,
+    SCOPE_INTERNAL,
+};
+
+const KEPT_CLUSTER_IP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
+const DELETED_CLUSTER_IP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 20);
+/// Ports no other Service or backend of the test uses, so only the deleted
+/// Service's conntrack entries can get them marked.
+const DELETED_SERVICE_PORT: u16 = 7777;
+const DELETED_BACKEND_PORT: u16 = 9797;
+
+#[test]
+#[ignore = "privileged netns test: run by make datapath-test"]
+fn a_new_port_filter_lets_through_the_connections_of_a_service_deleted_before_the_start() {
+    run_isolated(
+        "a_new_port_filter_lets_through_the_connections_of_a_service_deleted_before_the_start",
+        |node| {
+            let pods = standard_topology(3);
+            start_servers(&pods[0]);
+            start_tcp_server(&pods[1], DELETED_BACKEND_PORT);
+            let (datapath, mut maps) = start_datapath(node, &pods);
+            drop(datapath);
+            write_service(
+                &mut maps,
+                &ServiceEntry::cluster_ip(1, KEPT_CLUSTER_IP, 80, PROTOCOL_TCP)
+                    .with_backends(&[&pods[0]]),
+            );
+            let mut deleted =
+                ServiceEntry::cluster_ip(2, DELETED_CLUSTER_IP, DELETED_SERVICE_PORT, PROTOCOL_TCP);
+            deleted.backends = vec![(pods[1].ip, DELETED_BACKEND_PORT, true)];
+            write_service(&mut maps, &deleted);
+
+            let open = |cluster_ip, port| {
+                (0..5)
+                    .map(|_| {
+                        LongLivedConnection::open(
+                            Some("pod3"),
+                            SocketAddrV4::new(cluster_ip, port),
+                            Duration::from_millis(100),
+                        )
+                    })
+                    .collect::<Vec<_>>()
+            };
+            let to_deleted = open(DELETED_CLUSTER_IP, DELETED_SERVICE_PORT);
+            let to_kept = open(KEPT_CLUSTER_IP, 80);
+
+            // The Service goes; its connections stay in conntrack only.
+            maps.delete_frontend(&FrontendKey {
+                address: ipv4_mapped(DELETED_CLUSTER_IP.octets()),
+                port_big_endian: DELETED_SERVICE_PORT.to_be(),
+                protocol: PROTOCOL_TCP,
+                scope: SCOPE_INTERNAL,
+            })
+            .expect("delete the frontend");
+            maps.delete_backend_slot(&BackendSlotKey {
+                group_id: 2,
+                ordinal: 0,
+            })
+            .expect("delete the backend slot");
+            drop(maps);
+            std::thread::sleep(Duration::from_millis(300));
+
+            // The next process finds no port filter: as after an upgrade from a
+            // version without one. Its programs use the new filter (a new map is
+            // a new program identity), and replace the running ones in place.
+            let filter_pin = loader::version_directory(&node.pin_directory, SCHEMA_VERSION)
+                .join(map_names::PORT_FILTER);
+            std::fs::remove_file(&filter_pin).expect("remove the port filter's pin");
+            let (_datapath, _maps) = start_datapath(node, &pods);
+            assert!(filter_pin.exists(), "a new port filter is pinned");
+
+            std::thread::sleep(Duration::from_secs(2));
+            let answers =
+                tcp_requests_from(Some("pod3"), SocketAddrV4::new(KEPT_CLUSTER_IP, 80), 20);
+            assert!(
+                answers.iter().all(|answer| answer.is_ok()),
+                "new connections to the kept Service: {answers:?}"
+            );
+            for (what, connections) in [("deleted", to_deleted), ("kept", to_kept)] {
+                for report in connections.into_iter().map(LongLivedConnection::close) {
+                    assert!(
+                        report.failure.is_none(),
+                        "a connection to the {what} Service failed: {report:?}"
+                    );
+                    assert!(
+                        report.requests >= 15,
+                        "a connection to the {what} Service got too few answers: {report:?}"
+                    );
+                }
+            }
+        },
+    );
+}
