@@ -131,18 +131,11 @@ impl PinnedServiceMaps {
     /// every flow the maps already serve before a program that reads it is
     /// attached. Read in batches, so this costs milliseconds at 10,000 Services.
     pub fn mark_ports_in_use(&mut self) -> Result<usize, Error> {
-        let frontends =
-            batch_entries::<FrontendKey, FrontendValue>(&self.directory, map_names::FRONTENDS)?;
-        let backend_slots = batch_entries::<BackendSlotKey, BackendValue>(
-            &self.directory,
-            map_names::BACKEND_SLOTS,
-        )?;
+        let frontends = self.frontends()?;
+        let backend_slots = self.backend_slots()?;
         let conntrack = self.conntrack_entries()?;
-        let indexes = super::port_filter::ports_in_use(
-            frontends.iter().map(|(key, _)| key),
-            backend_slots.iter().map(|(_, value)| value),
-            &conntrack,
-        );
+        let indexes =
+            super::port_filter::ports_in_use(frontends.keys(), backend_slots.values(), &conntrack);
         for index in &indexes {
             self.mark_port(*index)?;
         }
@@ -261,22 +254,6 @@ fn batch_entries<K: aya::Pod, V: aya::Pod>(
         .collect())
 }
 
-fn read_all<K, V>(map: &HashMap<MapData, K, V>, name: &'static str) -> Result<BTreeMap<K, V>, Error>
-where
-    K: aya::Pod + Ord,
-    V: aya::Pod,
-{
-    let mut entries = BTreeMap::new();
-    for entry in map.iter() {
-        let (key, value) = entry.map_err(|error| Error::ReadMap {
-            map: name,
-            reason: error.to_string(),
-        })?;
-        entries.insert(key, value);
-    }
-    Ok(entries)
-}
-
 fn update_error(name: &'static str) -> impl Fn(aya::maps::MapError) -> Error {
     move |error| Error::UpdateMap {
         map: name,
@@ -299,11 +276,18 @@ fn ignore_missing(result: Result<(), aya::maps::MapError>) -> Result<(), aya::ma
 
 impl ServiceMaps for PinnedServiceMaps {
     fn frontends(&self) -> Result<BTreeMap<FrontendKey, FrontendValue>, Error> {
-        read_all(&self.frontends, map_names::FRONTENDS)
+        // In batches: a restart restores 10,000s of entries, and a key-by-key walk
+        // costs two system calls per entry (0.6 s at 10,000 Services, CPU the
+        // traffic flowing meanwhile needs).
+        Ok(batch_entries(&self.directory, map_names::FRONTENDS)?
+            .into_iter()
+            .collect())
     }
 
     fn backend_slots(&self) -> Result<BTreeMap<BackendSlotKey, BackendValue>, Error> {
-        read_all(&self.backend_slots, map_names::BACKEND_SLOTS)
+        Ok(batch_entries(&self.directory, map_names::BACKEND_SLOTS)?
+            .into_iter()
+            .collect())
     }
 
     fn write_frontend(&mut self, key: &FrontendKey, value: &FrontendValue) -> Result<(), Error> {
