@@ -82,8 +82,12 @@ fn a_new_port_filter_lets_through_the_connections_of_a_service_deleted_before_th
             let filter_pin = loader::version_directory(&node.pin_directory, SCHEMA_VERSION)
                 .join(map_names::PORT_FILTER);
             std::fs::remove_file(&filter_pin).expect("remove the port filter's pin");
-            let (_datapath, _maps) = start_datapath(node, &pods);
+            let (_datapath, maps) = start_datapath(node, &pods);
             assert!(filter_pin.exists(), "a new port filter is pinned");
+            assert!(
+                maps.port_filter_built().expect("read the port filter"),
+                "the new port filter is marked built, so the next start keeps it as it is"
+            );
 
             std::thread::sleep(Duration::from_secs(2));
             let answers =

@@ -77,14 +77,19 @@ pub mod map_names {
 /// Entries are only ever set: a port stays marked after its last frontend or
 /// backend goes, because flows opened through it may still be alive, and a marked
 /// port costs only a lookup. The agent marks a port before it writes the entry
-/// that uses it, and marks every port the maps and live flows hold when it loads.
+/// that uses it, and marks every port the maps and live flows hold when it loads a
+/// filter that is not yet built.
 pub mod port_filter {
     /// First entry of the frontend ports (packets' destination ports at ingress).
     pub const FRONTEND_PORTS: u32 = 0;
     /// First entry of the backend ports (packets' source ports at egress).
     pub const BACKEND_PORTS: u32 = 1 << 16;
-    /// Entries in the map: both roles, every port.
-    pub const ENTRIES: u32 = 2 << 16;
+    /// Not a port: set once a load has marked every port the other maps hold
+    /// (a filter without it is new, or was left half-built by a process that
+    /// died, and is built again).
+    pub const BUILT: u32 = 2 << 16;
+    /// Entries in the map: both roles, every port, and [`BUILT`].
+    pub const ENTRIES: u32 = BUILT + 1;
     /// The value of a marked port (an unmarked one is zero).
     pub const MARKED: u8 = 1;
 
@@ -380,7 +385,8 @@ mod tests {
         assert_eq!(index(FRONTEND_PORTS, 0), 0);
         assert_eq!(index(FRONTEND_PORTS, u16::MAX), BACKEND_PORTS - 1);
         assert_eq!(index(BACKEND_PORTS, 0), BACKEND_PORTS);
-        assert_eq!(index(BACKEND_PORTS, u16::MAX), ENTRIES - 1);
+        assert_eq!(index(BACKEND_PORTS, u16::MAX), BUILT - 1);
+        assert!(BUILT < ENTRIES);
     }
 
     #[test]

@@ -262,12 +262,16 @@ impl Datapath {
                 .map_err(io_error("move the converted maps into", &version_directory))?;
         }
         // Before any program of this process is attached: a new port filter would
-        // otherwise hide the flows and Services the maps already hold from it.
-        let marked = PinnedServiceMaps::open_version(&version_directory)?.mark_ports_in_use()?;
-        tracing::debug!(
-            entries = marked,
-            "marked the ports in use in the port filter"
-        );
+        // otherwise hide the flows and Services the maps already hold from it. A
+        // built one (the previous process of this version) is complete already.
+        let mut maps = PinnedServiceMaps::open_version(&version_directory)?;
+        if !maps.port_filter_built()? {
+            let marked = maps.mark_ports_in_use()?;
+            tracing::info!(
+                entries = marked,
+                "built the port filter from the ports the maps hold"
+            );
+        }
         std::fs::create_dir_all(&programs_directory)
             .map_err(io_error("create", &programs_directory))?;
 

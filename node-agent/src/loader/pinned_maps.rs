@@ -129,7 +129,7 @@ impl PinnedServiceMaps {
     /// (see `port_filter::ports_in_use`): a port filter that is new (the first
     /// start of an agent that has one, or a schema migration) must let through
     /// every flow the maps already serve before a program that reads it is
-    /// attached. Read in batches, so this costs milliseconds at 10,000 Services.
+    /// attached. Read in batches: about 0.1 s at 10,000 Services x 10 endpoints.
     pub fn mark_ports_in_use(&mut self) -> Result<usize, Error> {
         let frontends = self.frontends()?;
         let backend_slots = self.backend_slots()?;
@@ -139,7 +139,21 @@ impl PinnedServiceMaps {
         for index in &indexes {
             self.mark_port(*index)?;
         }
+        self.mark_port(port_filter::BUILT)?;
         Ok(indexes.len())
+    }
+
+    /// Whether a load has marked every port of the maps in the port filter
+    /// (`mark_ports_in_use` ran to its end): since then, each write marks its own.
+    pub fn port_filter_built(&self) -> Result<bool, Error> {
+        let value = self
+            .port_filter
+            .get(&port_filter::BUILT, 0)
+            .map_err(|error| Error::ReadMap {
+                map: map_names::PORT_FILTER,
+                reason: error.to_string(),
+            })?;
+        Ok(value == port_filter::MARKED)
     }
 
     pub fn counters(&self) -> Result<Counters, Error> {
