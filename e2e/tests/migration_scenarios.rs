@@ -1196,6 +1196,34 @@ impl Phases {
     }
 }
 
+impl Phases {
+    /// Applies mode KubeProxy with `rollout`, waits up to `timeout` for Ready on it, and
+    /// checks that no connection has failed so far: how scenarios 4, 4b and 6 end.
+    async fn roll_back_to_kube_proxy(
+        &mut self,
+        world: &World,
+        traffic: &TrafficGenerator,
+        rollout: serde_json::Value,
+        timeout: Duration,
+    ) -> TrafficReport {
+        world
+            .apply_config(DataplaneMode::KubeProxy, rollout)
+            .await
+            .expect("apply mode KubeProxy");
+        self.wait_until(
+            world,
+            traffic,
+            "reach Ready on KubeProxy",
+            timeout,
+            |config, _| config_ready(config, DataplaneMode::KubeProxy).then_some(()),
+        )
+        .await;
+        let report = traffic.snapshot();
+        world.assert_no_failed_connections(&report, "so far");
+        report
+    }
+}
+
 fn degraded_condition(config: &DataplaneConfig) -> Option<switchyard_crds::Condition> {
     config
         .status
@@ -1645,21 +1673,12 @@ async fn the_operator_killed_twice_finishes_without_repeating_or_skipping_a_step
         .event_count("default", "DataplaneConfig", "default", "KubeProxyRestored")
         .await
         .expect("Events");
-    world
-        .apply_config(
-            DataplaneMode::KubeProxy,
-            serde_json::json!({"nodeReadyTimeoutSeconds": 60, "drainTimeoutSeconds": 120}),
-        )
-        .await
-        .expect("apply mode KubeProxy");
-    let mut phases = Phases::default();
-    phases
-        .wait_until(
+    Phases::default()
+        .roll_back_to_kube_proxy(
             world,
             traffic,
-            "reach Ready on KubeProxy",
+            serde_json::json!({"nodeReadyTimeoutSeconds": 60, "drainTimeoutSeconds": 120}),
             Duration::from_secs(90),
-            |config, _| config_ready(config, DataplaneMode::KubeProxy).then_some(()),
         )
         .await;
     let restored = world
@@ -1694,8 +1713,6 @@ async fn the_operator_killed_twice_finishes_without_repeating_or_skipping_a_step
         restored_after > restored_before,
         "no KubeProxyRestored Event"
     );
-    let report = traffic.snapshot();
-    world.assert_no_failed_connections(&report, "so far");
     println!("rolled back to KubeProxy, nodeSelector restored exactly: {original_selector:?}");
 }
 
@@ -1789,21 +1806,9 @@ async fn a_kube_proxy_the_operator_may_not_patch_is_refused_until_it_may(
         "nodes switched {:.1?} after the RoleBinding came back",
         bound_again.elapsed()
     );
-    world
-        .apply_config(DataplaneMode::KubeProxy, rollout)
-        .await
-        .expect("apply mode KubeProxy");
     phases
-        .wait_until(
-            world,
-            traffic,
-            "reach Ready on KubeProxy",
-            Duration::from_secs(120),
-            |config, _| config_ready(config, DataplaneMode::KubeProxy).then_some(()),
-        )
+        .roll_back_to_kube_proxy(world, traffic, rollout, Duration::from_secs(120))
         .await;
-    let report = traffic.snapshot();
-    world.assert_no_failed_connections(&report, "so far");
 }
 
 /// Scenario 6: the kube-proxy DaemonSet carries Argo CD's tracking annotation. `Managed` is
@@ -2117,24 +2122,14 @@ async fn a_kube_proxy_owned_by_argo_cd_is_refused_then_waited_for(
     world.assert_no_failed_connections(&report, "kube-proxy returned");
 
     // Back to KubeProxy (its owner runs it again, External lets it be).
-    world
-        .apply_config(
-            DataplaneMode::KubeProxy,
-            serde_json::json!({"nodeReadyTimeoutSeconds": 60, "drainTimeoutSeconds": 120}),
-        )
-        .await
-        .expect("apply mode KubeProxy");
-    phases
-        .wait_until(
+    let report = phases
+        .roll_back_to_kube_proxy(
             world,
             traffic,
-            "reach Ready on KubeProxy",
+            serde_json::json!({"nodeReadyTimeoutSeconds": 60, "drainTimeoutSeconds": 120}),
             Duration::from_secs(90),
-            |config, _| config_ready(config, DataplaneMode::KubeProxy).then_some(()),
         )
         .await;
-    let report = traffic.snapshot();
-    world.assert_no_failed_connections(&report, "so far");
     println!(
         "kube-proxy owned by Argo CD: new connections {} made, 0 failed",
         report.attempts() - before.attempts()
