@@ -184,20 +184,7 @@ impl PinnedServiceMaps {
     /// would continue from, and so counts entries twice under load.
     pub fn conntrack_entries(&self) -> Result<Vec<(ConntrackKey, ConntrackValue)>, Error> {
         use std::os::fd::AsFd as _;
-        let read_error = |reason: String| Error::ReadMap {
-            map: map_names::CONNTRACK,
-            reason,
-        };
-        let raw = system::map_entries(
-            self.conntrack.as_fd(),
-            std::mem::size_of::<ConntrackKey>(),
-            std::mem::size_of::<ConntrackValue>(),
-        )
-        .map_err(|error| read_error(error.to_string()))?;
-        Ok(raw
-            .iter()
-            .filter_map(|(key, value)| Some((schema::from_bytes(key)?, schema::from_bytes(value)?)))
-            .collect())
+        entries_in_batches(self.conntrack.as_fd(), map_names::CONNTRACK)
     }
 
     /// Live TCP flows in Switchyard's conntrack: what a draining agent waits for.
@@ -253,15 +240,23 @@ fn batch_entries<K: aya::Pod, V: aya::Pod>(
     directory: &Path,
     name: &'static str,
 ) -> Result<Vec<(K, V)>, Error> {
-    let read_error = |reason: String| Error::ReadMap { map: name, reason };
-    let map = system::open_pinned(&directory.join(name))
-        .map_err(|error| read_error(format!("cannot open the pin: {error}")))?;
-    let raw = system::map_entries(
-        std::os::fd::AsFd::as_fd(&map),
-        std::mem::size_of::<K>(),
-        std::mem::size_of::<V>(),
-    )
-    .map_err(|error| read_error(error.to_string()))?;
+    let map = system::open_pinned(&directory.join(name)).map_err(|error| Error::ReadMap {
+        map: name,
+        reason: format!("cannot open the pin: {error}"),
+    })?;
+    entries_in_batches(std::os::fd::AsFd::as_fd(&map), name)
+}
+
+/// Every entry of the hash map `map` (named `name` in errors), read in batches.
+fn entries_in_batches<K: aya::Pod, V: aya::Pod>(
+    map: std::os::fd::BorrowedFd<'_>,
+    name: &'static str,
+) -> Result<Vec<(K, V)>, Error> {
+    let raw = system::map_entries(map, std::mem::size_of::<K>(), std::mem::size_of::<V>())
+        .map_err(|error| Error::ReadMap {
+            map: name,
+            reason: error.to_string(),
+        })?;
     Ok(raw
         .iter()
         .filter_map(|(key, value)| Some((schema::from_bytes(key)?, schema::from_bytes(value)?)))
