@@ -19,10 +19,24 @@ use crate::{maps::ServiceMaps, Error};
 
 /// Opens one pinned map as an `aya::maps::Map`.
 pub(crate) fn open_map(directory: &Path, name: &'static str) -> Result<Map, Error> {
-    let read_error = |reason: String| Error::ReadMap { map: name, reason };
     let data = MapData::from_pin(directory.join(name))
-        .map_err(|error| read_error(format!("cannot open the pin: {error}")))?;
-    Map::from_map_data(data).map_err(|error| read_error(error.to_string()))
+        .map_err(|error| read_error(name)(format!("cannot open the pin: {error}")))?;
+    Map::from_map_data(data).map_err(read_error(name))
+}
+
+/// Opens the pin of map `name` in `directory` as a bare descriptor (for batch
+/// reads and shape checks, which aya's typed maps do not expose).
+fn open_pin(directory: &Path, name: &'static str) -> Result<std::os::fd::OwnedFd, Error> {
+    system::open_pinned(&directory.join(name))
+        .map_err(|error| read_error(name)(format!("cannot open the pin: {error}")))
+}
+
+/// The error of a failed read of map `name`, for `map_err`.
+fn read_error<E: std::fmt::Display>(name: &'static str) -> impl Fn(E) -> Error {
+    move |error| Error::ReadMap {
+        map: name,
+        reason: error.to_string(),
+    }
 }
 
 fn typed<T>(map: Map, name: &'static str) -> Result<T, Error>
@@ -78,21 +92,15 @@ impl PinnedServiceMaps {
                 map_names::BACKEND_SLOTS,
             )?,
             conntrack: {
-                let read_error = |reason: String| Error::ReadMap {
-                    map: map_names::CONNTRACK,
-                    reason,
-                };
-                let path = directory.join(map_names::CONNTRACK);
-                let map = system::open_pinned(&path)
-                    .map_err(|error| read_error(format!("cannot open the pin: {error}")))?;
+                let map = open_pin(directory, map_names::CONNTRACK)?;
                 let shape = system::map_shape(std::os::fd::AsFd::as_fd(&map))
-                    .map_err(|error| read_error(error.to_string()))?;
+                    .map_err(read_error(map_names::CONNTRACK))?;
                 let expected = (
                     std::mem::size_of::<ConntrackKey>() as u32,
                     std::mem::size_of::<ConntrackValue>() as u32,
                 );
                 if (shape.key_size, shape.value_size) != expected {
-                    return Err(read_error(format!(
+                    return Err(read_error(map_names::CONNTRACK)(format!(
                         "unexpected layout: key {} and value {} bytes, not {} and {}",
                         shape.key_size, shape.value_size, expected.0, expected.1
                     )));
@@ -149,10 +157,7 @@ impl PinnedServiceMaps {
         let value = self
             .port_filter
             .get(&port_filter::BUILT, 0)
-            .map_err(|error| Error::ReadMap {
-                map: map_names::PORT_FILTER,
-                reason: error.to_string(),
-            })?;
+            .map_err(read_error(map_names::PORT_FILTER))?;
         Ok(value == port_filter::MARKED)
     }
 
@@ -162,10 +167,7 @@ impl PinnedServiceMaps {
             let values = self
                 .counters
                 .get(&(index as u32), 0)
-                .map_err(|error| Error::ReadMap {
-                    map: map_names::COUNTERS,
-                    reason: error.to_string(),
-                })?;
+                .map_err(read_error(map_names::COUNTERS))?;
             *sum = values.iter().sum();
         }
         Ok(Counters {
@@ -240,10 +242,7 @@ fn batch_entries<K: aya::Pod, V: aya::Pod>(
     directory: &Path,
     name: &'static str,
 ) -> Result<Vec<(K, V)>, Error> {
-    let map = system::open_pinned(&directory.join(name)).map_err(|error| Error::ReadMap {
-        map: name,
-        reason: format!("cannot open the pin: {error}"),
-    })?;
+    let map = open_pin(directory, name)?;
     entries_in_batches(std::os::fd::AsFd::as_fd(&map), name)
 }
 
@@ -253,10 +252,7 @@ fn entries_in_batches<K: aya::Pod, V: aya::Pod>(
     name: &'static str,
 ) -> Result<Vec<(K, V)>, Error> {
     let raw = system::map_entries(map, std::mem::size_of::<K>(), std::mem::size_of::<V>())
-        .map_err(|error| Error::ReadMap {
-            map: name,
-            reason: error.to_string(),
-        })?;
+        .map_err(read_error(name))?;
     Ok(raw
         .iter()
         .filter_map(|(key, value)| Some((schema::from_bytes(key)?, schema::from_bytes(value)?)))
@@ -335,10 +331,10 @@ impl ServiceMaps for PinnedServiceMaps {
     }
 
     fn config(&self) -> Result<Option<DatapathConfig>, Error> {
-        let config = self.config.get(&0, 0).map_err(|error| Error::ReadMap {
-            map: map_names::CONFIG,
-            reason: error.to_string(),
-        })?;
+        let config = self
+            .config
+            .get(&0, 0)
+            .map_err(read_error(map_names::CONFIG))?;
         // An array entry always exists; all zeroes means never written.
         let unwritten = config.mode == 0 && config.network_namespace_cookie == 0;
         Ok((!unwritten).then_some(config))
