@@ -36,8 +36,8 @@ use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 use switchyard_crds::{
     condition_types, find_condition, reasons, ConditionStatus, DataplaneConfig,
-    DataplaneConfigStatus, DataplaneMode, DataplaneNode, DataplanePhase, KubeProxyManagement,
-    KubeProxySpec, DEFAULT_CONFIG_NAME,
+    DataplaneConfigStatus, DataplaneMode, DataplaneNode, KubeProxyManagement, KubeProxySpec,
+    DEFAULT_CONFIG_NAME,
 };
 
 use crate::cache::{self, OwnWrites, Stores, WrittenKind, WrittenObject};
@@ -47,7 +47,8 @@ use crate::events::{reference_to, Occurrence, Recorder};
 use crate::kube_proxy;
 use crate::metrics::Metrics;
 use crate::planner::{
-    plan, AgentPodDeletion, DataplaneNodeWrite, KubeProxyAction, ObservedCluster, Plan,
+    plan, AgentPodDeletion, DataplaneNodeWrite, KubeProxyAction, KubeProxyDaemonSet,
+    ObservedCluster, Plan,
 };
 use crate::snapshot::{self, SnapshotNames};
 
@@ -576,8 +577,6 @@ async fn reconcile_without_config(context: &Arc<Context>) -> Result<bool, Error>
     outcome.map(|requeue_after| requeue_after == Some(Duration::ZERO))
 }
 
-/// The `default` DataplaneConfig (or none): snapshot -> plan -> apply -> status. Returns when to
-/// reconcile again if nothing changes (`Some(ZERO)` when writes were left for the next round).
 /// Whether the operator may patch the DaemonSet `namespace/name`, as a SelfSubjectAccessReview
 /// answers now; `None` when the review itself failed.
 async fn kube_proxy_patch_allowed(context: &Context, namespace: &str, name: &str) -> Option<bool> {
@@ -600,18 +599,10 @@ async fn kube_proxy_patch_allowed(context: &Context, namespace: &str, name: &str
 /// before any node is switched. Asked afresh each time (RBAC changes trigger no watch), which
 /// costs one request per reconcile in those phases only, never per node.
 fn asks_patch_permission(config: &DataplaneConfig, daemon_set_disabled: bool) -> bool {
-    let phase = config.status.as_ref().map(|status| status.phase);
-    let transition_under_way = matches!(
-        phase,
-        Some(
-            DataplanePhase::ActivatingNodes
-                | DataplanePhase::DisablingKubeProxy
-                | DataplanePhase::CleaningRules
-                | DataplanePhase::RestoringKubeProxy
-                | DataplanePhase::DeactivatingNodes
-                | DataplanePhase::UpgradingAgents
-        )
-    );
+    let transition_under_way = config
+        .status
+        .as_ref()
+        .is_some_and(|status| crate::planner::switches_nodes(status.phase));
     config.spec.mode == DataplaneMode::Ebpf
         && config.spec.kube_proxy.management == KubeProxyManagement::Managed
         && !daemon_set_disabled
@@ -636,6 +627,8 @@ fn daemon_set_patch_review(namespace: &str, name: &str) -> SelfSubjectAccessRevi
     }
 }
 
+/// The `default` DataplaneConfig (or none): snapshot -> plan -> apply -> status. Returns when to
+/// reconcile again if nothing changes (`Some(ZERO)` when writes were left for the next round).
 async fn reconcile_default(
     config: Option<&DataplaneConfig>,
     context: &Arc<Context>,
@@ -678,7 +671,7 @@ async fn reconcile_default(
     let patch_refused = observed
         .kube_proxy_daemon_set
         .as_ref()
-        .is_some_and(|daemon_set| daemon_set.patch_allowed == Some(false));
+        .is_some_and(KubeProxyDaemonSet::patch_refused);
     let mut plan = plan(config, &observed);
     drop(observed);
     if patch_refused {
@@ -1463,7 +1456,7 @@ async fn delete_agent_pod(
 mod tests {
     use super::*;
     use chrono::{DateTime, Utc};
-    use switchyard_crds::{Condition, DataplaneNodeSpec};
+    use switchyard_crds::{Condition, DataplaneNodeSpec, DataplanePhase};
 
     #[test]
     fn the_patch_review_asks_for_patch_on_exactly_the_named_daemon_set() {

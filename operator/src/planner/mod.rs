@@ -382,6 +382,20 @@ fn reported_kube_proxy_returned(config: Option<&DataplaneConfig>) -> bool {
     says_so || was_past_kube_proxy
 }
 
+/// Whether `phase` is a transition past Preflight: nodes (or kube-proxy, or the agents) are
+/// being switched, so nothing that only Preflight checks may hold it any more.
+pub(crate) fn switches_nodes(phase: DataplanePhase) -> bool {
+    matches!(
+        phase,
+        DataplanePhase::ActivatingNodes
+            | DataplanePhase::DisablingKubeProxy
+            | DataplanePhase::CleaningRules
+            | DataplanePhase::RestoringKubeProxy
+            | DataplanePhase::DeactivatingNodes
+            | DataplanePhase::UpgradingAgents
+    )
+}
+
 /// At most this many node names in a message, so that status stays small on big clusters.
 const NAMES_IN_MESSAGE: usize = 10;
 
@@ -614,7 +628,7 @@ impl<'a> Context<'a> {
                 .observed
                 .kube_proxy_daemon_set
                 .as_ref()
-                .is_some_and(|set| set.patch_allowed == Some(false));
+                .is_some_and(KubeProxyDaemonSet::patch_refused);
             if patch_refused {
                 problems.push(
                     "the operator may not patch the kube-proxy DaemonSet that spec.kubeProxy names (RBAC): grant it patch on that DaemonSet, or set spec.kubeProxy.management to External".into(),

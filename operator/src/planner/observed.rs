@@ -109,6 +109,11 @@ impl KubeProxyDaemonSet {
     pub fn would_schedule(&self) -> bool {
         !self.disabled_by_switchyard && self.desired_number_scheduled != Some(0)
     }
+
+    /// Whether the API server said the operator may not patch the DaemonSet.
+    pub fn patch_refused(&self) -> bool {
+        self.patch_allowed == Some(false)
+    }
 }
 
 /// The agent DaemonSet (`updateStrategy: OnDelete`).

@@ -78,16 +78,8 @@ pub(crate) fn build(
             now,
         )
     };
-    let under_way = matches!(
-        decision.phase,
-        DataplanePhase::Preflight
-            | DataplanePhase::ActivatingNodes
-            | DataplanePhase::DisablingKubeProxy
-            | DataplanePhase::CleaningRules
-            | DataplanePhase::RestoringKubeProxy
-            | DataplanePhase::DeactivatingNodes
-            | DataplanePhase::UpgradingAgents
-    );
+    let under_way =
+        decision.phase == DataplanePhase::Preflight || super::switches_nodes(decision.phase);
     let progressing = if paused {
         Condition::new(
             condition_types::PROGRESSING,
