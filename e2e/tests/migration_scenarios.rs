@@ -1197,6 +1197,26 @@ impl Phases {
 }
 
 impl Phases {
+    /// Applies mode Ebpf with `rollout` and waits until Preflight refuses it as Degraded
+    /// `reason` on the new spec: how scenarios 4b and 6 start. Returns that condition.
+    async fn ask_for_ebpf_and_wait_refused(
+        &mut self,
+        world: &World,
+        traffic: &TrafficGenerator,
+        rollout: serde_json::Value,
+        reason: &str,
+    ) -> switchyard_crds::Condition {
+        world
+            .apply_config(DataplaneMode::Ebpf, rollout)
+            .await
+            .expect("apply mode Ebpf");
+        let refused = self
+            .wait_degraded_on_current_spec(world, traffic, reason)
+            .await;
+        println!("Managed refused: {}", refused.message);
+        refused
+    }
+
     /// Applies mode KubeProxy with `rollout`, waits up to `timeout` for Ready on it, and
     /// checks that no connection has failed so far: how scenarios 4, 4b and 6 end.
     async fn roll_back_to_kube_proxy(
@@ -1743,15 +1763,10 @@ async fn a_kube_proxy_the_operator_may_not_patch_is_refused_until_it_may(
         .get("kube-proxy")
         .await
         .expect("read");
-    world
-        .apply_config(DataplaneMode::Ebpf, rollout.clone())
-        .await
-        .expect("apply mode Ebpf");
     let mut phases = Phases::default();
     let refused = phases
-        .wait_degraded_on_current_spec(world, traffic, "KubeProxyNotPatchable")
+        .ask_for_ebpf_and_wait_refused(world, traffic, rollout.clone(), "KubeProxyNotPatchable")
         .await;
-    println!("Managed refused: {}", refused.message);
     assert!(
         refused.message.contains("may not patch") && refused.message.contains("External"),
         "the message says what is missing and what to do: {}",
@@ -1847,18 +1862,15 @@ async fn a_kube_proxy_owned_by_argo_cd_is_refused_then_waited_for(
         .await
         .expect("Events");
     let generations_before = generations(&world.dataplane_nodes().await.expect("list"));
-    world
-        .apply_config(
-            DataplaneMode::Ebpf,
-            serde_json::json!({"maxUnavailable": 3, "nodeReadyTimeoutSeconds": 60, "drainTimeoutSeconds": 120}),
-        )
-        .await
-        .expect("apply mode Ebpf");
     let mut phases = Phases::default();
     let refused = phases
-        .wait_degraded_on_current_spec(world, traffic, "KubeProxyManagedExternally")
+        .ask_for_ebpf_and_wait_refused(
+            world,
+            traffic,
+            serde_json::json!({"maxUnavailable": 3, "nodeReadyTimeoutSeconds": 60, "drainTimeoutSeconds": 120}),
+            "KubeProxyManagedExternally",
+        )
         .await;
-    println!("Managed refused: {}", refused.message);
     assert!(
         refused.message.contains("spec.kubeProxy.management")
             && refused.message.contains("External"),
