@@ -14,6 +14,7 @@
 //! - `loader`: aya loading, pinning, attaching, the real `ServiceMaps`.
 //! - `standalone`: `switchyard-agent standalone`.
 //! - `cluster`: `switchyard-agent run`, the agent in a cluster.
+//! - `priority`: the agent's CPU priority while it catches up after a restart.
 //! - `kube_proxy`: coexistence with kube-proxy: cleanup of its rules, chain order,
 //!   its health endpoints.
 
@@ -27,6 +28,7 @@ pub mod kube_proxy;
 pub mod loader;
 pub mod maps;
 pub mod model;
+pub mod priority;
 pub mod standalone;
 pub mod sync;
 pub use error::Error;

@@ -255,6 +255,22 @@ fn killing_and_restarting_the_agent_twice_fails_no_connection() {
                 node_port_failures.describe(),
                 agent_logs(node)
             );
+            // The first agent started into an empty datapath at its normal priority;
+            // the two restarts found it serving and caught up at the lowest one.
+            let log_of = |generation: usize| {
+                std::fs::read_to_string(node.work.join(format!("agent-{generation}.log")))
+                    .unwrap_or_default()
+            };
+            let lowered = "catching up at the lowest CPU priority";
+            let restored = "caught up: back to the normal CPU priority";
+            assert!(!log_of(0).contains(lowered), "first start:\n{}", log_of(0));
+            for generation in [1, 2] {
+                let log = log_of(generation);
+                assert!(
+                    log.contains(lowered) && log.contains(restored),
+                    "restart {generation}:\n{log}"
+                );
+            }
             assert!(
                 cluster_ip_rate >= 500.0 && node_port_rate >= 500.0,
                 "at least 500 new connections per second each: {cluster_ip_rate:.0}/s, {node_port_rate:.0}/s"

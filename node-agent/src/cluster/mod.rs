@@ -46,6 +46,7 @@ use self::status::{compute_status, CoexistenceReport, SyncReport, WrittenStatus}
 use crate::gate::GateStatus;
 use crate::kube_proxy::health::HealthzTarget;
 use crate::loader::MapSizes;
+use crate::priority::{self, CatchUpPriority};
 use crate::standalone::follow::Attachment;
 use crate::standalone::interfaces::Globs;
 use crate::Error;
@@ -109,6 +110,11 @@ pub async fn run(options: ClusterOptions, shutdown: impl Future<Output = ()>) ->
         options.map_sizes,
         &options.socket_hook_cgroup,
     )?;
+    // Decided before the restore: restoring the maps' state is catch-up work too.
+    let original_nice = priority::current_nice().unwrap_or(0);
+    let serving = !datapath.attached_interfaces()?.is_empty();
+    let (mut catch_up, step) = CatchUpPriority::start(serving, Instant::now());
+    priority::apply(step, original_nice);
     let settings = AgentSettings {
         node_name: options.node_name.clone(),
         pod_interfaces: options.pod_interfaces.clone(),
@@ -256,6 +262,9 @@ pub async fn run(options: ClusterOptions, shutdown: impl Future<Output = ()>) ->
             *current = request;
             changed
         });
+
+        let step = catch_up.after_round(inputs.sync == SyncReport::Synced, now);
+        priority::apply(step, original_nice);
 
         // Status: only with a DataplaneNode to write it to, only on change, not
         // while the gate waits within its timeout.

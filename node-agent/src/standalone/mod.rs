@@ -31,6 +31,7 @@ use self::manifests::{Fingerprint, Manifests};
 use crate::desired::NodeView;
 use crate::gate::{Gate, GateInput, GateStatus};
 use crate::maps::ServiceMaps;
+use crate::priority::{self, CatchUpPriority};
 use crate::sync::coalesce::{Coalescer, Next};
 use crate::sync::inputs::{SyncInputs, SyncKind};
 use crate::sync::Syncer;
@@ -190,6 +191,11 @@ impl<D: Datapath, H: HostView> Standalone<D, H> {
             resync_wanted: false,
             sync_counts: SyncCounts::default(),
         })
+    }
+
+    /// Whether this process has synced the maps with the manifests (fully) yet.
+    pub fn has_synced(&self) -> bool {
+        self.last_full_sync.is_some()
     }
 
     pub fn attachment(&self) -> Attachment {
@@ -557,10 +563,17 @@ pub async fn run<D: Datapath, H: HostView>(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), Error> {
     let poll_interval = options.poll_interval;
+    // As in cluster mode (see `priority`): decided before the restore.
+    let original_nice = priority::current_nice().unwrap_or(0);
+    let serving = !datapath.attached_interfaces()?.is_empty();
+    let (mut catch_up, step) = CatchUpPriority::start(serving, Instant::now());
+    priority::apply(step, original_nice);
     let mut agent = Standalone::start(options, datapath, host, Instant::now())?;
     tokio::pin!(shutdown);
     loop {
-        agent.tick(Instant::now());
+        let now = Instant::now();
+        agent.tick(now);
+        priority::apply(catch_up.after_round(agent.has_synced(), now), original_nice);
         tokio::select! {
             _ = &mut shutdown => break,
             _ = tokio::time::sleep(poll_interval) => {}

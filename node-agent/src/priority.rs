@@ -1,0 +1,206 @@
+//! The agent's CPU priority while it catches up after a restart.
+//!
+//! A process that finds a previous one's programs attached starts into a datapath
+//! that already serves every Service from the pinned maps. Its catch-up (restoring
+//! the maps' state, listing Services and EndpointSlices, the first full sync, which
+//! writes nothing when nothing changed meanwhile) is not urgent, while the node's
+//! workloads, whose connections that datapath carries, are: on a busy node the
+//! catch-up would otherwise take CPU time from the very connections a restart must
+//! not disturb. So it runs at the lowest priority (nice 19) until the first sync
+//! (or `CATCH_UP_LIMIT`), then goes back to the priority the process started with.
+//! A first start (nothing attached) keeps its priority: nothing serves until it
+//! has synced.
+//!
+//! `CatchUpPriority` decides (pure); `set_nice_of_every_thread` does it. Linux
+//! keeps a nice value per thread, and threads inherit their creator's, so both
+//! lowering and restoring go through every thread of the process.
+
+use std::time::{Duration, Instant};
+
+/// The nice value of a catch-up.
+pub const CATCH_UP_NICE: i32 = 19;
+
+/// A catch-up that has not synced by then (a node whose workloads leave it almost
+/// no CPU at nice 19) goes back to its normal priority anyway.
+pub const CATCH_UP_LIMIT: Duration = Duration::from_secs(30);
+
+/// What to do with the process's priority now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PriorityStep {
+    Keep,
+    /// Every thread to `CATCH_UP_NICE`.
+    Lower,
+    /// Every thread back to the nice value the process started with.
+    Restore,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    /// A first start: the priority is never touched.
+    Normal,
+    Lowered {
+        since: Instant,
+    },
+    Restored,
+}
+
+/// The priority decisions of one process's life.
+#[derive(Debug)]
+pub struct CatchUpPriority {
+    state: State,
+}
+
+impl CatchUpPriority {
+    /// `serving`: programs of an earlier process are attached, so the datapath
+    /// serves while this one catches up. Returns the first step too.
+    pub fn start(serving: bool, now: Instant) -> (Self, PriorityStep) {
+        if serving {
+            let state = State::Lowered { since: now };
+            (Self { state }, PriorityStep::Lower)
+        } else {
+            let state = State::Normal;
+            (Self { state }, PriorityStep::Keep)
+        }
+    }
+
+    /// After each round of the agent's loop; `synced`: the maps have been synced
+    /// with the desired state at least once by this process.
+    pub fn after_round(&mut self, synced: bool, now: Instant) -> PriorityStep {
+        match self.state {
+            State::Lowered { since }
+                if synced || now.saturating_duration_since(since) >= CATCH_UP_LIMIT =>
+            {
+                self.state = State::Restored;
+                PriorityStep::Restore
+            }
+            State::Normal | State::Lowered { .. } | State::Restored => PriorityStep::Keep,
+        }
+    }
+
+    pub fn is_lowered(&self) -> bool {
+        matches!(self.state, State::Lowered { .. })
+    }
+}
+
+/// The calling thread's nice value.
+pub fn current_nice() -> std::io::Result<i32> {
+    thread_nice(0)
+}
+
+/// The nice value of thread `thread_id` of this process (0: the calling thread).
+pub fn thread_nice(thread_id: u32) -> std::io::Result<i32> {
+    // getpriority(2) may return -1 as a value: errno tells it from an error.
+    // SAFETY: errno is thread-local; getpriority only reads its arguments.
+    unsafe {
+        *libc::__errno_location() = 0;
+        let nice = libc::getpriority(libc::PRIO_PROCESS as _, thread_id as _);
+        if nice == -1 && *libc::__errno_location() != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(nice)
+    }
+}
+
+/// Sets the nice value of every thread of this process; returns how many were
+/// set. A thread that exits meanwhile is skipped; any other failure (raising the
+/// priority needs `CAP_SYS_NICE`) is returned after every thread was tried.
+pub fn set_nice_of_every_thread(nice: i32) -> std::io::Result<usize> {
+    let mut set = 0;
+    let mut first_error = None;
+    for entry in std::fs::read_dir("/proc/self/task")? {
+        let Some(thread_id) = entry?
+            .file_name()
+            .to_str()
+            .and_then(|name| name.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        // SAFETY: setpriority only reads its arguments; with PRIO_PROCESS and a
+        // thread id it changes that one thread (Linux).
+        let result = unsafe { libc::setpriority(libc::PRIO_PROCESS as _, thread_id as _, nice) };
+        if result == 0 {
+            set += 1;
+            continue;
+        }
+        let error = std::io::Error::last_os_error();
+        if error.raw_os_error() != Some(libc::ESRCH) && first_error.is_none() {
+            first_error = Some(error);
+        }
+    }
+    match first_error {
+        Some(error) => Err(error),
+        None => Ok(set),
+    }
+}
+
+/// Carries out `step`, logging what it did; `original_nice` is the process's
+/// nice value at start. A failure costs only the priority, so it is logged.
+pub fn apply(step: PriorityStep, original_nice: i32) {
+    let (nice, what) = match step {
+        PriorityStep::Keep => return,
+        PriorityStep::Lower => (
+            CATCH_UP_NICE.max(original_nice),
+            "programs of an earlier process are serving: catching up at the lowest CPU priority",
+        ),
+        PriorityStep::Restore => (original_nice, "caught up: back to the normal CPU priority"),
+    };
+    match set_nice_of_every_thread(nice) {
+        Ok(threads) => tracing::info!(nice, threads, "{what}"),
+        Err(error) => {
+            tracing::warn!(nice, %error, "failed to set the CPU priority of the agent's threads")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_first_start_never_touches_the_priority() {
+        let now = Instant::now();
+        let (mut priority, step) = CatchUpPriority::start(false, now);
+        assert_eq!(step, PriorityStep::Keep);
+        assert!(!priority.is_lowered());
+        assert_eq!(priority.after_round(false, now), PriorityStep::Keep);
+        assert_eq!(priority.after_round(true, now), PriorityStep::Keep);
+        assert_eq!(
+            priority.after_round(true, now + CATCH_UP_LIMIT * 2),
+            PriorityStep::Keep
+        );
+    }
+
+    #[test]
+    fn a_restart_into_a_serving_datapath_catches_up_lowered_until_its_first_sync() {
+        let now = Instant::now();
+        let (mut priority, step) = CatchUpPriority::start(true, now);
+        assert_eq!(step, PriorityStep::Lower);
+        assert!(priority.is_lowered());
+        let later = now + Duration::from_secs(3);
+        assert_eq!(priority.after_round(false, later), PriorityStep::Keep);
+        assert!(priority.is_lowered());
+        assert_eq!(priority.after_round(true, later), PriorityStep::Restore);
+        assert!(!priority.is_lowered());
+    }
+
+    #[test]
+    fn the_priority_is_restored_once_and_stays() {
+        let now = Instant::now();
+        let (mut priority, _) = CatchUpPriority::start(true, now);
+        assert_eq!(priority.after_round(true, now), PriorityStep::Restore);
+        assert_eq!(priority.after_round(true, now), PriorityStep::Keep);
+        assert_eq!(priority.after_round(false, now), PriorityStep::Keep);
+    }
+
+    #[test]
+    fn a_catch_up_that_never_syncs_is_restored_after_the_limit() {
+        let now = Instant::now();
+        let (mut priority, _) = CatchUpPriority::start(true, now);
+        let just_before = now + CATCH_UP_LIMIT - Duration::from_millis(1);
+        assert_eq!(priority.after_round(false, just_before), PriorityStep::Keep);
+        assert_eq!(
+            priority.after_round(false, now + CATCH_UP_LIMIT),
+            PriorityStep::Restore
+        );
+    }
+}
