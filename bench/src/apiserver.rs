@@ -166,6 +166,35 @@ impl ControlPlane {
         })
     }
 
+    /// Sets the nice value of every thread of etcd and the API server; returns how
+    /// many were set. Threads they create later inherit it from their creator.
+    pub fn set_nice(&self, nice: i32) -> Result<usize> {
+        let mut set = 0;
+        for pid in [self.etcd.pid(), self.apiserver.pid()]
+            .into_iter()
+            .flatten()
+        {
+            let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).map_err(|error| {
+                Error::ApiServer(format!(
+                    "failed to list the threads of process {pid}: {error}"
+                ))
+            })?;
+            for thread_id in tasks
+                .flatten()
+                .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+            {
+                // SAFETY: setpriority only reads its arguments; with PRIO_PROCESS and
+                // a thread id it changes that one thread. A thread that exited
+                // meanwhile is skipped.
+                if unsafe { libc::setpriority(libc::PRIO_PROCESS as _, thread_id as _, nice) } == 0
+                {
+                    set += 1;
+                }
+            }
+        }
+        Ok(set)
+    }
+
     pub fn stop(mut self) {
         self.apiserver.stop(Duration::from_secs(5));
         self.etcd.stop(Duration::from_secs(5));

@@ -9,7 +9,7 @@
 //! not disturb. So it runs at the lowest priority (nice 19) until the first sync
 //! (or `CATCH_UP_LIMIT`), then goes back to the priority the process started with.
 //! A first start (nothing attached) keeps its priority: nothing serves until it
-//! has synced.
+//! has synced. An exiting agent, whose programs keep serving, yields the same way.
 //!
 //! `CatchUpPriority` decides (pure); `set_nice_of_every_thread` does it. Linux
 //! keeps a nice value per thread, and threads inherit their creator's, so both
@@ -149,6 +149,14 @@ pub fn apply(step: PriorityStep, original_nice: i32) {
         Err(error) => {
             tracing::warn!(nice, %error, "failed to set the CPU priority of the agent's threads")
         }
+    }
+}
+
+/// An exiting agent leaves its programs and maps serving, so its shutdown is no
+/// more urgent than a catch-up: every thread goes to `CATCH_UP_NICE`.
+pub fn yield_for_exit() {
+    if let Err(error) = set_nice_of_every_thread(CATCH_UP_NICE) {
+        tracing::warn!(%error, "failed to lower the CPU priority for the exit");
     }
 }
 

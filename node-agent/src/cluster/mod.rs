@@ -45,7 +45,7 @@ use self::metrics::AgentMetrics;
 use self::status::{compute_status, CoexistenceReport, SyncReport, WrittenStatus};
 use crate::gate::GateStatus;
 use crate::kube_proxy::health::HealthzTarget;
-use crate::loader::MapSizes;
+use crate::loader::{self, MapSizes};
 use crate::priority::{self, CatchUpPriority};
 use crate::standalone::follow::Attachment;
 use crate::standalone::interfaces::Globs;
@@ -105,16 +105,17 @@ pub async fn run(options: ClusterOptions, shutdown: impl Future<Output = ()>) ->
     .map_err(|error| Error::ServeTelemetry {
         reason: error.to_string(),
     })?;
+    // Decided before loading: loading the programs and restoring the maps' state
+    // are catch-up work too.
+    let original_nice = priority::current_nice().unwrap_or(0);
+    let serving = !loader::interfaces_attached_under(&options.pin_directory)?.is_empty();
+    let (mut catch_up, step) = CatchUpPriority::start(serving, Instant::now());
+    priority::apply(step, original_nice);
     let datapath = KernelDatapath::load(
         options.pin_directory.clone(),
         options.map_sizes,
         &options.socket_hook_cgroup,
     )?;
-    // Decided before the restore: restoring the maps' state is catch-up work too.
-    let original_nice = priority::current_nice().unwrap_or(0);
-    let serving = !datapath.attached_interfaces()?.is_empty();
-    let (mut catch_up, step) = CatchUpPriority::start(serving, Instant::now());
-    priority::apply(step, original_nice);
     let settings = AgentSettings {
         node_name: options.node_name.clone(),
         pod_interfaces: options.pod_interfaces.clone(),
@@ -290,6 +291,7 @@ pub async fn run(options: ClusterOptions, shutdown: impl Future<Output = ()>) ->
         }
     }
     tracing::info!("exiting; programs and maps stay in place");
+    priority::yield_for_exit();
     for task in watchers {
         task.abort();
     }

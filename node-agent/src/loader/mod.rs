@@ -409,8 +409,14 @@ impl Datapath {
     /// Interfaces with a pinned link of this agent, by interface index. Pins of
     /// links whose interface has disappeared are removed on the way.
     pub fn attached_interfaces(&self) -> Result<Vec<u32>, Error> {
-        attach::attached_interface_indexes(&self.settings.pin_directory)
+        interfaces_attached_under(&self.settings.pin_directory)
     }
+}
+
+/// The interfaces a process (this one or an earlier one) attached programs to
+/// under `pin_directory`, from the pinned links alone: known before loading.
+pub fn interfaces_attached_under(pin_directory: &Path) -> Result<Vec<u32>, Error> {
+    attach::attached_interface_indexes(pin_directory)
 }
 
 /// Removes everything the agent attached and pinned under `pin_directory`:

@@ -579,6 +579,7 @@ pub async fn run<D: Datapath, H: HostView>(
             _ = tokio::time::sleep(poll_interval) => {}
         }
     }
+    priority::yield_for_exit();
     agent.shut_down()
 }
 
