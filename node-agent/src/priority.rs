@@ -24,6 +24,25 @@ pub const CATCH_UP_NICE: i32 = 19;
 /// no CPU at nice 19) goes back to its normal priority anyway.
 pub const CATCH_UP_LIMIT: Duration = Duration::from_secs(30);
 
+/// `CAP_SYS_NICE`'s bit in the capability sets (linux/capability.h).
+const CAPABILITY_SYS_NICE: u32 = 23;
+
+/// Whether a process whose `/proc/self/status` is `status` may raise its threads'
+/// priority back: it has `CAP_SYS_NICE` in its effective set. Without it a lowered
+/// agent would stay lowered for good, so it does not lower at all.
+pub fn may_restore_priority(status: &str) -> bool {
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("CapEff:"))
+        .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+        .is_some_and(|mask| mask & (1 << CAPABILITY_SYS_NICE) != 0)
+}
+
+/// `may_restore_priority` for this process.
+pub fn this_process_may_restore_priority() -> bool {
+    std::fs::read_to_string("/proc/self/status").is_ok_and(|status| may_restore_priority(&status))
+}
+
 /// What to do with the process's priority now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PriorityStep {
@@ -52,9 +71,10 @@ pub struct CatchUpPriority {
 
 impl CatchUpPriority {
     /// `serving`: programs of an earlier process are attached, so the datapath
-    /// serves while this one catches up. Returns the first step too.
-    pub fn start(serving: bool, now: Instant) -> (Self, PriorityStep) {
-        if serving {
+    /// serves while this one catches up; `may_restore`: the process may raise its
+    /// priority back afterwards (`may_restore_priority`). Returns the first step too.
+    pub fn start(serving: bool, may_restore: bool, now: Instant) -> (Self, PriorityStep) {
+        if serving && may_restore {
             let state = State::Lowered { since: now };
             (Self { state }, PriorityStep::Lower)
         } else {
@@ -155,6 +175,11 @@ pub fn apply(step: PriorityStep, original_nice: i32) {
 /// An exiting agent leaves its programs and maps serving, so its shutdown is no
 /// more urgent than a catch-up: every thread goes to `CATCH_UP_NICE`.
 pub fn yield_for_exit() {
+    if !this_process_may_restore_priority() {
+        // Lowering is harmless here, but a process that cannot restore does not
+        // change priorities at all: one rule, easy to reason about.
+        return;
+    }
     if let Err(error) = set_nice_of_every_thread(CATCH_UP_NICE) {
         tracing::warn!(%error, "failed to lower the CPU priority for the exit");
     }
@@ -167,7 +192,7 @@ mod tests {
     #[test]
     fn a_first_start_never_touches_the_priority() {
         let now = Instant::now();
-        let (mut priority, step) = CatchUpPriority::start(false, now);
+        let (mut priority, step) = CatchUpPriority::start(false, true, now);
         assert_eq!(step, PriorityStep::Keep);
         assert!(!priority.is_lowered());
         assert_eq!(priority.after_round(false, now), PriorityStep::Keep);
@@ -181,7 +206,7 @@ mod tests {
     #[test]
     fn a_restart_into_a_serving_datapath_catches_up_lowered_until_its_first_sync() {
         let now = Instant::now();
-        let (mut priority, step) = CatchUpPriority::start(true, now);
+        let (mut priority, step) = CatchUpPriority::start(true, true, now);
         assert_eq!(step, PriorityStep::Lower);
         assert!(priority.is_lowered());
         let later = now + Duration::from_secs(3);
@@ -192,9 +217,39 @@ mod tests {
     }
 
     #[test]
+    fn a_process_that_could_not_restore_its_priority_never_lowers_it() {
+        let now = Instant::now();
+        let (mut priority, step) = CatchUpPriority::start(true, false, now);
+        assert_eq!(step, PriorityStep::Keep);
+        assert!(!priority.is_lowered());
+        assert_eq!(priority.after_round(true, now), PriorityStep::Keep);
+        assert_eq!(
+            priority.after_round(false, now + CATCH_UP_LIMIT),
+            PriorityStep::Keep
+        );
+    }
+
+    #[test]
+    fn restoring_needs_cap_sys_nice_in_the_effective_set() {
+        let status = |effective: &str| {
+            format!("Name:\tswitchyard-agent\nCapInh:\t0000000000000000\nCapPrm:\t000001ffffffffff\nCapEff:\t{effective}\nCapBnd:\t000001ffffffffff\n")
+        };
+        // Root with every capability, and a container's set with SYS_NICE added.
+        assert!(may_restore_priority(&status("000001ffffffffff")));
+        assert!(may_restore_priority(&status("0000000000800000")));
+        // The chart's set before SYS_NICE (BPF, PERFMON, NET_ADMIN, NET_RAW,
+        // SYS_RESOURCE, SYS_ADMIN), and nothing at all.
+        assert!(!may_restore_priority(&status("000000c001203000")));
+        assert!(!may_restore_priority(&status("0000000000000000")));
+        // An unreadable status restores nothing, so lowers nothing.
+        assert!(!may_restore_priority("Name:\tx\n"));
+        assert!(!may_restore_priority(&status("not hex")));
+    }
+
+    #[test]
     fn the_priority_is_restored_once_and_stays() {
         let now = Instant::now();
-        let (mut priority, _) = CatchUpPriority::start(true, now);
+        let (mut priority, _) = CatchUpPriority::start(true, true, now);
         assert_eq!(priority.after_round(true, now), PriorityStep::Restore);
         assert_eq!(priority.after_round(true, now), PriorityStep::Keep);
         assert_eq!(priority.after_round(false, now), PriorityStep::Keep);
@@ -203,7 +258,7 @@ mod tests {
     #[test]
     fn a_catch_up_that_never_syncs_is_restored_after_the_limit() {
         let now = Instant::now();
-        let (mut priority, _) = CatchUpPriority::start(true, now);
+        let (mut priority, _) = CatchUpPriority::start(true, true, now);
         let just_before = now + CATCH_UP_LIMIT - Duration::from_millis(1);
         assert_eq!(priority.after_round(false, just_before), PriorityStep::Keep);
         assert_eq!(

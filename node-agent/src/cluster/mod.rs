@@ -109,7 +109,11 @@ pub async fn run(options: ClusterOptions, shutdown: impl Future<Output = ()>) ->
     // are catch-up work too.
     let original_nice = priority::current_nice().unwrap_or(0);
     let serving = !loader::interfaces_attached_under(&options.pin_directory)?.is_empty();
-    let (mut catch_up, step) = CatchUpPriority::start(serving, Instant::now());
+    let (mut catch_up, step) = CatchUpPriority::start(
+        serving,
+        priority::this_process_may_restore_priority(),
+        Instant::now(),
+    );
     priority::apply(step, original_nice);
     let datapath = KernelDatapath::load(
         options.pin_directory.clone(),

@@ -566,7 +566,11 @@ pub async fn run<D: Datapath, H: HostView>(
     // As in cluster mode (see `priority`): decided before the restore.
     let original_nice = priority::current_nice().unwrap_or(0);
     let serving = !datapath.attached_interfaces()?.is_empty();
-    let (mut catch_up, step) = CatchUpPriority::start(serving, Instant::now());
+    let (mut catch_up, step) = CatchUpPriority::start(
+        serving,
+        priority::this_process_may_restore_priority(),
+        Instant::now(),
+    );
     priority::apply(step, original_nice);
     let mut agent = Standalone::start(options, datapath, host, Instant::now())?;
     tokio::pin!(shutdown);
