@@ -363,3 +363,46 @@ fn a_new_pod_interface_is_attached_within_a_second_of_appearing() {
         },
     );
 }
+
+#[test]
+#[ignore = "privileged netns test: run by make datapath-test"]
+fn the_restart_priority_check_reads_the_pinned_links_without_pruning_them() {
+    run_isolated(
+        "the_restart_priority_check_reads_the_pinned_links_without_pruning_them",
+        |node| {
+            let link_pins = || {
+                std::fs::read_dir(loader::links_directory(&node.pin_directory))
+                    .map(|entries| entries.count())
+                    .unwrap_or(0)
+            };
+            assert!(
+                !loader::programs_attached_under(&node.pin_directory),
+                "nothing attached before the first start"
+            );
+            let pods = standard_topology(1);
+            let (datapath, _maps) = start_datapath(node, &pods);
+            assert!(loader::programs_attached_under(&node.pin_directory));
+            let pins_before = link_pins();
+
+            // The pod goes away: its links are defunct. The check (made before a
+            // load that may still be refused) sees ext0's links and removes nothing.
+            let index = system::interface_index(&pods[0].host_interface()).expect("index");
+            sh(&format!("ip link del {}", pods[0].host_interface()));
+            std::thread::sleep(Duration::from_millis(200));
+            assert!(loader::programs_attached_under(&node.pin_directory));
+            assert_eq!(link_pins(), pins_before, "the check pruned nothing");
+            // The loaded datapath's own listing prunes them.
+            assert!(
+                wait_until(Duration::from_secs(2), || !datapath
+                    .attached_interfaces()
+                    .expect("list")
+                    .contains(&index)),
+                "the removed interface's links were pruned"
+            );
+            assert!(link_pins() < pins_before);
+
+            loader::detach_everything(&node.pin_directory).expect("detach");
+            assert!(!loader::programs_attached_under(&node.pin_directory));
+        },
+    );
+}

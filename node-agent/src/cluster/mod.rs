@@ -108,7 +108,7 @@ pub async fn run(options: ClusterOptions, shutdown: impl Future<Output = ()>) ->
     // Decided before loading: loading the programs and restoring the maps' state
     // are catch-up work too.
     let original_nice = priority::current_nice().unwrap_or(0);
-    let serving = !loader::interfaces_attached_under(&options.pin_directory)?.is_empty();
+    let serving = loader::programs_attached_under(&options.pin_directory);
     let (mut catch_up, step) = CatchUpPriority::start(
         serving,
         priority::this_process_may_restore_priority(),

@@ -451,7 +451,20 @@ fn parse_link_name(name: &str) -> Option<(bool, u32, Direction)> {
     Some((clsact, index.parse().ok()?, direction))
 }
 
+/// Interfaces with a live pinned link; pins of links whose interface is gone are
+/// removed on the way.
 pub(crate) fn attached_interface_indexes(pin_directory: &Path) -> Result<Vec<u32>, Error> {
+    live_link_interfaces(pin_directory, true)
+}
+
+/// Interfaces with a live pinned link, touching nothing.
+pub(crate) fn attached_interface_indexes_read_only(
+    pin_directory: &Path,
+) -> Result<Vec<u32>, Error> {
+    live_link_interfaces(pin_directory, false)
+}
+
+fn live_link_interfaces(pin_directory: &Path, prune_defunct: bool) -> Result<Vec<u32>, Error> {
     let directory = links_directory(pin_directory);
     let mut indexes = Vec::new();
     let entries = match std::fs::read_dir(&directory) {
@@ -469,7 +482,7 @@ pub(crate) fn attached_interface_indexes(pin_directory: &Path) -> Result<Vec<u32
             continue;
         };
         // Links of interfaces that are gone are defunct (a TCX link then reports
-        // interface 0); their pins are pruned here so the list tells the truth.
+        // interface 0): not counted, and their pins pruned if asked to.
         let gone = if clsact {
             system::interface_name(index).is_none()
         } else {
@@ -479,7 +492,9 @@ pub(crate) fn attached_interface_indexes(pin_directory: &Path) -> Result<Vec<u32
                 .unwrap_or(true)
         };
         if gone {
-            remove_pin(&entry.path())?;
+            if prune_defunct {
+                remove_pin(&entry.path())?;
+            }
             continue;
         }
         if !indexes.contains(&index) {

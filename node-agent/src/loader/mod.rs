@@ -409,14 +409,17 @@ impl Datapath {
     /// Interfaces with a pinned link of this agent, by interface index. Pins of
     /// links whose interface has disappeared are removed on the way.
     pub fn attached_interfaces(&self) -> Result<Vec<u32>, Error> {
-        interfaces_attached_under(&self.settings.pin_directory)
+        attach::attached_interface_indexes(&self.settings.pin_directory)
     }
 }
 
-/// The interfaces a process (this one or an earlier one) attached programs to
-/// under `pin_directory`, from the pinned links alone: known before loading.
-pub fn interfaces_attached_under(pin_directory: &Path) -> Result<Vec<u32>, Error> {
-    attach::attached_interface_indexes(pin_directory)
+/// Whether programs pinned under `pin_directory` (by an earlier process) are
+/// attached to some interface: known from the pinned links before loading, and
+/// read without touching anything (a load refused afterwards must find the pin
+/// directory as it was). An unreadable link directory counts as no.
+pub fn programs_attached_under(pin_directory: &Path) -> bool {
+    attach::attached_interface_indexes_read_only(pin_directory)
+        .is_ok_and(|interfaces| !interfaces.is_empty())
 }
 
 /// Removes everything the agent attached and pinned under `pin_directory`:
