@@ -303,7 +303,7 @@ pub fn measure(
 }
 
 /// Names of the programs' per-CPU counters, by index (`switchyard_common::counter`).
-const COUNTER_NAMES: [&str; 7] = [
+const COUNTER_NAMES: [&str; 8] = [
     "translated",
     "no-backend",
     "conntrack-hit",
@@ -311,6 +311,7 @@ const COUNTER_NAMES: [&str; 7] = [
     "error",
     "passed-untracked",
     "reverse-translated",
+    "conntrack-overflow",
 ];
 
 /// The programs' per-CPU counters, summed over CPUs, read with bpftool from the

@@ -62,6 +62,9 @@ pub struct RunArguments {
     pub backends_map_size: u32,
     #[arg(long, default_value_t = crate::loader::MapSizes::default().conntrack)]
     pub conntrack_map_size: u32,
+    /// Entries of the LRU that takes new flows while the conntrack hash is full.
+    #[arg(long, default_value_t = crate::loader::MapSizes::default().conntrack_overflow)]
+    pub conntrack_overflow_map_size: u32,
     /// The agent pod's `controller-revision-hash`, reported in status.
     #[arg(long, env = "AGENT_REVISION")]
     pub agent_revision: Option<String>,
@@ -122,6 +125,7 @@ impl RunArguments {
                 frontends: self.frontends_map_size,
                 backend_slots: self.backends_map_size,
                 conntrack: self.conntrack_map_size,
+                conntrack_overflow: self.conntrack_overflow_map_size,
                 ..crate::loader::MapSizes::default()
             },
             pod_interfaces: Globs::parse(&self.pod_interfaces),
@@ -293,6 +297,7 @@ mod tests {
             "--frontends-map-size=65536",
             "--backends-map-size=262144",
             "--conntrack-map-size=524288",
+            "--conntrack-overflow-map-size=65536",
         ])
         .expect("parses");
         let Command::Run(arguments) = cli.command else {
@@ -302,6 +307,7 @@ mod tests {
         assert_eq!(options.node_name, "node-1");
         assert_eq!(options.min_sync_period, Duration::from_secs(1));
         assert_eq!(options.map_sizes.backend_slots, 262_144);
+        assert_eq!(options.map_sizes.conntrack_overflow, 65_536);
         assert_eq!(options.host_interfaces, None);
         assert_eq!(options.gate_timeout, Duration::from_secs(30));
         assert!(options.pod_interfaces.matches("veth9"));

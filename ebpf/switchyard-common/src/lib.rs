@@ -21,7 +21,7 @@
 /// order or meaning, and add the conversion step from the previous version to
 /// the agent's `loader::schema::STEPS` (a changed order at the same size is
 /// invisible to every shape check: only the version tells).
-pub const SCHEMA_VERSION: u32 = 1;
+pub const SCHEMA_VERSION: u32 = 2;
 
 /// A 16-byte address: IPv6, or IPv4 mapped into IPv6 (`::ffff:a.b.c.d`), network byte order.
 pub type Address = [u8; 16];
@@ -57,7 +57,11 @@ pub const PROTOCOL_UDP: u8 = 17;
 pub mod map_names {
     pub const FRONTENDS: &str = "SY_FRONTENDS";
     pub const BACKEND_SLOTS: &str = "SY_BACKENDS";
+    /// The preallocated hash that holds flows; the agent removes expired entries.
     pub const CONNTRACK: &str = "SY_CONNTRACK";
+    /// An LRU for the flows `CONNTRACK` has no room for: a full hash never refuses
+    /// a new flow, it evicts the oldest overflowed one instead.
+    pub const CONNTRACK_OVERFLOW: &str = "SY_CT_OVERFLOW";
     pub const AFFINITY: &str = "SY_AFFINITY";
     pub const CONFIG: &str = "SY_CONFIG";
     pub const COUNTERS: &str = "SY_COUNTERS";
@@ -298,7 +302,7 @@ pub const DATAPATH_MODE_DRAINING: u32 = 2;
 
 /// The single entry of the config map, written by the agent.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct DatapathConfig {
     /// Source address used when a pod reaches a Service that picks that same pod
     /// (hairpin), so its reply is routed back through the node to be translated.
@@ -336,8 +340,10 @@ pub mod counter {
     pub const PASSED_UNTRACKED: u32 = 5;
     /// Reply packets translated back to the frontend.
     pub const REVERSE_TRANSLATED: u32 = 6;
+    /// Conntrack entries written to the overflow LRU because the hash was full.
+    pub const CONNTRACK_OVERFLOW: u32 = 7;
     /// Number of counters.
-    pub const COUNT: u32 = 7;
+    pub const COUNT: u32 = 8;
 }
 
 #[cfg(feature = "user")]

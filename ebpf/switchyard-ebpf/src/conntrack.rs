@@ -13,8 +13,31 @@ use switchyard_common::{
 use crate::{
     count,
     packet::{self, Packet},
-    CONNTRACK, PASS,
+    CONNTRACK, CONNTRACK_OVERFLOW, PASS,
 };
+
+/// The entry of `key`: in the hash, or else in the overflow LRU. A key is in the
+/// overflow only while the hash has none for it (see `insert`), so the first one
+/// found is the only live one.
+#[inline(always)]
+pub fn find_entry(key: &ConntrackKey) -> Option<*mut ConntrackValue> {
+    CONNTRACK
+        .get_ptr_mut(key)
+        .or_else(|| CONNTRACK_OVERFLOW.get_ptr_mut(key))
+}
+
+/// Writes the entry of `key`. The hash takes it unless it is full, and a full
+/// hash still replaces a key it holds (the kernel keeps a spare element per CPU
+/// for that): only a key the hash lacks goes to the overflow, which evicts its
+/// oldest entry when it is full too.
+#[inline(always)]
+pub fn insert(key: &ConntrackKey, value: &ConntrackValue) -> Result<(), ()> {
+    if CONNTRACK.insert(key, value, 0).is_ok() {
+        return Ok(());
+    }
+    count(switchyard_common::counter::CONNTRACK_OVERFLOW);
+    CONNTRACK_OVERFLOW.insert(key, value, 0).map_err(|_| ())
+}
 
 /// A TCP connection that has been reset, or has seen a FIN in each direction:
 /// it lives only for the closing timeout, so the teardown itself is translated.
@@ -100,8 +123,12 @@ pub fn reply_belongs_to(
 ) -> bool {
     let reply_key = paired_key(key, entry);
     // SAFETY: read at once; a concurrent update gives at worst a stale answer.
-    match unsafe { CONNTRACK.get(&reply_key) } {
-        Some(reply) => answers(reply, key) && is_live(reply, key.protocol, config, now),
+    match find_entry(&reply_key) {
+        // SAFETY: valid for this program run; read at once.
+        Some(reply) => {
+            let reply = unsafe { &*reply };
+            answers(reply, key) && is_live(reply, key.protocol, config, now)
+        }
         None => false,
     }
 }
@@ -122,9 +149,11 @@ pub fn held_by_another_flow(
 ) -> bool {
     // SAFETY: fields are read from the map value in place; a concurrent update
     // gives at worst a stale answer.
-    let Some(reply) = (unsafe { CONNTRACK.get(reply_key) }) else {
+    let Some(reply) = find_entry(reply_key) else {
         return false;
     };
+    // SAFETY: valid for this program run.
+    let reply = unsafe { &*reply };
     if !is_live(reply, reply_key.protocol, config, now) {
         return false;
     }
@@ -139,9 +168,11 @@ pub fn held_by_another_flow(
     }
     let owner_key = paired_key(reply_key, reply);
     // SAFETY: as above.
-    let Some(owner) = (unsafe { CONNTRACK.get(&owner_key) }) else {
+    let Some(owner) = find_entry(&owner_key) else {
         return false;
     };
+    // SAFETY: valid for this program run.
+    let owner = unsafe { &*owner };
     if owner.flags & CONNTRACK_FLAG_REPLY != 0 || !is_live(owner, reply_key.protocol, config, now) {
         return false;
     }
@@ -228,7 +259,7 @@ pub fn refresh(entry: &mut ConntrackValue, packet: &Packet, key: &ConntrackKey, 
     if state != 0 {
         entry.tcp_state |= state;
         let other_key = paired_key(key, entry);
-        if let Some(other) = CONNTRACK.get_ptr_mut(&other_key) {
+        if let Some(other) = find_entry(&other_key) {
             // SAFETY: valid for this run; a single byte-wide OR.
             unsafe { (*other).tcp_state |= state };
         }

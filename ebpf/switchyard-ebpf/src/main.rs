@@ -37,8 +37,8 @@ use core::mem::MaybeUninit;
 
 use crate::packet::Packet;
 
-/// Per-CPU LRU lists for conntrack: every new flow inserts two entries, and a
-/// common LRU list would be a lock all CPUs contend for.
+/// Per-CPU LRU lists for the conntrack overflow: a common LRU list would be a
+/// lock all CPUs contend for.
 const BPF_F_NO_COMMON_LRU: u32 = 1 << 1;
 
 /// "Next program, or the stack": `TCX_NEXT` under TCX and `TC_ACT_UNSPEC` under
@@ -57,9 +57,16 @@ const FIRST_TRANSLATED_PORT: u32 = 1024;
 static FRONTENDS: HashMap<FrontendKey, FrontendValue> = HashMap::pinned(65_536, 0);
 #[map(name = "SY_BACKENDS")]
 static BACKEND_SLOTS: HashMap<BackendSlotKey, BackendValue> = HashMap::pinned(262_144, 0);
+/// Flows, in a preallocated plain hash: an LRU insert scans its lists for room
+/// on every new flow, which measurably cut the new-connection rate (see
+/// `docs/datapath.md`, "Connection tracking"). The agent removes expired entries
+/// (`node-agent/src/loader/expiry.rs`); a flow the full hash cannot take goes to
+/// `CONNTRACK_OVERFLOW`, which evicts, so no new flow is ever refused for room.
 #[map(name = "SY_CONNTRACK")]
-static CONNTRACK: LruHashMap<ConntrackKey, ConntrackValue> =
-    LruHashMap::pinned(524_288, BPF_F_NO_COMMON_LRU);
+static CONNTRACK: HashMap<ConntrackKey, ConntrackValue> = HashMap::pinned(524_288, 0);
+#[map(name = "SY_CT_OVERFLOW")]
+static CONNTRACK_OVERFLOW: LruHashMap<ConntrackKey, ConntrackValue> =
+    LruHashMap::pinned(65_536, BPF_F_NO_COMMON_LRU);
 #[map(name = "SY_AFFINITY")]
 static AFFINITY: LruHashMap<AffinityKey, AffinityValue> = LruHashMap::pinned(65_536, 0);
 #[map(name = "SY_CONFIG")]
@@ -274,9 +281,9 @@ fn try_ingress(ctx: &TcContext, scope: u8) -> Result<i32, ()> {
     let mut key_storage = MaybeUninit::uninit();
     let key = packet.write_conntrack_key(&mut key_storage);
 
-    if let Some(entry) = CONNTRACK.get_ptr_mut(key) {
+    if let Some(entry) = conntrack::find_entry(key) {
         // SAFETY: the pointer is valid for this program run; fields are read and
-        // written one at a time, which is what an LRU entry allows.
+        // written one at a time, which is what a shared map entry allows.
         let entry = unsafe { &mut *entry };
         let is_new_syn = packet.is_tcp_syn() && conntrack::is_closing(entry.tcp_state);
         // A UDP flow has no SYN to start it again: each datagram of a client-direction
@@ -485,12 +492,8 @@ fn open_flow(
     };
     // Reply entry first: a reply can never arrive before the packet it answers has
     // been sent on, and that happens only after both writes.
-    CONNTRACK
-        .insert(&flow.reply_key, &flow.reply, 0)
-        .map_err(|_| ())?;
-    CONNTRACK
-        .insert(&flow.key, &flow.forward, 0)
-        .map_err(|_| ())?;
+    conntrack::insert(&flow.reply_key, &flow.reply)?;
+    conntrack::insert(&flow.key, &flow.forward)?;
     count(counter::TRANSLATED);
     conntrack::rewrite_forward(ctx, packet, &flow.forward, config.masquerade_mark)
 }
@@ -505,7 +508,7 @@ fn try_egress(ctx: &TcContext) -> Result<i32, ()> {
     }
     let mut key_storage = MaybeUninit::uninit();
     let key = packet.write_conntrack_key(&mut key_storage);
-    let Some(entry) = CONNTRACK.get_ptr_mut(key) else {
+    let Some(entry) = conntrack::find_entry(key) else {
         return Ok(PASS);
     };
     let Some(config) = config() else {

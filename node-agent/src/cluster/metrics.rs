@@ -188,6 +188,11 @@ impl AgentMetrics {
                 counters.reverse_translated,
                 self.counted_packets.reverse_translated,
             ),
+            (
+                "conntrack_overflow",
+                counters.conntrack_overflow,
+                self.counted_packets.conntrack_overflow,
+            ),
         ];
         for (result, now, before) in pairs {
             self.datapath_packets

@@ -199,6 +199,25 @@ fn write_entries(
                 .filter(|(position, _)| position % cpus == index)
                 .try_for_each(|(_, entry)| write(entry))
         })
+    } else if map_type == schema::MAP_TYPE_HASH {
+        // A plain hash never evicts: when it is full (a merge into a busy new
+        // map), the entries that matter most go first, and the rest are left
+        // out and said so: their flows choose a backend again.
+        let mut left_out = 0usize;
+        let result = entries
+            .iter()
+            .rev()
+            .try_for_each(|entry| match write(entry) {
+                Err(error) if error.raw_os_error() == Some(libc::E2BIG) => {
+                    left_out += 1;
+                    Ok(())
+                }
+                other => other,
+            });
+        if left_out > 0 {
+            tracing::warn!(map = %name, left_out, "the new map is full: entries of the old version were left out");
+        }
+        result
     } else {
         entries.iter().try_for_each(write)
     };

@@ -14,6 +14,7 @@
 //! ```
 
 mod attach;
+pub mod expiry;
 mod migrate;
 mod pinned_maps;
 mod port_filter;
@@ -60,6 +61,8 @@ pub struct MapSizes {
     pub frontends: u32,
     pub backend_slots: u32,
     pub conntrack: u32,
+    /// The LRU that takes new flows while the conntrack hash is full.
+    pub conntrack_overflow: u32,
     pub affinity: u32,
     pub socket_reverse: u32,
 }
@@ -71,6 +74,7 @@ impl Default for MapSizes {
             frontends: 65_536,
             backend_slots: 262_144,
             conntrack: 524_288,
+            conntrack_overflow: 65_536,
             affinity: 65_536,
             socket_reverse: 65_536,
         }
@@ -137,6 +141,8 @@ pub struct Datapath {
     converted_at_nanoseconds: u64,
     /// Whether a hook has been switched to the new programs yet.
     switch_started: bool,
+    /// Removes expired conntrack entries while this process runs (see `expiry`).
+    _conntrack_expiry: expiry::ConntrackExpiry,
 }
 
 fn io_error<'a>(step: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> Error + 'a {
@@ -214,6 +220,7 @@ impl Datapath {
             .map_max_entries(map_names::FRONTENDS, sizes.frontends)
             .map_max_entries(map_names::BACKEND_SLOTS, sizes.backend_slots)
             .map_max_entries(map_names::CONNTRACK, sizes.conntrack)
+            .map_max_entries(map_names::CONNTRACK_OVERFLOW, sizes.conntrack_overflow)
             .map_max_entries(map_names::AFFINITY, sizes.affinity)
             .map_max_entries(map_names::SOCKET_REVERSE, sizes.socket_reverse);
         let old_path = |name: &str, version: u32| {
@@ -288,7 +295,9 @@ impl Datapath {
             programs.insert(program_identity(program.fd(), name)?);
             pin_program(program.fd(), &programs_directory, name)?;
         }
+        let conntrack_expiry = expiry::ConntrackExpiry::start(&version_directory)?;
         Ok(Self {
+            _conntrack_expiry: conntrack_expiry,
             ebpf,
             settings,
             migrated_versions: plan.older_versions,

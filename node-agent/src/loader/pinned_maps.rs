@@ -59,6 +59,7 @@ pub struct Counters {
     pub error: u64,
     pub passed_untracked: u64,
     pub reverse_translated: u64,
+    pub conntrack_overflow: u64,
 }
 
 pub struct PinnedServiceMaps {
@@ -66,6 +67,8 @@ pub struct PinnedServiceMaps {
     backend_slots: HashMap<MapData, BackendSlotKey, BackendValue>,
     /// Read in batches through its descriptor (see `conntrack_entries`).
     conntrack: std::os::fd::OwnedFd,
+    /// The LRU holding the flows a full `conntrack` could not take.
+    conntrack_overflow: std::os::fd::OwnedFd,
     config: Array<MapData, DatapathConfig>,
     counters: PerCpuArray<MapData, u64>,
     port_filter: Array<MapData, u8>,
@@ -91,22 +94,8 @@ impl PinnedServiceMaps {
                 open_map(directory, map_names::BACKEND_SLOTS)?,
                 map_names::BACKEND_SLOTS,
             )?,
-            conntrack: {
-                let map = open_pin(directory, map_names::CONNTRACK)?;
-                let shape = system::map_shape(std::os::fd::AsFd::as_fd(&map))
-                    .map_err(read_error(map_names::CONNTRACK))?;
-                let expected = (
-                    std::mem::size_of::<ConntrackKey>() as u32,
-                    std::mem::size_of::<ConntrackValue>() as u32,
-                );
-                if (shape.key_size, shape.value_size) != expected {
-                    return Err(read_error(map_names::CONNTRACK)(format!(
-                        "unexpected layout: key {} and value {} bytes, not {} and {}",
-                        shape.key_size, shape.value_size, expected.0, expected.1
-                    )));
-                }
-                map
-            },
+            conntrack: open_conntrack(directory, map_names::CONNTRACK)?,
+            conntrack_overflow: open_conntrack(directory, map_names::CONNTRACK_OVERFLOW)?,
             config: typed(open_map(directory, map_names::CONFIG)?, map_names::CONFIG)?,
             counters: typed(
                 open_map(directory, map_names::COUNTERS)?,
@@ -178,29 +167,37 @@ impl PinnedServiceMaps {
             error: sums[counter::ERROR as usize],
             passed_untracked: sums[counter::PASSED_UNTRACKED as usize],
             reverse_translated: sums[counter::REVERSE_TRANSLATED as usize],
+            conntrack_overflow: sums[counter::CONNTRACK_OVERFLOW as usize],
         })
     }
 
-    /// Every conntrack entry (a snapshot; the programs keep writing). Read in
-    /// batches: a key-by-key walk starts over whenever the LRU evicts the key it
-    /// would continue from, and so counts entries twice under load.
+    /// Every conntrack entry, of the hash and of the overflow (a snapshot; the
+    /// programs keep writing). A key in both is the hash's: the programs look
+    /// there first. Read in batches: a key-by-key walk starts over whenever the
+    /// LRU evicts the key it would continue from, and so counts entries twice.
     pub fn conntrack_entries(&self) -> Result<Vec<(ConntrackKey, ConntrackValue)>, Error> {
         use std::os::fd::AsFd as _;
-        entries_in_batches(self.conntrack.as_fd(), map_names::CONNTRACK)
+        let mut entries: Vec<(ConntrackKey, ConntrackValue)> =
+            entries_in_batches(self.conntrack.as_fd(), map_names::CONNTRACK)?;
+        let overflow: Vec<(ConntrackKey, ConntrackValue)> = entries_in_batches(
+            self.conntrack_overflow.as_fd(),
+            map_names::CONNTRACK_OVERFLOW,
+        )?;
+        if !overflow.is_empty() {
+            let in_hash: std::collections::HashSet<ConntrackKey> =
+                entries.iter().map(|(key, _)| *key).collect();
+            entries.extend(
+                overflow
+                    .into_iter()
+                    .filter(|(key, _)| !in_hash.contains(key)),
+            );
+        }
+        Ok(entries)
     }
 
     /// Live TCP flows in Switchyard's conntrack: what a draining agent waits for.
     pub fn live_tcp_flows(&self) -> Result<usize, Error> {
-        let config = self.config()?.unwrap_or(DatapathConfig {
-            hairpin_address: [0; 16],
-            network_namespace_cookie: 0,
-            mode: 0,
-            masquerade_mark: 0,
-            tcp_idle_timeout_seconds: 0,
-            tcp_closing_timeout_seconds: 0,
-            udp_idle_timeout_seconds: 0,
-            reserved: 0,
-        });
+        let config = self.config()?.unwrap_or_default();
         let entries = self.conntrack_entries()?;
         Ok(live_tcp_flow_count(
             &entries,
@@ -234,6 +231,23 @@ pub fn live_tcp_flow_count(
                 && now_nanoseconds.saturating_sub(value.last_seen_nanoseconds) < idle_nanoseconds
         })
         .count()
+}
+
+/// Opens a conntrack map (the hash or the overflow), checking its layout.
+fn open_conntrack(directory: &Path, name: &'static str) -> Result<std::os::fd::OwnedFd, Error> {
+    let map = open_pin(directory, name)?;
+    let shape = system::map_shape(std::os::fd::AsFd::as_fd(&map)).map_err(read_error(name))?;
+    let expected = (
+        std::mem::size_of::<ConntrackKey>() as u32,
+        std::mem::size_of::<ConntrackValue>() as u32,
+    );
+    if (shape.key_size, shape.value_size) != expected {
+        return Err(read_error(name)(format!(
+            "unexpected layout: key {} and value {} bytes, not {} and {}",
+            shape.key_size, shape.value_size, expected.0, expected.1
+        )));
+    }
+    Ok(map)
 }
 
 /// Every entry of the hash map pinned as `name` in `directory`, read in batches

@@ -266,6 +266,7 @@ fn element_attribute(map: BorrowedFd<'_>, key: u64, value: u64, flags: u64) -> [
 }
 
 const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
+const BPF_MAP_DELETE_BATCH: libc::c_long = 27;
 
 /// Every entry of a hash or array map, read in batches (`BPF_MAP_LOOKUP_BATCH`),
 /// which walks a hash map bucket by bucket: entries evicted or added meanwhile
@@ -276,10 +277,34 @@ pub fn map_entries(
     key_size: usize,
     value_size: usize,
 ) -> io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
-    const CHUNK: usize = 4096;
     let mut entries = Vec::new();
-    let mut keys = vec![0u8; key_size * CHUNK];
-    let mut values = vec![0u8; value_size * CHUNK];
+    map_entries_in_chunks(map, key_size, value_size, |keys, values, count| {
+        for index in 0..count {
+            entries.push((
+                keys[index * key_size..(index + 1) * key_size].to_vec(),
+                values[index * value_size..(index + 1) * value_size].to_vec(),
+            ));
+        }
+        Ok(())
+    })?;
+    Ok(entries)
+}
+
+/// Entries read in one `BPF_MAP_LOOKUP_BATCH` call, at most.
+const LOOKUP_CHUNK: usize = 4096;
+
+/// Walks a hash or array map in batches as [`map_entries`] does, handing each
+/// batch to `on_chunk` (keys and values packed back to back, and how many) before
+/// reading the next: a caller that acts on what it read (the conntrack expiry
+/// deletes) does so moments after reading it, not after the whole walk.
+pub fn map_entries_in_chunks(
+    map: BorrowedFd<'_>,
+    key_size: usize,
+    value_size: usize,
+    mut on_chunk: impl FnMut(&[u8], &[u8], usize) -> io::Result<()>,
+) -> io::Result<()> {
+    let mut keys = vec![0u8; key_size * LOOKUP_CHUNK];
+    let mut values = vec![0u8; value_size * LOOKUP_CHUNK];
     // The batch token is a bucket index for hash maps and a key for arrays.
     let token_size = key_size.max(8);
     let mut in_token = vec![0u8; token_size];
@@ -297,7 +322,7 @@ pub fn map_entries(
         put_u64(&mut attribute, 8, out_token.as_mut_ptr() as u64);
         put_u64(&mut attribute, 16, keys.as_mut_ptr() as u64);
         put_u64(&mut attribute, 24, values.as_mut_ptr() as u64);
-        put_u32(&mut attribute, 32, CHUNK as u32);
+        put_u32(&mut attribute, 32, LOOKUP_CHUNK as u32);
         put_u32(&mut attribute, 36, map.as_raw_fd() as u32);
         let result = bpf(BPF_MAP_LOOKUP_BATCH, &mut attribute);
         let done = match result {
@@ -305,18 +330,71 @@ pub fn map_entries(
             Err(error) if error.raw_os_error() == Some(libc::ENOENT) => true,
             Err(error) => return Err(error),
         };
-        let count = (get_u32(&attribute, 32) as usize).min(CHUNK);
-        for index in 0..count {
-            entries.push((
-                keys[index * key_size..(index + 1) * key_size].to_vec(),
-                values[index * value_size..(index + 1) * value_size].to_vec(),
-            ));
-        }
+        let count = (get_u32(&attribute, 32) as usize).min(LOOKUP_CHUNK);
+        on_chunk(&keys, &values, count)?;
         if done {
-            return Ok(entries);
+            return Ok(());
         }
         in_token.copy_from_slice(&out_token);
         first = false;
+    }
+}
+
+/// Deletes the `count` keys packed back to back in `keys` (`BPF_MAP_DELETE_BATCH`,
+/// one call for many), skipping keys that are gone already. Returns how many it
+/// deleted.
+pub fn map_delete_keys(
+    map: BorrowedFd<'_>,
+    keys: &[u8],
+    key_size: usize,
+    count: usize,
+) -> io::Result<usize> {
+    let mut deleted = 0;
+    let mut start = 0;
+    while start < count {
+        let remaining = count - start;
+        let mut attribute = [0u8; 56];
+        put_u64(&mut attribute, 16, keys[start * key_size..].as_ptr() as u64);
+        put_u32(&mut attribute, 32, remaining as u32);
+        put_u32(&mut attribute, 36, map.as_raw_fd() as u32);
+        let result = bpf(BPF_MAP_DELETE_BATCH, &mut attribute);
+        // The kernel reports in `count` how many keys it deleted before it
+        // stopped: all of them, or those before the one that failed.
+        let done = (get_u32(&attribute, 32) as usize).min(remaining);
+        deleted += done;
+        match result {
+            Ok(_) => return Ok(deleted),
+            // A key the programs or a previous sweep removed meanwhile: skip it.
+            Err(error) if error.raw_os_error() == Some(libc::ENOENT) => start += done + 1,
+            Err(error) => return Err(error),
+        }
+    }
+    Ok(deleted)
+}
+
+const BPF_MAP_LOOKUP_AND_DELETE_ELEM: libc::c_long = 21;
+/// The kernel's `ENOTSUPP` (not in libc): what `BPF_MAP_LOOKUP_AND_DELETE_ELEM`
+/// answers for a hash map on kernels before 5.14.
+const KERNEL_ENOTSUPP: i32 = 524;
+
+/// Removes `key` and returns the value it held at that moment, in one step
+/// (`BPF_MAP_LOOKUP_AND_DELETE_ELEM`): `None` if it was absent. A kernel that
+/// cannot do this for the map's type answers `ErrorKind::Unsupported`.
+pub fn map_take(map: BorrowedFd<'_>, key: &[u8], value_size: usize) -> io::Result<Option<Vec<u8>>> {
+    let mut value = vec![0u8; value_size];
+    let mut attribute = element_attribute(map, key.as_ptr() as u64, value.as_mut_ptr() as u64, 0);
+    match bpf(BPF_MAP_LOOKUP_AND_DELETE_ELEM, &mut attribute) {
+        Ok(_) => Ok(Some(value)),
+        Err(error) if error.raw_os_error() == Some(libc::ENOENT) => Ok(None),
+        Err(error)
+            if matches!(
+                error.raw_os_error(),
+                Some(KERNEL_ENOTSUPP | libc::EOPNOTSUPP | libc::EINVAL)
+            ) =>
+        {
+            Err(io::Error::new(io::ErrorKind::Unsupported, error))
+        }
+        Err(error) => Err(error),
     }
 }
 

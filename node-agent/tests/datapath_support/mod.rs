@@ -189,6 +189,7 @@ impl Node {
                 frontends: 4096,
                 backend_slots: 16384,
                 conntrack: 65536,
+                conntrack_overflow: 4096,
                 affinity: 4096,
                 socket_reverse: 4096,
             },

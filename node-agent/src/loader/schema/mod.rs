@@ -16,6 +16,7 @@
 //! a safety net against misreading.
 
 mod version0;
+mod version1;
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -64,7 +65,7 @@ const fn layout(
 }
 
 /// The maps of the current layout ([`SCHEMA_VERSION`]).
-pub const CURRENT_LAYOUTS: [MapLayout; 7] = {
+pub const CURRENT_LAYOUTS: [MapLayout; 8] = {
     use core::mem::size_of;
     [
         layout(
@@ -81,6 +82,12 @@ pub const CURRENT_LAYOUTS: [MapLayout; 7] = {
         ),
         layout(
             map_names::CONNTRACK,
+            MAP_TYPE_HASH,
+            size_of::<ConntrackKey>(),
+            size_of::<ConntrackValue>(),
+        ),
+        layout(
+            map_names::CONNTRACK_OVERFLOW,
             MAP_TYPE_LRU_HASH,
             size_of::<ConntrackKey>(),
             size_of::<ConntrackValue>(),
@@ -141,8 +148,9 @@ pub struct VersionStep {
 /// Version 0 never shipped: it is a synthetic layout (fields reordered, a field
 /// narrower, one missing) kept so that the conversion machinery is exercised end
 /// to end by the tests (`node-agent/tests/datapath_schema.rs` pins maps of it and
-/// runs the agent), and as the template for the first real bump.
-pub static STEPS: &[VersionStep] = &[version0::STEP];
+/// runs the agent), and as the template for the first real bump. Version 1 is
+/// the first layout that shipped; version 2 moved flows into a plain hash.
+pub static STEPS: &[VersionStep] = &[version0::STEP, version1::STEP];
 
 /// Maps that are never converted when their layout changes: the per-CPU
 /// statistics counters start again from zero (Prometheus counters tolerate a
@@ -155,6 +163,7 @@ pub const NOT_CONVERTED: &[&str] = &[map_names::COUNTERS];
 /// from the moment they exist.
 pub const FLOW_STATE_MAPS: &[&str] = &[
     map_names::CONNTRACK,
+    map_names::CONNTRACK_OVERFLOW,
     map_names::AFFINITY,
     map_names::SOCKET_REVERSE,
 ];
@@ -469,7 +478,7 @@ impl Schema {
 /// the maps that record it.
 pub fn last_used_nanoseconds(map: &str, value: &[u8]) -> Option<u64> {
     match map {
-        map_names::CONNTRACK => {
+        map_names::CONNTRACK | map_names::CONNTRACK_OVERFLOW => {
             from_bytes::<ConntrackValue>(value).map(|value| value.last_seen_nanoseconds)
         }
         map_names::AFFINITY => {
@@ -486,7 +495,7 @@ pub fn last_used_nanoseconds(map: &str, value: &[u8]) -> Option<u64> {
 pub fn order_for_insertion(map: &str, entries: &mut [Entry]) {
     let both_fins = TCP_STATE_FIN_FROM_CLIENT | TCP_STATE_FIN_FROM_BACKEND;
     entries.sort_by_key(|entry| {
-        let closing = map == map_names::CONNTRACK
+        let closing = (map == map_names::CONNTRACK || map == map_names::CONNTRACK_OVERFLOW)
             && from_bytes::<ConntrackValue>(&entry.value).is_some_and(|value| {
                 value.tcp_state & TCP_STATE_RESET != 0 || value.tcp_state & both_fins == both_fins
             });
@@ -515,7 +524,7 @@ pub fn old_entry_wins(
         return true;
     };
     match map {
-        map_names::CONNTRACK => {
+        map_names::CONNTRACK | map_names::CONNTRACK_OVERFLOW => {
             let (Some(existing), Some(converted)) = (
                 from_bytes::<ConntrackValue>(existing),
                 from_bytes::<ConntrackValue>(converted),
