@@ -201,8 +201,10 @@ fn write_entries(
         })
     } else if map_type == schema::MAP_TYPE_HASH {
         // A plain hash never evicts: when it is full (a merge into a busy new
-        // map), the entries that matter most go first, and the rest are left
-        // out and said so: their flows choose a backend again.
+        // map), the most recently used entries go first, and the rest are left
+        // out and said so, as an LRU of that size would have evicted them: a UDP
+        // flow among them chooses a backend again, a TCP one breaks. Only a node
+        // with more flows than the map holds gets here.
         let mut left_out = 0usize;
         let result = entries
             .iter()
