@@ -27,7 +27,10 @@ use switchyard_common::{
     TCP_STATE_FIN_FROM_BACKEND, TCP_STATE_FIN_FROM_CLIENT, TCP_STATE_RESET,
 };
 
-use super::{schema, system};
+use super::{
+    pinned_maps::{open_conntrack, open_pin, read_error},
+    schema, system,
+};
 use crate::Error;
 
 /// How long each kind of entry lives after its last packet, in nanoseconds.
@@ -149,52 +152,19 @@ pub struct ConntrackMaps {
     removal: Cell<Removal>,
 }
 
-fn read_error(map: &'static str) -> impl Fn(std::io::Error) -> Error {
-    move |error| Error::ReadMap {
-        map,
-        reason: error.to_string(),
-    }
-}
-
 const KEY_SIZE: usize = std::mem::size_of::<ConntrackKey>();
 const VALUE_SIZE: usize = std::mem::size_of::<ConntrackValue>();
 
 impl ConntrackMaps {
     /// Opens the maps pinned in `directory` (`<pin dir>/v<SCHEMA_VERSION>`).
     pub fn open(directory: &Path) -> Result<Self, Error> {
-        let open = |name: &'static str| {
-            system::open_pinned(&directory.join(name)).map_err(|error| Error::ReadMap {
-                map: name,
-                reason: format!("failed to open {}: {error}", directory.join(name).display()),
-            })
-        };
-        let conntrack = open(map_names::CONNTRACK)?;
-        let overflow = open(map_names::CONNTRACK_OVERFLOW)?;
-        let config = open(map_names::CONFIG)?;
-        let mut capacity = 0;
-        for (name, map) in [
-            (map_names::CONNTRACK, &conntrack),
-            (map_names::CONNTRACK_OVERFLOW, &overflow),
-        ] {
-            let shape = system::map_shape(map.as_fd()).map_err(read_error(name))?;
-            if (shape.key_size as usize, shape.value_size as usize) != (KEY_SIZE, VALUE_SIZE) {
-                return Err(Error::ReadMap {
-                    map: name,
-                    reason: format!(
-                        "unexpected layout: key {} and value {} bytes, not {KEY_SIZE} and {VALUE_SIZE}",
-                        shape.key_size, shape.value_size
-                    ),
-                });
-            }
-            if name == map_names::CONNTRACK {
-                capacity = shape.max_entries;
-            }
-        }
+        let (conntrack, shape) = open_conntrack(directory, map_names::CONNTRACK)?;
+        let (overflow, _) = open_conntrack(directory, map_names::CONNTRACK_OVERFLOW)?;
         Ok(Self {
             conntrack,
             overflow,
-            config,
-            capacity,
+            config: open_pin(directory, map_names::CONFIG)?,
+            capacity: shape.max_entries,
             removal: Cell::new(Removal::TakeAndCheck),
         })
     }

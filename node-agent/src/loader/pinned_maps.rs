@@ -26,13 +26,16 @@ pub(crate) fn open_map(directory: &Path, name: &'static str) -> Result<Map, Erro
 
 /// Opens the pin of map `name` in `directory` as a bare descriptor (for batch
 /// reads and shape checks, which aya's typed maps do not expose).
-fn open_pin(directory: &Path, name: &'static str) -> Result<std::os::fd::OwnedFd, Error> {
+pub(super) fn open_pin(
+    directory: &Path,
+    name: &'static str,
+) -> Result<std::os::fd::OwnedFd, Error> {
     system::open_pinned(&directory.join(name))
         .map_err(|error| read_error(name)(format!("cannot open the pin: {error}")))
 }
 
 /// The error of a failed read of map `name`, for `map_err`.
-fn read_error<E: std::fmt::Display>(name: &'static str) -> impl Fn(E) -> Error {
+pub(super) fn read_error<E: std::fmt::Display>(name: &'static str) -> impl Fn(E) -> Error {
     move |error| Error::ReadMap {
         map: name,
         reason: error.to_string(),
@@ -94,8 +97,8 @@ impl PinnedServiceMaps {
                 open_map(directory, map_names::BACKEND_SLOTS)?,
                 map_names::BACKEND_SLOTS,
             )?,
-            conntrack: open_conntrack(directory, map_names::CONNTRACK)?,
-            conntrack_overflow: open_conntrack(directory, map_names::CONNTRACK_OVERFLOW)?,
+            conntrack: open_conntrack(directory, map_names::CONNTRACK)?.0,
+            conntrack_overflow: open_conntrack(directory, map_names::CONNTRACK_OVERFLOW)?.0,
             config: typed(open_map(directory, map_names::CONFIG)?, map_names::CONFIG)?,
             counters: typed(
                 open_map(directory, map_names::COUNTERS)?,
@@ -233,8 +236,12 @@ pub fn live_tcp_flow_count(
         .count()
 }
 
-/// Opens a conntrack map (the hash or the overflow), checking its layout.
-fn open_conntrack(directory: &Path, name: &'static str) -> Result<std::os::fd::OwnedFd, Error> {
+/// Opens a conntrack map (the hash or the overflow), checking its layout, with
+/// its shape.
+pub(super) fn open_conntrack(
+    directory: &Path,
+    name: &'static str,
+) -> Result<(std::os::fd::OwnedFd, system::MapShape), Error> {
     let map = open_pin(directory, name)?;
     let shape = system::map_shape(std::os::fd::AsFd::as_fd(&map)).map_err(read_error(name))?;
     let expected = (
@@ -247,7 +254,7 @@ fn open_conntrack(directory: &Path, name: &'static str) -> Result<std::os::fd::O
             shape.key_size, shape.value_size, expected.0, expected.1
         )));
     }
-    Ok(map)
+    Ok((map, shape))
 }
 
 /// Every entry of the hash map pinned as `name` in `directory`, read in batches
