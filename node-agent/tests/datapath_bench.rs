@@ -494,3 +494,142 @@ fn benchmark_datapath_against_iptables_and_direct() {
         assert!(switchyard.rate > 0.0 && iptables.rate > 0.0 && direct.rate > 0.0);
     });
 }
+
+/// One conntrack entry for the expiry benchmark: distinct keys, realistic values.
+fn bench_conntrack_entry(index: u32, last_seen: u64) -> (Vec<u8>, Vec<u8>) {
+    use switchyard_agent::loader::schema;
+    use switchyard_common::{ipv4_mapped, ConntrackKey, ConntrackValue, PROTOCOL_TCP};
+    let [a, b, c, d] = index.to_be_bytes();
+    let key = ConntrackKey {
+        source_address: ipv4_mapped([10, a | 0x80, b, c]),
+        destination_address: ipv4_mapped([10, 96, 0, 10]),
+        source_port_big_endian: (u16::from(d) + 1024).to_be(),
+        destination_port_big_endian: 80u16.to_be(),
+        protocol: PROTOCOL_TCP,
+        reserved: [0; 3],
+    };
+    let value = ConntrackValue {
+        new_source_address: key.source_address,
+        new_destination_address: ipv4_mapped([10, 244, 0, 2]),
+        new_source_port_big_endian: key.source_port_big_endian,
+        new_destination_port_big_endian: 8080u16.to_be(),
+        flags: 0,
+        tcp_state: 0,
+        reserved: [0; 2],
+        last_seen_nanoseconds: last_seen,
+    };
+    (schema::bytes_of(&key), schema::bytes_of(&value))
+}
+
+/// What the agent's conntrack expiry costs as the table grows (the lesson of
+/// projectcalico/calico#10642: housekeeping that took 1.2 cores at ~4 M
+/// entries). For each size: the hash three quarters full, a tenth of it expired;
+/// one sweep that removes them, one that finds nothing to remove, and the pause
+/// the agent then takes (`next_sweep_after`) with the share of one core that
+/// leaves to sweeping. Prints a table.
+#[test]
+#[ignore = "benchmark: run by make bench-datapath"]
+fn benchmark_conntrack_expiry_sweep() {
+    use std::os::fd::AsFd as _;
+    use switchyard_agent::loader::{expiry, schema, system};
+    use switchyard_common::{map_names, ConntrackKey, ConntrackValue, DatapathConfig};
+    run_isolated("benchmark_conntrack_expiry_sweep", |node| {
+        let mut rows = Vec::new();
+        let runs = [
+            (65_536u32, expiry::Removal::TakeAndCheck),
+            (524_288, expiry::Removal::TakeAndCheck),
+            (524_288, expiry::Removal::BatchDelete),
+            (4_194_304, expiry::Removal::TakeAndCheck),
+        ];
+        for (capacity, removal) in runs {
+            // The maps as the agent pins them, made directly: a loaded datapath
+            // would run its own expiry thread alongside the measured sweeps.
+            let directory = node
+                .pin_directory
+                .join(format!("expiry-{capacity}-{removal:?}"));
+            std::fs::create_dir_all(&directory).expect("make the pin directory");
+            let make = |map_type: u32, key: usize, value: usize, entries: u32, name: &str| {
+                let map = system::map_create(map_type, key as u32, value as u32, entries, name)
+                    .expect("create a map");
+                system::pin_object(map.as_fd(), &directory.join(name)).expect("pin the map");
+                map
+            };
+            let key_size = std::mem::size_of::<ConntrackKey>();
+            let value_size = std::mem::size_of::<ConntrackValue>();
+            let map = make(
+                schema::MAP_TYPE_HASH,
+                key_size,
+                value_size,
+                capacity,
+                map_names::CONNTRACK,
+            );
+            let _overflow = make(
+                schema::MAP_TYPE_LRU_HASH,
+                key_size,
+                value_size,
+                4096,
+                map_names::CONNTRACK_OVERFLOW,
+            );
+            let config = make(
+                schema::MAP_TYPE_ARRAY,
+                4,
+                std::mem::size_of::<DatapathConfig>(),
+                1,
+                map_names::CONFIG,
+            );
+            // A TCP idle timeout of 60 s, so entries stamped two minutes ago are
+            // expired on a machine that has not been up for the default 6 h.
+            let lifetimes = DatapathConfig {
+                tcp_idle_timeout_seconds: 60,
+                ..DatapathConfig::default()
+            };
+            system::map_update(
+                config.as_fd(),
+                &0u32.to_ne_bytes(),
+                &schema::bytes_of(&lifetimes),
+                system::UPDATE_ANY,
+            )
+            .expect("write the configuration");
+            let now = system::monotonic_nanoseconds();
+            let long_ago = now.saturating_sub(120 * 1_000_000_000);
+            let entries = capacity / 4 * 3;
+            let expired = entries.div_ceil(10);
+            for index in 0..entries {
+                let stamp = if index % 10 == 0 { long_ago } else { now };
+                let (key, value) = bench_conntrack_entry(index, stamp);
+                system::map_update(map.as_fd(), &key, &value, system::UPDATE_ANY)
+                    .expect("fill the hash");
+            }
+            let maps = expiry::ConntrackMaps::open(&directory)
+                .expect("open the maps")
+                .with_removal(removal);
+            let started = Instant::now();
+            let removing = maps.sweep().expect("sweep");
+            let removing_took = started.elapsed();
+            let started = Instant::now();
+            let reading = maps.sweep().expect("sweep again");
+            let reading_took = started.elapsed();
+            assert_eq!(removing.deleted, expired as usize, "{removing:?}");
+            assert_eq!(reading.deleted, 0, "{reading:?}");
+            let pause = expiry::next_sweep_after(reading.kept(), capacity, reading_took);
+            let share = reading_took.as_secs_f64() / (reading_took + pause).as_secs_f64();
+            rows.push(format!(
+                "| {capacity} | {removal:?} | {entries} | {expired} | {:.1} ms | {:.2} us | {:.1} ms | {:.1} s | {:.2}% |",
+                removing_took.as_secs_f64() * 1e3,
+                (removing_took.saturating_sub(reading_took)).as_secs_f64() * 1e6
+                    / f64::from(expired.max(1)),
+                reading_took.as_secs_f64() * 1e3,
+                pause.as_secs_f64(),
+                share * 100.0,
+            ));
+            drop(maps);
+            std::fs::remove_dir_all(&directory).expect("remove the pins");
+        }
+        println!("\nConntrack expiry sweep (the agent's `loader::expiry`), hash three quarters full, a tenth expired\n");
+        println!("| hash capacity | removal | entries | expired | sweep removing them | per removed entry (beyond reading) | sweep with nothing expired | pause after it | share of one core |");
+        println!("|---|---|---|---|---|---|---|---|---|");
+        for row in rows {
+            println!("{row}");
+        }
+    });
+}

@@ -96,20 +96,30 @@ pub const LONGEST_SWEEP_INTERVAL: Duration = Duration::from_secs(10);
 /// The shortest pause, for a hash more than half full.
 pub const SHORTEST_SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 
+/// How many times as long as a sweep took the pause after it lasts at least: the
+/// sweeps then take at most a twentieth of one core, however large the hash. A
+/// sweep reads every entry, so its cost grows with the table; Calico's conntrack
+/// housekeeping took 1.2 cores at about 4 million entries (projectcalico/calico#10642).
+/// A hash too large to sweep at the pace its fill asks for is swept less often
+/// instead, and the overflow LRU takes the new flows it has no room for meanwhile.
+pub const PAUSE_PER_SWEEP_TIME: u32 = 19;
+
 /// How long to wait before the next sweep, given how many entries the hash kept
-/// after this one out of `capacity`: the longest interval while it is at most a
-/// tenth full, the shortest from half full, linear in between. A busy node's
-/// closed flows (10 s each) then never pile up to fill it.
-pub fn next_sweep_after(kept: usize, capacity: u32) -> Duration {
+/// after this one out of `capacity` and how long this one took: the longest
+/// interval while it is at most a tenth full, the shortest from half full, linear
+/// in between (a busy node's closed flows, 10 s each, then never pile up to fill
+/// it), and never less than [`PAUSE_PER_SWEEP_TIME`] times the sweep itself.
+pub fn next_sweep_after(kept: usize, capacity: u32, sweep_took: Duration) -> Duration {
+    let by_share_of_a_core = sweep_took.saturating_mul(PAUSE_PER_SWEEP_TIME);
     if capacity == 0 {
-        return LONGEST_SWEEP_INTERVAL;
+        return LONGEST_SWEEP_INTERVAL.max(by_share_of_a_core);
     }
     let fill = kept as f64 / f64::from(capacity);
     let (low, high) = (0.1, 0.5);
     let share = ((fill - low) / (high - low)).clamp(0.0, 1.0);
     let longest = LONGEST_SWEEP_INTERVAL.as_secs_f64();
     let shortest = SHORTEST_SWEEP_INTERVAL.as_secs_f64();
-    Duration::from_secs_f64(longest - share * (longest - shortest))
+    Duration::from_secs_f64(longest - share * (longest - shortest)).max(by_share_of_a_core)
 }
 
 /// What one sweep did.
@@ -337,20 +347,23 @@ fn sweep_until_stopped(maps: &ConntrackMaps, stopped: &mpsc::Receiver<()>) {
             // A message or a dropped sender: stop.
             Ok(()) | Err(mpsc::RecvTimeoutError::Disconnected) => return,
         }
+        let started = std::time::Instant::now();
         match maps.sweep() {
             Ok(sweep) => {
                 if failing {
                     tracing::info!("conntrack expiry works again");
                     failing = false;
                 }
+                let took = started.elapsed();
                 if sweep.deleted > 0 {
                     tracing::debug!(
                         seen = sweep.seen,
                         deleted = sweep.deleted,
+                        took_ms = took.as_secs_f64() * 1e3,
                         "removed expired conntrack entries"
                     );
                 }
-                interval = next_sweep_after(sweep.kept(), maps.capacity());
+                interval = next_sweep_after(sweep.kept(), maps.capacity(), took);
             }
             Err(error) => {
                 // Logged once per failing stretch; the overflow LRU keeps new
@@ -525,22 +538,67 @@ mod tests {
     #[test]
     fn a_fuller_hash_is_swept_sooner() {
         let capacity = 1_000;
-        assert_eq!(next_sweep_after(0, capacity), LONGEST_SWEEP_INTERVAL);
-        assert_eq!(next_sweep_after(100, capacity), LONGEST_SWEEP_INTERVAL);
-        assert_eq!(next_sweep_after(500, capacity), SHORTEST_SWEEP_INTERVAL);
-        assert_eq!(next_sweep_after(1_000, capacity), SHORTEST_SWEEP_INTERVAL);
-        let halfway = next_sweep_after(300, capacity);
+        assert_eq!(
+            next_sweep_after(0, capacity, Duration::ZERO),
+            LONGEST_SWEEP_INTERVAL
+        );
+        assert_eq!(
+            next_sweep_after(100, capacity, Duration::ZERO),
+            LONGEST_SWEEP_INTERVAL
+        );
+        assert_eq!(
+            next_sweep_after(500, capacity, Duration::ZERO),
+            SHORTEST_SWEEP_INTERVAL
+        );
+        assert_eq!(
+            next_sweep_after(1_000, capacity, Duration::ZERO),
+            SHORTEST_SWEEP_INTERVAL
+        );
+        let halfway = next_sweep_after(300, capacity, Duration::ZERO);
         assert!(halfway < LONGEST_SWEEP_INTERVAL && halfway > SHORTEST_SWEEP_INTERVAL);
         let mut previous = LONGEST_SWEEP_INTERVAL;
         for kept in (0..=1_000).step_by(50) {
-            let interval = next_sweep_after(kept, capacity);
+            let interval = next_sweep_after(kept, capacity, Duration::ZERO);
             assert!(
                 interval <= previous,
                 "{kept} entries: {interval:?} after {previous:?}"
             );
             previous = interval;
         }
-        assert_eq!(next_sweep_after(10, 0), LONGEST_SWEEP_INTERVAL);
+        assert_eq!(
+            next_sweep_after(10, 0, Duration::ZERO),
+            LONGEST_SWEEP_INTERVAL
+        );
+    }
+
+    #[test]
+    fn sweeps_take_at_most_a_twentieth_of_a_core_however_large_the_hash() {
+        let capacity = 4_000_000;
+        for (kept, took) in [
+            (3_000_000, Duration::from_millis(900)),
+            (100, Duration::from_millis(900)),
+            (3_000_000, Duration::from_millis(20)),
+            (0, Duration::from_secs(2)),
+        ] {
+            let pause = next_sweep_after(kept, capacity, took);
+            let share = took.as_secs_f64() / (took + pause).as_secs_f64();
+            assert!(
+                share <= 0.05 + 1e-9,
+                "{kept} kept, sweep {took:?}, pause {pause:?}: {share}"
+            );
+            // Never sooner than the fill asks for, either.
+            assert!(pause >= next_sweep_after(kept, capacity, Duration::ZERO));
+        }
+        // A full hash that sweeps in 900 ms waits 17.1 s, not 1 s.
+        assert_eq!(
+            next_sweep_after(3_000_000, capacity, Duration::from_millis(900)),
+            Duration::from_millis(17_100)
+        );
+        // A quick sweep leaves the fill-based pace alone.
+        assert_eq!(
+            next_sweep_after(3_000_000, capacity, Duration::from_millis(20)),
+            SHORTEST_SWEEP_INTERVAL
+        );
     }
 
     #[test]
