@@ -166,7 +166,7 @@ fn the_agent_removes_expired_conntrack_entries_and_keeps_live_flows_working() {
             for pod in &pods[..2] {
                 start_servers(pod);
             }
-            let (_datapath, mut maps) = start_with_conntrack_size(node, &pods, 65_536);
+            let (datapath, mut maps) = start_with_conntrack_size(node, &pods, 65_536);
             // A closing timeout of 1 s, so closed flows expire within the test.
             let mut config = active_config();
             config.tcp_closing_timeout_seconds = 1;
@@ -254,6 +254,11 @@ fn the_agent_removes_expired_conntrack_entries_and_keeps_live_flows_working() {
             assert!(report.requests >= 20, "{report:?}");
             let counters = maps.counters().expect("counters");
             assert_eq!(counters.conntrack_overflow, 0, "{counters:?}");
+            // What the agent's metrics read: the 200 stale entries and the 20
+            // closed flows' 40 entries removed, the hash's size.
+            let report = datapath.conntrack_sweep_report().expect("a sweep has run");
+            assert!(report.removed_total >= 240, "{report:?}");
+            assert_eq!(report.capacity, 65_536, "{report:?}");
         },
     );
 }

@@ -29,6 +29,10 @@ pub trait NodeDatapath {
     fn finish_migration(&mut self) -> Result<(), Error>;
     /// The programs' per-CPU counters, summed.
     fn counters(&self) -> Result<Counters, Error>;
+    /// What the conntrack expiry has done, once it has swept (none in fakes).
+    fn conntrack_sweep_report(&self) -> Option<loader::expiry::SweepReport> {
+        None
+    }
 }
 
 /// Where the socket hooks go (see `standalone::SocketHookCgroup`).
@@ -112,5 +116,9 @@ impl NodeDatapath for KernelDatapath {
 
     fn counters(&self) -> Result<Counters, Error> {
         self.maps.counters()
+    }
+
+    fn conntrack_sweep_report(&self) -> Option<loader::expiry::SweepReport> {
+        self.datapath.conntrack_sweep_report()
     }
 }

@@ -6,7 +6,7 @@ use prometheus::{
 };
 
 use super::agent::AgentCounts;
-use crate::loader::Counters;
+use crate::loader::{expiry::SweepReport, Counters};
 
 pub struct AgentMetrics {
     pub registry: Registry,
@@ -21,9 +21,14 @@ pub struct AgentMetrics {
     pub map_operations: IntCounter,
     pub status_writes: IntCounter,
     pub resync_corrections: IntCounter,
+    pub conntrack_entries: IntGauge,
+    pub conntrack_capacity: IntGauge,
+    pub conntrack_sweep_seconds: prometheus::Gauge,
+    pub conntrack_expired: IntCounter,
     /// Counts already added to the counters (they only grow by differences).
     counted: AgentCounts,
     counted_packets: Counters,
+    counted_expired: u64,
 }
 
 fn metric_error(error: prometheus::Error) -> crate::Error {
@@ -100,7 +105,32 @@ impl AgentMetrics {
              (something else wrote them, or the partial syncs drifted) and wrote corrections.",
         )
         .map_err(metric_error)?;
+        let conntrack_entries = IntGauge::new(
+            "switchyard_agent_conntrack_entries",
+            "Entries of the conntrack hash after the last expiry sweep; near the capacity, \
+             new flows go to the overflow LRU (datapath_packets_total{result=\"conntrack_overflow\"}).",
+        )
+        .map_err(metric_error)?;
+        let conntrack_capacity = IntGauge::new(
+            "switchyard_agent_conntrack_capacity",
+            "Entries the conntrack hash can hold.",
+        )
+        .map_err(metric_error)?;
+        let conntrack_sweep_seconds = prometheus::Gauge::new(
+            "switchyard_agent_conntrack_sweep_seconds",
+            "How long the last conntrack expiry sweep took (sweeps take at most 5% of one core).",
+        )
+        .map_err(metric_error)?;
+        let conntrack_expired = IntCounter::new(
+            "switchyard_agent_conntrack_expired_total",
+            "Expired conntrack entries the sweeps removed.",
+        )
+        .map_err(metric_error)?;
         let collectors: Vec<Box<dyn prometheus::core::Collector>> = vec![
+            Box::new(conntrack_entries.clone()),
+            Box::new(conntrack_capacity.clone()),
+            Box::new(conntrack_sweep_seconds.clone()),
+            Box::new(conntrack_expired.clone()),
             Box::new(resync_corrections.clone()),
             Box::new(sync_duration.clone()),
             Box::new(map_entries.clone()),
@@ -127,9 +157,26 @@ impl AgentMetrics {
             map_operations,
             status_writes,
             resync_corrections,
+            conntrack_entries,
+            conntrack_capacity,
+            conntrack_sweep_seconds,
+            conntrack_expired,
             counted: AgentCounts::default(),
             counted_packets: Counters::default(),
+            counted_expired: 0,
         })
+    }
+
+    /// Brings the conntrack metrics up to the expiry's report.
+    pub fn record_conntrack_sweeps(&mut self, report: &SweepReport) {
+        self.conntrack_entries
+            .set(i64::try_from(report.entries).unwrap_or(i64::MAX));
+        self.conntrack_capacity.set(i64::from(report.capacity));
+        self.conntrack_sweep_seconds
+            .set(report.last_sweep_took.as_secs_f64());
+        self.conntrack_expired
+            .inc_by(report.removed_total.saturating_sub(self.counted_expired));
+        self.counted_expired = report.removed_total;
     }
 
     /// Brings the counters up to the agent's counts.
@@ -234,6 +281,38 @@ mod tests {
         assert_eq!(
             value(&metrics, "switchyard_agent_node_updates_ignored_total"),
             "switchyard_agent_node_updates_ignored_total 5"
+        );
+    }
+
+    #[test]
+    fn conntrack_metrics_follow_the_sweep_reports() {
+        let mut metrics = AgentMetrics::new().expect("registers");
+        let mut report = SweepReport {
+            entries: 1_000,
+            capacity: 524_288,
+            last_sweep_took: std::time::Duration::from_millis(250),
+            removed_total: 40,
+        };
+        metrics.record_conntrack_sweeps(&report);
+        report.entries = 900;
+        report.removed_total = 140;
+        metrics.record_conntrack_sweeps(&report);
+        metrics.record_conntrack_sweeps(&report);
+        assert_eq!(
+            value(&metrics, "switchyard_agent_conntrack_entries"),
+            "switchyard_agent_conntrack_entries 900"
+        );
+        assert_eq!(
+            value(&metrics, "switchyard_agent_conntrack_capacity"),
+            "switchyard_agent_conntrack_capacity 524288"
+        );
+        assert_eq!(
+            value(&metrics, "switchyard_agent_conntrack_sweep_seconds"),
+            "switchyard_agent_conntrack_sweep_seconds 0.25"
+        );
+        assert_eq!(
+            value(&metrics, "switchyard_agent_conntrack_expired_total"),
+            "switchyard_agent_conntrack_expired_total 140"
         );
     }
 

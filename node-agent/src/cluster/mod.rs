@@ -239,6 +239,9 @@ pub async fn run(options: ClusterOptions, shutdown: impl Future<Output = ()>) ->
             if let Ok(counters) = agent.datapath.counters() {
                 metrics.record_packets(&counters);
             }
+            if let Some(report) = agent.datapath.conntrack_sweep_report() {
+                metrics.record_conntrack_sweeps(&report);
+            }
         }
         let writes = *written.borrow();
         metrics

@@ -17,7 +17,7 @@ use std::{
     cell::Cell,
     os::fd::{AsFd as _, OwnedFd},
     path::Path,
-    sync::mpsc,
+    sync::{mpsc, Arc, Mutex},
     time::Duration,
 };
 
@@ -313,10 +313,24 @@ impl ConntrackMaps {
     }
 }
 
+/// What the sweeps have done so far, for the agent's metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SweepReport {
+    /// Entries the last sweep left in the hash.
+    pub entries: usize,
+    /// The hash's size.
+    pub capacity: u32,
+    /// How long the last sweep took.
+    pub last_sweep_took: Duration,
+    /// Expired entries removed by every sweep of this process.
+    pub removed_total: u64,
+}
+
 /// The sweeping thread; dropping it stops the thread (and waits for it).
 pub struct ConntrackExpiry {
     stop: Option<mpsc::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
+    report: Arc<Mutex<Option<SweepReport>>>,
 }
 
 impl ConntrackExpiry {
@@ -324,9 +338,11 @@ impl ConntrackExpiry {
     pub fn start(directory: &Path) -> Result<Self, Error> {
         let maps = ConntrackMaps::open(directory)?;
         let (stop, stopped) = mpsc::channel::<()>();
+        let report = Arc::new(Mutex::new(None));
+        let reported = Arc::clone(&report);
         let thread = std::thread::Builder::new()
             .name("conntrack-expiry".into())
-            .spawn(move || sweep_until_stopped(&maps, &stopped))
+            .spawn(move || sweep_until_stopped(&maps, &stopped, &reported))
             .map_err(|error| Error::UpdateMap {
                 map: map_names::CONNTRACK,
                 reason: format!("failed to start the conntrack expiry thread: {error}"),
@@ -334,11 +350,26 @@ impl ConntrackExpiry {
         Ok(Self {
             stop: Some(stop),
             thread: Some(thread),
+            report,
         })
+    }
+
+    /// What the sweeps have done, once one has run.
+    pub fn report(&self) -> Option<SweepReport> {
+        // A poisoned lock only means the thread panicked while writing a copy.
+        *self
+            .report
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
-fn sweep_until_stopped(maps: &ConntrackMaps, stopped: &mpsc::Receiver<()>) {
+fn sweep_until_stopped(
+    maps: &ConntrackMaps,
+    stopped: &mpsc::Receiver<()>,
+    report: &Mutex<Option<SweepReport>>,
+) {
+    let mut removed_total = 0u64;
     let mut interval = SHORTEST_SWEEP_INTERVAL;
     let mut failing = false;
     loop {
@@ -364,6 +395,15 @@ fn sweep_until_stopped(maps: &ConntrackMaps, stopped: &mpsc::Receiver<()>) {
                     );
                 }
                 interval = next_sweep_after(sweep.kept(), maps.capacity(), took);
+                removed_total += sweep.deleted as u64;
+                *report
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(SweepReport {
+                    entries: sweep.kept(),
+                    capacity: maps.capacity(),
+                    last_sweep_took: took,
+                    removed_total,
+                });
             }
             Err(error) => {
                 // Logged once per failing stretch; the overflow LRU keeps new

@@ -142,7 +142,7 @@ pub struct Datapath {
     /// Whether a hook has been switched to the new programs yet.
     switch_started: bool,
     /// Removes expired conntrack entries while this process runs (see `expiry`).
-    _conntrack_expiry: expiry::ConntrackExpiry,
+    conntrack_expiry: expiry::ConntrackExpiry,
 }
 
 fn io_error<'a>(step: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> Error + 'a {
@@ -297,7 +297,7 @@ impl Datapath {
         }
         let conntrack_expiry = expiry::ConntrackExpiry::start(&version_directory)?;
         Ok(Self {
-            _conntrack_expiry: conntrack_expiry,
+            conntrack_expiry,
             ebpf,
             settings,
             migrated_versions: plan.older_versions,
@@ -306,6 +306,11 @@ impl Datapath {
             converted_at_nanoseconds,
             switch_started: false,
         })
+    }
+
+    /// What this process's conntrack sweeps have done, once one has run.
+    pub fn conntrack_sweep_report(&self) -> Option<expiry::SweepReport> {
+        self.conntrack_expiry.report()
     }
 
     pub fn settings(&self) -> &LoaderSettings {
