@@ -275,8 +275,8 @@ impl ConntrackMaps {
         for key_bytes in keys.chunks_exact(KEY_SIZE) {
             let Some(taken) = system::map_take(self.conntrack.as_fd(), key_bytes, VALUE_SIZE)?
             else {
-                // Removed meanwhile (by the programs' overwrite-and-expire or an
-                // earlier sweep): nothing to do.
+                // Removed meanwhile (by another agent process sweeping the same
+                // pinned hash during a rolling update): nothing to do.
                 continue;
             };
             let live = match (
