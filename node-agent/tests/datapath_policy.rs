@@ -295,3 +295,117 @@ endpoints:
         },
     );
 }
+
+const INSIDE: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 40);
+const OUTSIDE: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 41);
+const OUTSIDE_NODE_PORT: u16 = 30041;
+
+/// Connections netfilter tracks in the calling thread's namespace (0 when
+/// nothing turned its connection tracking on there).
+fn netfilter_tracked_connections() -> u64 {
+    std::fs::read_to_string("/proc/sys/net/netfilter/nf_conntrack_count")
+        .ok()
+        .and_then(|count| count.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+fn node_rules() -> String {
+    sh("iptables-save 2>/dev/null; iptables-legacy-save 2>/dev/null; true")
+}
+
+#[test]
+#[ignore = "privileged netns test: run by make datapath-test"]
+fn a_node_serving_only_cluster_ips_leaves_netfilter_off_until_a_node_port_needs_masquerading() {
+    run_isolated(
+        "a_node_serving_only_cluster_ips_leaves_netfilter_off_until_a_node_port_needs_masquerading",
+        |node| {
+            let pods = standard_topology(3);
+            start_servers(&pods[0]);
+            start_servers(&pods[1]);
+            // pod1 is this node's endpoint; pod2 stands for one on another node.
+            let (local, remote) = (pods[0].ip, pods[1].ip);
+            let inside = format!(
+                "apiVersion: v1
+kind: Service
+metadata: {{name: inside, namespace: default}}
+spec:
+  clusterIP: {INSIDE}
+  ports: [{{name: http, port: 80, targetPort: 8080, protocol: TCP}}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{name: inside-1, namespace: default, labels: {{kubernetes.io/service-name: inside}}}}
+addressType: IPv4
+ports: [{{name: http, port: 8080, protocol: TCP}}]
+endpoints:
+- {{addresses: [{local}], nodeName: {NODE_NAME}}}
+- {{addresses: [{remote}], nodeName: {OTHER_NODE}}}
+"
+            );
+            write_manifests(&node.work.join("manifests"), &inside);
+            let mut agent = start_agent(node);
+            let cluster_ip = SocketAddrV4::new(INSIDE, 80);
+            wait_serving(node, &[(Some("pod3"), cluster_ip)]);
+            let backends = backends_of(Some("pod3"), cluster_ip, 40);
+            assert_eq!(backends.len(), 2, "{backends:?}");
+            // The programs translated and tracked 40 connections; netfilter saw
+            // none of them: no rule of the agent's turned its tracking on.
+            let rules = node_rules();
+            assert!(
+                !rules.contains("SWITCHYARD-"),
+                "the agent installed netfilter rules no Service needs:\n{rules}"
+            );
+            assert_eq!(
+                netfilter_tracked_connections(),
+                0,
+                "netfilter tracks the node's flows:\n{rules}"
+            );
+
+            // A NodePort whose only endpoint is remote: its flows must be
+            // masqueraded, so the rule goes in (and netfilter's tracking with it).
+            let outside = format!(
+                "{inside}---
+apiVersion: v1
+kind: Service
+metadata: {{name: outside, namespace: default}}
+spec:
+  type: NodePort
+  clusterIP: {OUTSIDE}
+  ports: [{{name: http, port: 80, targetPort: 8080, nodePort: {OUTSIDE_NODE_PORT}, protocol: TCP}}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{name: outside-1, namespace: default, labels: {{kubernetes.io/service-name: outside}}}}
+addressType: IPv4
+ports: [{{name: http, port: 8080, protocol: TCP}}]
+endpoints:
+- {{addresses: [{remote}], nodeName: {OTHER_NODE}}}
+"
+            );
+            write_manifests(&node.work.join("manifests"), &outside);
+            let node_port = SocketAddrV4::new(NODE_IP, OUTSIDE_NODE_PORT);
+            wait_serving(node, &[(Some("client"), node_port)]);
+            for result in tcp_requests_from(Some("client"), node_port, 20) {
+                let answer = result.expect("request to the NodePort");
+                assert_eq!(answer.backend, "pod2");
+                assert_eq!(
+                    answer.seen_client.ip(),
+                    std::net::IpAddr::V4(NODE_IP),
+                    "masqueraded to the node's address, so the reply comes back here"
+                );
+            }
+            let rules = node_rules();
+            assert!(
+                rules.contains(&format!(
+                    "-A SWITCHYARD-POSTROUTING -m mark --mark {MASQUERADE_MARK:#x}/{MASQUERADE_MARK:#x} -j MASQUERADE"
+                )),
+                "no masquerade rule:\n{rules}"
+            );
+            assert!(netfilter_tracked_connections() > 0);
+            // ClusterIP traffic keeps working with the rule in place.
+            assert_eq!(backends_of(Some("pod3"), cluster_ip, 20).len(), 2);
+            let _ = agent.kill();
+            let _ = agent.wait();
+        },
+    );
+}

@@ -142,6 +142,11 @@ pub struct ClusterAgent<D: NodeDatapath> {
     /// While `Detaching`: the interfaces whose detach failed, retried every round.
     detach_left: BTreeSet<String>,
     socket_hooks_attached: bool,
+    /// The masquerade rule was installed by this process (it stays while the
+    /// node serves from eBPF; the coexistence loop removes it when it leaves).
+    masquerade_rule_installed: bool,
+    /// The last failure to install it, logged once.
+    masquerade_error: Option<String>,
     attach_error: Option<String>,
     sync_report: SyncReport,
     last_sync_time: Option<DateTime<Utc>>,
@@ -198,6 +203,8 @@ impl<D: NodeDatapath> ClusterAgent<D> {
             attached: BTreeMap::new(),
             detach_left: BTreeSet::new(),
             socket_hooks_attached: false,
+            masquerade_rule_installed: false,
+            masquerade_error: None,
             attach_error: None,
             sync_report: SyncReport::NotYet,
             last_sync_time: None,
@@ -585,9 +592,7 @@ impl<D: NodeDatapath> ClusterAgent<D> {
         );
         match action {
             Some(ModeAction::Activate) => {
-                if self.settings.manage_masquerade_rule {
-                    masquerade::ensure(self.settings.masquerade_mark)?;
-                }
+                self.ensure_masquerade_rule()?;
                 self.write_mode(DATAPATH_MODE_ACTIVE)?;
                 self.socket_hooks_attached = false;
                 self.attached.clear();
@@ -663,6 +668,24 @@ impl<D: NodeDatapath> ClusterAgent<D> {
                 report.gate_opened_after = Some(waited);
             }
         }
+        // The rule before the entries that need it: a flow marked for
+        // masquerade with no rule yet would reach its remote backend with the
+        // client's address and its replies would bypass this node.
+        if matches!(
+            self.attachment,
+            Attachment::Attached | Attachment::Draining { .. }
+        ) {
+            match self.ensure_masquerade_rule() {
+                Ok(()) => self.masquerade_error = None,
+                Err(error) => {
+                    let message = error.to_string();
+                    if self.masquerade_error.as_ref() != Some(&message) {
+                        tracing::error!(%message, "NodePort traffic to other nodes is not masqueraded; retrying");
+                        self.masquerade_error = Some(message);
+                    }
+                }
+            }
+        }
         // Maps first: programs attached for the first time then find them filled.
         report.sync = self.sync(now, wall);
         if let Err(error) = self.follow(now) {
@@ -670,6 +693,32 @@ impl<D: NodeDatapath> ClusterAgent<D> {
             self.attach_error = Some(error.to_string());
         }
         report
+    }
+
+    /// Installs the agent's masquerade rule once some Service needs it
+    /// ([`SyncInputs::masquerade_needed`]), and not
+    /// before: the rule turns on netfilter's connection tracking for every flow
+    /// the node forwards, a cost ClusterIP-only nodes need not pay (the programs
+    /// track their own flows). Once installed it stays while the node serves
+    /// from eBPF, so that flows already masqueraded keep their rule.
+    fn ensure_masquerade_rule(&mut self) -> Result<(), Error> {
+        if !self.settings.manage_masquerade_rule
+            || self.masquerade_rule_installed
+            || !self.inputs.masquerade_needed()
+        {
+            return Ok(());
+        }
+        masquerade::ensure(self.settings.masquerade_mark)?;
+        self.masquerade_rule_installed = true;
+        tracing::info!("a Service masquerades traffic to remote backends: the agent's masquerade rule is in place");
+        Ok(())
+    }
+
+    /// Whether the agent's netfilter chains belong on the node: some Service
+    /// needs masquerading, or this process installed them. The coexistence loop
+    /// keeps them first only then (and whenever it finds them).
+    pub fn netfilter_chains_wanted(&self) -> bool {
+        self.masquerade_rule_installed || self.inputs.masquerade_needed()
     }
 
     /// The answers of the `healthCheckNodePort`s on this node.

@@ -27,6 +27,10 @@ pub struct CoexistenceRequest {
     pub cleanup_generation: Option<i64>,
     /// Programs attached (or draining): the agent's chains must come first.
     pub serving_from_ebpf: bool,
+    /// Some Service needs the agent's masquerade rule (or the agent installed
+    /// it): without, the agent installs no chain (nothing it would hold is
+    /// marked, and the rules would turn on netfilter's connection tracking).
+    pub netfilter_chains_wanted: bool,
     /// The maps are in sync (what the replacement healthz reports).
     pub healthy: bool,
     pub last_sync: SystemTime,
@@ -39,6 +43,7 @@ impl Default for CoexistenceRequest {
         Self {
             cleanup_generation: None,
             serving_from_ebpf: false,
+            netfilter_chains_wanted: false,
             healthy: false,
             last_sync: SystemTime::UNIX_EPOCH,
             services: Vec::new(),
@@ -176,7 +181,10 @@ async fn round(
     if chains_may_go && outcome.agent_chains_present && still_not_serving() {
         remove_agent_chains(tools, settings.masquerade_mark).await;
     }
-    let chain_order_safe = if request.serving_from_ebpf {
+    // Chains a previous process left are guarded whether or not a Service
+    // needs them now: they stay until the node leaves eBPF.
+    let chains_guarded = request.netfilter_chains_wanted || outcome.agent_chains_present;
+    let chain_order_safe = if request.serving_from_ebpf && chains_guarded {
         let guard_tools = tools.clone();
         let mark = settings.masquerade_mark;
         let guarded = run_blocking(move || {
@@ -204,6 +212,12 @@ async fn round(
                 message,
             ),
         }
+    } else if request.serving_from_ebpf {
+        ConditionValue::new(
+            true,
+            reasons::CHAIN_ORDER_VERIFIED,
+            "no Service masquerades: the datapath marks no packet for netfilter, so the agent needs no chain",
+        )
     } else {
         ConditionValue::new(
             true,

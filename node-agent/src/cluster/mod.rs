@@ -155,6 +155,7 @@ pub async fn run(options: ClusterOptions, shutdown: impl Future<Output = ()>) ->
     // first real request puts them back.
     let (request_sender, request_receiver) = channel::channel(CoexistenceRequest {
         serving_from_ebpf: agent.attachment() != Attachment::Detached,
+        netfilter_chains_wanted: agent.netfilter_chains_wanted(),
         ..CoexistenceRequest::default()
     });
     let (report_sender, mut reports) = channel::channel(CoexistenceReport::default());
@@ -258,6 +259,7 @@ pub async fn run(options: ClusterOptions, shutdown: impl Future<Output = ()>) ->
                 .filter(|view| view.spec.iptables_cleanup)
                 .map(|view| view.generation.unwrap_or(0)),
             serving_from_ebpf: agent.attachment() != Attachment::Detached,
+            netfilter_chains_wanted: agent.netfilter_chains_wanted(),
             healthy: inputs.sync == SyncReport::Synced,
             services: agent.local_service_health(),
             last_sync: inputs

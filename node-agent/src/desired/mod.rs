@@ -330,6 +330,24 @@ pub fn changed_services(
     gone.chain(changed).collect()
 }
 
+/// Whether `service` can give a frontend [`FRONTEND_FLAG_MASQUERADE_REMOTE`]:
+/// a NodePort, external or load-balancer address with `externalTrafficPolicy:
+/// Cluster`. Only those flows are masqueraded (the programs mark them, the
+/// agent's netfilter rule rewrites them), so the agent installs its netfilter
+/// rules, and with them netfilter's connection tracking of every forwarded flow,
+/// only once some Service says yes here (see `standalone::masquerade`).
+///
+/// It may say yes where no frontend ends up flagged (a NodePort on a node with no
+/// address of the Service's family): the rule is then installed for nothing,
+/// which costs tracking, never a connection. It never says no where a frontend
+/// is flagged (the desired-state tests check both against [`desired_services`]).
+pub fn masquerades_remote_backends(service: &ServiceModel) -> bool {
+    service.external_traffic_policy == TrafficPolicy::Cluster
+        && (service.ports.iter().any(|port| port.node_port.is_some())
+            || !service.external_ips.is_empty()
+            || !service.load_balancer_ips.is_empty())
+}
+
 /// Frontends and groups of every Service; pure.
 pub fn desired_services(
     services: &[ServiceModel],

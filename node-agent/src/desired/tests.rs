@@ -971,3 +971,100 @@ proptest! {
         prop_assert_eq!(entries.backend_slots.len(), slot_count);
     }
 }
+
+fn any_frontend_masquerades(desired: &DesiredServices) -> bool {
+    desired
+        .frontends
+        .values()
+        .any(|frontend| frontend.flags & FRONTEND_FLAG_MASQUERADE_REMOTE != 0)
+}
+
+#[test]
+fn a_service_masquerades_exactly_when_one_of_its_frontends_is_flagged_for_it() {
+    let cluster_ip = service(
+        "plain",
+        "10.96.0.7",
+        vec![port("http", Protocol::Tcp, 80, None)],
+    );
+    let mut with_affinity = cluster_ip.clone();
+    with_affinity.session_affinity_timeout_seconds = Some(30);
+    let mut internal_local = cluster_ip.clone();
+    internal_local.internal_traffic_policy = TrafficPolicy::Local;
+    let with_external = |policy: TrafficPolicy, external_ips: bool, load_balancer: bool| {
+        let mut model = cluster_ip.clone();
+        model.external_traffic_policy = policy;
+        if external_ips {
+            model.external_ips = vec![ip("192.0.2.10")];
+        }
+        if load_balancer {
+            model.load_balancer_ips = vec![ip("198.51.100.1")];
+        }
+        model
+    };
+    let cases = [
+        ("ClusterIP", cluster_ip.clone(), false),
+        ("ClusterIP with ClientIP affinity", with_affinity, false),
+        (
+            "ClusterIP with internalTrafficPolicy Local",
+            internal_local,
+            false,
+        ),
+        (
+            "NodePort, Cluster",
+            node_port_service(TrafficPolicy::Cluster),
+            true,
+        ),
+        (
+            "NodePort, Local",
+            node_port_service(TrafficPolicy::Local),
+            false,
+        ),
+        (
+            "externalIPs, Cluster",
+            with_external(TrafficPolicy::Cluster, true, false),
+            true,
+        ),
+        (
+            "externalIPs, Local",
+            with_external(TrafficPolicy::Local, true, false),
+            false,
+        ),
+        (
+            "LoadBalancer ingress, Cluster",
+            with_external(TrafficPolicy::Cluster, false, true),
+            true,
+        ),
+        (
+            "LoadBalancer ingress, Local",
+            with_external(TrafficPolicy::Local, false, true),
+            false,
+        ),
+    ];
+    for (name, model, expected) in cases {
+        let slices = [mixed_slice(&model.name.name)];
+        let desired = desired_services(
+            std::slice::from_ref(&model),
+            &slices,
+            &node(&["192.168.1.10"]),
+        );
+        assert_eq!(
+            masquerades_remote_backends(&model),
+            expected,
+            "{name}: the decision"
+        );
+        assert_eq!(
+            any_frontend_masquerades(&desired),
+            expected,
+            "{name}: the frontends computed"
+        );
+    }
+}
+
+#[test]
+fn a_node_port_on_a_node_without_an_address_of_its_family_may_install_the_rule_for_nothing() {
+    // The decision errs on the side that costs tracking, never a connection.
+    let model = node_port_service(TrafficPolicy::Cluster);
+    let desired = desired_services(std::slice::from_ref(&model), &[], &node(&["fd00::10"]));
+    assert!(!any_frontend_masquerades(&desired));
+    assert!(masquerades_remote_backends(&model));
+}

@@ -58,6 +58,14 @@
 //! lose the packet (DROP, REJECT in FORWARD; ACCEPT, RETURN in POSTROUTING) ahead
 //! of the agent's jump is displacement too.
 //!
+//! The chains exist only once some Service masquerades (a NodePort, external or
+//! load-balancer address with `externalTrafficPolicy: Cluster`): before that the
+//! programs mark no packet, so both chains would judge nothing, and their mere
+//! presence (a nat table, a conntrack match) turns on netfilter's connection
+//! tracking for every flow the node forwards, which the programs already track
+//! themselves. Once installed they stay while the node serves from eBPF, and the
+//! guard keeps any it finds (a previous process's) first.
+//!
 //! The guard runs in every backend that holds kube-proxy's rules (an ACCEPT in one
 //! backend's FORWARD does not stop a DROP in the other's: each backend has its
 //! own hooks and a packet traverses both) and in the default backend.

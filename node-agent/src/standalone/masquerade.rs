@@ -2,6 +2,8 @@
 //! backend on another node) are masqueraded on their way out, so replies come
 //! back through this node to be translated. A chain of our own, jumped to from
 //! POSTROUTING, so that it is found, checked and removed as one thing.
+//! Installed only once a Service needs it (`desired::masquerades_remote_backends`):
+//! a nat rule turns on netfilter's connection tracking in the namespace.
 
 use std::process::Command;
 

@@ -419,10 +419,17 @@ impl<D: Datapath, H: HostView> Standalone<D, H> {
         }
     }
 
-    /// The masquerade rule is checked once per process (a previous process may
-    /// have been started without it); a failure is logged and retried.
+    /// The masquerade rule goes in once some Service needs it (a NodePort or
+    /// external address with `externalTrafficPolicy: Cluster`), and not before:
+    /// it turns on netfilter's connection tracking of every flow the node
+    /// forwards, which ClusterIP-only nodes need not pay. Checked once per
+    /// process (a previous process may have been started without it); a failure
+    /// is logged and retried.
     fn ensure_masquerade_rule(&mut self) {
-        if !self.options.manage_masquerade_rule || self.masquerade_rule_ensured {
+        if !self.options.manage_masquerade_rule
+            || self.masquerade_rule_ensured
+            || !self.inputs.masquerade_needed()
+        {
             return;
         }
         match masquerade::ensure(self.options.masquerade_mark) {
@@ -475,6 +482,7 @@ impl<D: Datapath, H: HostView> Standalone<D, H> {
         );
         match action {
             Some(ModeAction::Activate) => {
+                self.ensure_masquerade_rule();
                 self.write_mode(DATAPATH_MODE_ACTIVE)?;
                 self.socket_hooks = SocketHooks::Wanted;
                 self.attached.clear();
@@ -524,6 +532,14 @@ impl<D: Datapath, H: HostView> Standalone<D, H> {
     pub fn tick(&mut self, now: Instant) {
         self.read_manifests(now);
         let roles = self.read_host(now);
+        // The rule before the entries that need it, once programs are attached
+        // (activation installs it before it attaches them).
+        if matches!(
+            self.attachment,
+            Attachment::Attached | Attachment::Draining { .. }
+        ) {
+            self.ensure_masquerade_rule();
+        }
         // Maps first: programs attached for the first time then find them filled.
         self.sync(now);
         if let Err(error) = self.follow(&roles, now) {

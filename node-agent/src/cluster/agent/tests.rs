@@ -806,3 +806,25 @@ fn a_change_right_after_the_periodic_resync_is_not_held_back_and_a_failed_resync
     assert_eq!(outcome.kind, SyncKind::Resync);
     assert!(!agent.datapath.maps.state.frontends.is_empty(), "repaired");
 }
+
+#[test]
+fn the_agent_wants_its_netfilter_chains_only_while_a_service_masquerades() {
+    let start = Instant::now();
+    let mut agent = running_agent(DataplaneMode::Ebpf, start);
+    assert!(
+        agent.netfilter_chains_wanted(),
+        "a NodePort with externalTrafficPolicy Cluster masquerades remote backends"
+    );
+    let mut cluster_ip_only = service();
+    cluster_ip_only.ports[0].node_port = None;
+    let later = start + Duration::from_secs(1);
+    agent.receive(
+        Input::Services(StoreChange::Upsert(key_of("web"), cluster_ip_only.into())),
+        later,
+    );
+    agent.tick(later, wall());
+    assert!(
+        !agent.netfilter_chains_wanted(),
+        "ClusterIPs are translated and tracked by the programs alone"
+    );
+}

@@ -747,3 +747,29 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn masquerading_is_needed_while_some_service_has_a_node_port_with_cluster_policy() {
+    let mut inputs = SyncInputs::default();
+    inputs.upsert_service(service("web", "10.96.0.1", None));
+    assert!(
+        !inputs.masquerade_needed(),
+        "a ClusterIP needs no masquerade"
+    );
+    inputs.upsert_service(service("public", "10.96.0.2", Some(30080)));
+    inputs.upsert_service(service("other", "10.96.0.3", Some(30081)));
+    assert!(inputs.masquerade_needed());
+    inputs.remove_service(&name("public"));
+    assert!(inputs.masquerade_needed(), "another Service still needs it");
+    let mut local = service("other", "10.96.0.3", Some(30081));
+    local.external_traffic_policy = TrafficPolicy::Local;
+    inputs.upsert_service(local);
+    assert!(
+        !inputs.masquerade_needed(),
+        "externalTrafficPolicy Local keeps the client address: no masquerade"
+    );
+    inputs.replace_services([service("listed", "10.96.0.4", Some(30082))]);
+    assert!(inputs.masquerade_needed(), "a relist counts too");
+    inputs.replace_services([service("web", "10.96.0.1", None)]);
+    assert!(!inputs.masquerade_needed(), "a relist forgets what is gone");
+}
