@@ -160,6 +160,11 @@ pub fn measure(
         );
     }
     let (tcp, udp) = targets(system, services);
+    // The system's own process competes with the client and the servers for the
+    // two cores: its CPU time over the runs says how much of a gap it explains.
+    let system_pid = running.process.as_ref().and_then(|process| process.pid());
+    let cpu_before = system_pid.and_then(cpu_seconds);
+    let measuring_since = std::time::Instant::now();
     let load = |workload: Workload, targets: &[SocketAddrV4], duration: Duration| LoadOptions {
         workload,
         targets: targets.to_vec(),
@@ -268,6 +273,41 @@ pub fn measure(
         "backend-servers-restarted",
         row.servers_restarted as f64,
         "servers",
+    );
+    if let (Some(before), Some(after)) = (cpu_before, system_pid.and_then(cpu_seconds)) {
+        let share = (after - before) / measuring_since.elapsed().as_secs_f64() * 100.0;
+        eprintln!(
+            "bench: {label} at {services} Services: its process (and the commands it ran) used {share:.1}% of one core during the runs"
+        );
+        summary.record(
+            NAME,
+            &label,
+            scale,
+            "process-cpu",
+            share,
+            "percent-of-a-core",
+        );
+    }
+    // Whether netfilter's connection tracking was on in the node's namespace
+    // (any nat rule or conntrack match turns it on for every forwarded flow):
+    // the flows it holds right after the runs (closed ones linger 2 s).
+    let tracked = crate::topology::sh(&format!(
+        "ip netns exec {NODE_NAMESPACE} cat /proc/sys/net/netfilter/nf_conntrack_count 2>/dev/null || echo 0"
+    ))
+    .ok()
+    .and_then(|count| count.trim().parse::<u64>().ok())
+    .unwrap_or(0);
+    eprintln!(
+        "bench: {label} at {services} Services: netfilter tracks {tracked} flows in the node's namespace{}",
+        if tracked == 0 { " (its connection tracking is off there)" } else { "" }
+    );
+    summary.record(
+        NAME,
+        label,
+        scale,
+        "netfilter-tracked-flows",
+        tracked as f64,
+        "flows",
     );
     if system == System::Switchyard {
         // What the programs counted over the whole configuration (warm-up included):
@@ -424,4 +464,21 @@ pub fn table(services: u32, rows: &[Row]) -> Table {
         ]);
     }
     table
+}
+
+/// CPU time of process `pid` and of the children it waited for (utime, stime,
+/// cutime, cstime of `/proc/PID/stat`), in seconds.
+fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may hold spaces; the fields after it are plain.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    // Fields 14-17 of the file are 12-15 after the name and the state.
+    let ticks: u64 = fields
+        .get(11..15)?
+        .iter()
+        .map(|field| field.parse::<u64>().ok())
+        .sum::<Option<u64>>()?;
+    // SAFETY: sysconf has no preconditions.
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    (per_second > 0).then(|| ticks as f64 / per_second as f64)
 }
