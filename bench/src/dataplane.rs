@@ -281,7 +281,7 @@ pub fn measure(
         );
         summary.record(
             NAME,
-            &label,
+            label,
             scale,
             "process-cpu",
             share,
