@@ -210,7 +210,7 @@ impl ConntrackMaps {
     pub fn sweep(&self) -> Result<Sweep, Error> {
         let lifetimes = self.lifetimes()?;
         let mut sweep = Sweep::default();
-        let mut expired_keys = Vec::with_capacity(KEY_SIZE * 4096);
+        let mut expired_keys = Vec::with_capacity(KEY_SIZE * system::LOOKUP_CHUNK);
         system::map_entries_in_chunks(
             self.conntrack.as_fd(),
             KEY_SIZE,
@@ -262,12 +262,7 @@ impl ConntrackMaps {
                 result => return result,
             }
         }
-        system::map_delete_keys(
-            self.conntrack.as_fd(),
-            keys,
-            KEY_SIZE,
-            keys.len() / KEY_SIZE,
-        )
+        system::map_delete_keys(self.conntrack.as_fd(), keys, KEY_SIZE)
     }
 
     fn take_each_if_expired(&self, keys: &[u8], lifetimes: &Lifetimes) -> std::io::Result<usize> {

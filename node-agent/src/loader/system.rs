@@ -291,7 +291,7 @@ pub fn map_entries(
 }
 
 /// Entries read in one `BPF_MAP_LOOKUP_BATCH` call, at most.
-const LOOKUP_CHUNK: usize = 4096;
+pub const LOOKUP_CHUNK: usize = 4096;
 
 /// Walks a hash or array map in batches as [`map_entries`] does, handing each
 /// batch to `on_chunk` (keys and values packed back to back, and how many) before
@@ -340,15 +340,11 @@ pub fn map_entries_in_chunks(
     }
 }
 
-/// Deletes the `count` keys packed back to back in `keys` (`BPF_MAP_DELETE_BATCH`,
-/// one call for many), skipping keys that are gone already. Returns how many it
-/// deleted.
-pub fn map_delete_keys(
-    map: BorrowedFd<'_>,
-    keys: &[u8],
-    key_size: usize,
-    count: usize,
-) -> io::Result<usize> {
+/// Deletes the keys of `key_size` bytes packed back to back in `keys`
+/// (`BPF_MAP_DELETE_BATCH`, one call for many), skipping keys that are gone
+/// already. Returns how many it deleted.
+pub fn map_delete_keys(map: BorrowedFd<'_>, keys: &[u8], key_size: usize) -> io::Result<usize> {
+    let count = keys.len() / key_size;
     let mut deleted = 0;
     let mut start = 0;
     while start < count {
