@@ -31,7 +31,6 @@ use crate::standalone::follow::{
     ModeAction,
 };
 use crate::standalone::interfaces::{self, Globs, InterfaceRole, IpInterface};
-use crate::standalone::masquerade;
 use crate::sync::coalesce::{Coalescer, Next};
 use crate::sync::inputs::{SyncInputs, SyncKind, SyncOutcome};
 use crate::sync::Syncer;
@@ -592,6 +591,9 @@ impl<D: NodeDatapath> ClusterAgent<D> {
         );
         match action {
             Some(ModeAction::Activate) => {
+                // Checked again on every activation: the coexistence loop removes
+                // the agent's chains whenever the node leaves eBPF.
+                self.masquerade_rule_installed = false;
                 self.ensure_masquerade_rule()?;
                 self.write_mode(DATAPATH_MODE_ACTIVE)?;
                 self.socket_hooks_attached = false;
@@ -708,7 +710,8 @@ impl<D: NodeDatapath> ClusterAgent<D> {
         {
             return Ok(());
         }
-        masquerade::ensure(self.settings.masquerade_mark)?;
+        self.datapath
+            .ensure_masquerade_rule(self.settings.masquerade_mark)?;
         self.masquerade_rule_installed = true;
         tracing::info!("a Service masquerades traffic to remote backends: the agent's masquerade rule is in place");
         Ok(())

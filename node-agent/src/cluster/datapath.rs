@@ -29,6 +29,10 @@ pub trait NodeDatapath {
     fn finish_migration(&mut self) -> Result<(), Error>;
     /// The programs' per-CPU counters, summed.
     fn counters(&self) -> Result<Counters, Error>;
+    /// Installs the agent's masquerade rule for packets carrying `mark`
+    /// (idempotent): netfilter, kept behind the trait so the agent's decision of
+    /// when is tested against the fake.
+    fn ensure_masquerade_rule(&mut self, mark: u32) -> Result<(), Error>;
     /// What the conntrack expiry has done, once it has swept (none in fakes).
     fn conntrack_sweep_report(&self) -> Option<loader::expiry::SweepReport> {
         None
@@ -116,6 +120,10 @@ impl NodeDatapath for KernelDatapath {
 
     fn counters(&self) -> Result<Counters, Error> {
         self.maps.counters()
+    }
+
+    fn ensure_masquerade_rule(&mut self, mark: u32) -> Result<(), Error> {
+        crate::standalone::masquerade::ensure(mark)
     }
 
     fn conntrack_sweep_report(&self) -> Option<loader::expiry::SweepReport> {

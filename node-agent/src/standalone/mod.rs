@@ -482,6 +482,9 @@ impl<D: Datapath, H: HostView> Standalone<D, H> {
         );
         match action {
             Some(ModeAction::Activate) => {
+                // Checked again on every activation (something may have removed it
+                // while the node was away from eBPF).
+                self.masquerade_rule_ensured = false;
                 self.ensure_masquerade_rule();
                 self.write_mode(DATAPATH_MODE_ACTIVE)?;
                 self.socket_hooks = SocketHooks::Wanted;

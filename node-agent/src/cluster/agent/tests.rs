@@ -2,7 +2,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use switchyard_common::{FrontendKey, DATAPATH_MODE_ACTIVE, SCOPE_EXTERNAL};
+use switchyard_common::{
+    FrontendKey, DATAPATH_MODE_ACTIVE, FRONTEND_FLAG_MASQUERADE_REMOTE, SCOPE_EXTERNAL,
+};
 
 use super::*;
 use crate::desired::frontend_key;
@@ -22,6 +24,9 @@ struct FakeDatapath {
     live_flows: usize,
     /// Interfaces whose detach fails.
     failing_detaches: BTreeSet<String>,
+    /// One entry per masquerade rule installed: whether the maps already held a
+    /// frontend flagged for masquerading at that moment.
+    masquerade_installs: Vec<bool>,
 }
 
 impl NodeDatapath for FakeDatapath {
@@ -60,6 +65,16 @@ impl NodeDatapath for FakeDatapath {
     }
     fn counters(&self) -> Result<Counters, Error> {
         Ok(Counters::default())
+    }
+    fn ensure_masquerade_rule(&mut self, _mark: u32) -> Result<(), Error> {
+        let flagged_already = self
+            .maps
+            .state
+            .frontends
+            .values()
+            .any(|frontend| frontend.flags & FRONTEND_FLAG_MASQUERADE_REMOTE != 0);
+        self.masquerade_installs.push(flagged_already);
+        Ok(())
     }
 }
 
@@ -808,23 +823,88 @@ fn a_change_right_after_the_periodic_resync_is_not_held_back_and_a_failed_resync
 }
 
 #[test]
-fn the_agent_wants_its_netfilter_chains_only_while_a_service_masquerades() {
+fn the_masquerade_rule_goes_in_before_the_first_entry_that_needs_it_and_again_on_every_activation()
+{
     let start = Instant::now();
-    let mut agent = running_agent(DataplaneMode::Ebpf, start);
-    assert!(
-        agent.netfilter_chains_wanted(),
-        "a NodePort with externalTrafficPolicy Cluster masquerades remote backends"
-    );
+    let mut agent = ClusterAgent::start(
+        AgentSettings {
+            manage_masquerade_rule: true,
+            ..settings()
+        },
+        FakeDatapath::default(),
+        start,
+    )
+    .expect("starts");
     let mut cluster_ip_only = service();
     cluster_ip_only.ports[0].node_port = None;
-    let later = start + Duration::from_secs(1);
+    let mut inputs = every_input_but_the_dataplane_node();
+    inputs[0] = Input::Services(StoreChange::Replace(BTreeMap::from([(
+        key_of("web"),
+        cluster_ip_only.into(),
+    )])));
+    for input in inputs {
+        agent.receive(input, start);
+    }
+    agent.receive(dataplane_node(DataplaneMode::Ebpf, 1), start);
+    agent.tick(start, wall());
+    assert_eq!(agent.attachment(), Attachment::Attached);
+    assert!(!agent.datapath.maps.state.frontends.is_empty());
+    assert_eq!(
+        agent.datapath.masquerade_installs,
+        Vec::<bool>::new(),
+        "ClusterIPs are translated and tracked by the programs alone: no netfilter rule"
+    );
+    assert!(!agent.netfilter_chains_wanted());
+
+    // A NodePort (externalTrafficPolicy Cluster) to remote endpoints.
+    let t1 = start + Duration::from_secs(2);
+    agent.receive(
+        Input::Services(StoreChange::Upsert(key_of("web"), service().into())),
+        t1,
+    );
+    agent.tick(t1, wall());
+    assert!(agent
+        .datapath
+        .maps
+        .state
+        .frontends
+        .contains_key(&node_port_key("10.99.0.11")));
+    assert_eq!(
+        agent.datapath.masquerade_installs,
+        vec![false],
+        "installed once, before any entry flagged for masquerading was written"
+    );
+    assert!(agent.netfilter_chains_wanted());
+
+    // The Service goes back to ClusterIP: the rule stays while the node serves.
+    let t2 = start + Duration::from_secs(4);
+    let mut cluster_ip_only = service();
+    cluster_ip_only.ports[0].node_port = None;
     agent.receive(
         Input::Services(StoreChange::Upsert(key_of("web"), cluster_ip_only.into())),
-        later,
+        t2,
     );
-    agent.tick(later, wall());
-    assert!(
-        !agent.netfilter_chains_wanted(),
-        "ClusterIPs are translated and tracked by the programs alone"
+    agent.tick(t2, wall());
+    assert!(agent.netfilter_chains_wanted(), "flows may still use it");
+    assert_eq!(agent.datapath.masquerade_installs.len(), 1);
+
+    // Away from eBPF (the coexistence loop then removes the chains) and back.
+    let t3 = start + Duration::from_secs(6);
+    agent.receive(
+        Input::Services(StoreChange::Upsert(key_of("web"), service().into())),
+        t3,
+    );
+    agent.receive(dataplane_node(DataplaneMode::KubeProxy, 2), t3);
+    agent.tick(t3, wall());
+    agent.tick(t3 + Duration::from_secs(2), wall());
+    assert_eq!(agent.attachment(), Attachment::Detached);
+    let t4 = start + Duration::from_secs(10);
+    agent.receive(dataplane_node(DataplaneMode::Ebpf, 3), t4);
+    agent.tick(t4, wall());
+    assert_eq!(agent.attachment(), Attachment::Attached);
+    assert_eq!(
+        agent.datapath.masquerade_installs.len(),
+        2,
+        "activation installs the rule again"
     );
 }
