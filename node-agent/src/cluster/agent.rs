@@ -31,6 +31,7 @@ use crate::standalone::follow::{
     ModeAction,
 };
 use crate::standalone::interfaces::{self, Globs, InterfaceRole, IpInterface};
+use crate::standalone::report_once;
 use crate::sync::coalesce::{Coalescer, Next};
 use crate::sync::inputs::{SyncInputs, SyncKind, SyncOutcome};
 use crate::sync::Syncer;
@@ -679,13 +680,11 @@ impl<D: NodeDatapath> ClusterAgent<D> {
         ) {
             match self.ensure_masquerade_rule() {
                 Ok(()) => self.masquerade_error = None,
-                Err(error) => {
-                    let message = error.to_string();
-                    if self.masquerade_error.as_ref() != Some(&message) {
-                        tracing::error!(%message, "NodePort traffic to other nodes is not masqueraded; retrying");
-                        self.masquerade_error = Some(message);
-                    }
-                }
+                Err(error) => report_once(
+                    &mut self.masquerade_error,
+                    &error,
+                    "NodePort traffic to other nodes is not masqueraded; retrying",
+                ),
             }
         }
         // Maps first: programs attached for the first time then find them filled.
@@ -698,11 +697,11 @@ impl<D: NodeDatapath> ClusterAgent<D> {
     }
 
     /// Installs the agent's masquerade rule once some Service needs it
-    /// ([`SyncInputs::masquerade_needed`]), and not
-    /// before: the rule turns on netfilter's connection tracking for every flow
-    /// the node forwards, a cost ClusterIP-only nodes need not pay (the programs
-    /// track their own flows). Once installed it stays while the node serves
-    /// from eBPF, so that flows already masqueraded keep their rule.
+    /// ([`SyncInputs::masquerade_needed`]), and not before: the rule turns on
+    /// netfilter's connection tracking for every flow the node forwards, a cost
+    /// ClusterIP-only nodes need not pay (the programs track their own flows).
+    /// Once installed it stays while the node serves from eBPF, so that flows
+    /// already masqueraded keep their rule.
     fn ensure_masquerade_rule(&mut self) -> Result<(), Error> {
         if !self.settings.manage_masquerade_rule
             || self.masquerade_rule_installed

@@ -566,7 +566,7 @@ impl<D: Datapath, H: HostView> Standalone<D, H> {
 }
 
 /// Logs `error` unless it is the one logged last time.
-fn report_once(last: &mut Option<String>, error: &Error, what: &str) {
+pub(crate) fn report_once(last: &mut Option<String>, error: &Error, what: &str) {
     let message = error.to_string();
     if last.as_deref() != Some(message.as_str()) {
         tracing::error!(error = %message, "{what}");
