@@ -32,6 +32,20 @@ fn write_manifests(directory: &Path, text: &str) {
     std::fs::write(directory.join("services.yaml"), text).expect("write manifests");
 }
 
+/// The EndpointSlice `<service>-1` of `service`: port `http` on 8080, with
+/// `endpoints` (YAML list items, one per line).
+fn endpoint_slice(service: &str, endpoints: &str) -> String {
+    format!(
+        "apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{name: {service}-1, namespace: default, labels: {{kubernetes.io/service-name: {service}}}}}
+addressType: IPv4
+ports: [{{name: http, port: 8080, protocol: TCP}}]
+endpoints:
+{endpoints}"
+    )
+}
+
 /// Waits until every address answers from its namespace.
 fn wait_serving(node: &Node, targets: &[(Option<&'static str>, SocketAddrV4)]) {
     let targets = targets.to_vec();
@@ -94,17 +108,6 @@ fn internal_traffic_policy_local_reaches_only_local_endpoints_and_refuses_fast_w
             // pod1 is this node's endpoint; pod2 is declared on another node (it
             // is reachable, as a remote pod would be).
             let (local, remote) = (pods[0].ip, pods[1].ip);
-            let slice = |service: &str, endpoints: &str| {
-                format!(
-                    "apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {{name: {service}-1, namespace: default, labels: {{kubernetes.io/service-name: {service}}}}}
-addressType: IPv4
-ports: [{{name: http, port: 8080, protocol: TCP}}]
-endpoints:
-{endpoints}"
-                )
-            };
             let both = format!(
                 "- {{addresses: [{local}], nodeName: {NODE_NAME}}}\n- {{addresses: [{remote}], nodeName: {OTHER_NODE}}}\n"
             );
@@ -137,9 +140,9 @@ spec:
   ports: [{{name: http, port: 80, targetPort: 8080, protocol: TCP}}]
 ---
 {}",
-                slice("local-web", &both),
-                slice("cluster-web", &both),
-                slice("remote-only", &remote_only),
+                endpoint_slice("local-web", &both),
+                endpoint_slice("cluster-web", &both),
+                endpoint_slice("remote-only", &remote_only),
             );
             write_manifests(&node.work.join("manifests"), &manifests);
             let mut agent = start_agent(node);
@@ -332,15 +335,13 @@ spec:
   clusterIP: {INSIDE}
   ports: [{{name: http, port: 80, targetPort: 8080, protocol: TCP}}]
 ---
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {{name: inside-1, namespace: default, labels: {{kubernetes.io/service-name: inside}}}}
-addressType: IPv4
-ports: [{{name: http, port: 8080, protocol: TCP}}]
-endpoints:
-- {{addresses: [{local}], nodeName: {NODE_NAME}}}
-- {{addresses: [{remote}], nodeName: {OTHER_NODE}}}
-"
+{}",
+                endpoint_slice(
+                    "inside",
+                    &format!(
+                        "- {{addresses: [{local}], nodeName: {NODE_NAME}}}\n- {{addresses: [{remote}], nodeName: {OTHER_NODE}}}\n"
+                    )
+                )
             );
             write_manifests(&node.work.join("manifests"), &inside);
             let mut agent = start_agent(node);
@@ -373,14 +374,11 @@ spec:
   clusterIP: {OUTSIDE}
   ports: [{{name: http, port: 80, targetPort: 8080, nodePort: {OUTSIDE_NODE_PORT}, protocol: TCP}}]
 ---
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {{name: outside-1, namespace: default, labels: {{kubernetes.io/service-name: outside}}}}
-addressType: IPv4
-ports: [{{name: http, port: 8080, protocol: TCP}}]
-endpoints:
-- {{addresses: [{remote}], nodeName: {OTHER_NODE}}}
-"
+{}",
+                endpoint_slice(
+                    "outside",
+                    &format!("- {{addresses: [{remote}], nodeName: {OTHER_NODE}}}\n")
+                )
             );
             write_manifests(&node.work.join("manifests"), &outside);
             let node_port = SocketAddrV4::new(NODE_IP, OUTSIDE_NODE_PORT);
