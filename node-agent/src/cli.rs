@@ -7,7 +7,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 
 use crate::standalone::interfaces::{Globs, DEFAULT_POD_INTERFACE_GLOBS};
-use crate::standalone::{SocketHookCgroup, StandaloneOptions};
+use crate::standalone::{PodConnectTime, SocketHookCgroup, StandaloneOptions};
 
 pub const DEFAULT_PIN_DIRECTORY: &str = "/sys/fs/bpf/switchyard";
 
@@ -80,6 +80,12 @@ pub struct RunArguments {
     /// Attach no socket hooks (host processes then get no Service translation).
     #[arg(long)]
     pub no_socket_hooks: bool,
+    /// Pods' TCP connects to Services: pointed at a backend by the connect hook
+    /// (`tcp`), or translated per packet by the TC programs (`disabled`, for
+    /// meshes that must see the Service address). UDP, session affinity,
+    /// masquerading and Services without endpoints always use the TC programs.
+    #[arg(long, value_enum, default_value_t = PodConnectTime::Tcp)]
+    pub pod_connect_time_load_balancing: PodConnectTime,
     /// kube-proxy's healthz, probed while its rules are on the node.
     #[arg(long, default_value = "http://127.0.0.1:10256/healthz")]
     pub kube_proxy_healthz: String,
@@ -147,6 +153,7 @@ impl RunArguments {
                     None => SocketHookCgroup::Root,
                 }
             },
+            pod_connect_time: self.pod_connect_time_load_balancing,
             agent_revision: self
                 .agent_revision
                 .clone()
@@ -203,6 +210,12 @@ pub struct StandaloneArguments {
     /// Attach no socket hooks (host processes then get no Service translation).
     #[arg(long)]
     pub no_socket_hooks: bool,
+    /// Pods' TCP connects to Services: pointed at a backend by the connect hook
+    /// (`tcp`), or translated per packet by the TC programs (`disabled`, for
+    /// meshes that must see the Service address). UDP, session affinity,
+    /// masquerading and Services without endpoints always use the TC programs.
+    #[arg(long, value_enum, default_value_t = PodConnectTime::Tcp)]
+    pub pod_connect_time_load_balancing: PodConnectTime,
 }
 
 #[derive(Debug, Args)]
@@ -241,6 +254,7 @@ impl StandaloneArguments {
                     None => SocketHookCgroup::Root,
                 }
             },
+            pod_connect_time: self.pod_connect_time_load_balancing,
         }
     }
 }

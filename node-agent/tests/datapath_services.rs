@@ -505,3 +505,127 @@ fn a_udp_flow_keeps_its_backend_until_its_idle_timeout_then_chooses_again() {
         },
     );
 }
+
+/// Client-direction conntrack entries from `pod` (flows the TC programs translated).
+fn tc_flows_from(
+    maps: &switchyard_agent::loader::PinnedServiceMaps,
+    pod: &Pod,
+    protocol: u8,
+) -> usize {
+    let address = switchyard_common::ipv4_mapped(pod.ip.octets());
+    maps.conntrack_entries()
+        .expect("conntrack")
+        .iter()
+        .filter(|(key, value)| {
+            key.source_address == address
+                && key.protocol == protocol
+                && value.flags & switchyard_common::CONNTRACK_FLAG_REPLY == 0
+        })
+        .count()
+}
+
+#[test]
+#[ignore = "privileged netns test: run by make datapath-test"]
+fn a_pods_tcp_connect_goes_straight_to_a_backend_while_udp_affinity_and_refusals_stay_with_tc() {
+    run_isolated(
+        "a_pods_tcp_connect_goes_straight_to_a_backend_while_udp_affinity_and_refusals_stay_with_tc",
+        |node| {
+            let pods = standard_topology(4);
+            for pod in &pods[..3] {
+                start_servers(pod);
+            }
+            let (_datapath, mut maps) = start_datapath(node, &pods);
+            maps.write_config(&switchyard_common::DatapathConfig {
+                pod_connect_time: switchyard_common::POD_CONNECT_TIME_TCP,
+                ..active_config()
+            })
+            .expect("write config");
+            let backends: Vec<&Pod> = pods[..3].iter().collect();
+            write_service(
+                &mut maps,
+                &ServiceEntry::cluster_ip(1, CLUSTER_IP, SERVICE_PORT, PROTOCOL_TCP)
+                    .with_backends(&backends),
+            );
+            write_service(
+                &mut maps,
+                &ServiceEntry::cluster_ip(2, CLUSTER_IP, 53, PROTOCOL_UDP).with_backends(&backends),
+            );
+            let mut sticky = ServiceEntry::cluster_ip(3, CLUSTER_IP, 81, PROTOCOL_TCP)
+                .with_backends(&backends);
+            sticky.flags = FRONTEND_FLAG_SESSION_AFFINITY;
+            sticky.affinity_timeout_seconds = 10_800;
+            write_service(&mut maps, &sticky);
+            write_service(
+                &mut maps,
+                &ServiceEntry::cluster_ip(4, CLUSTER_IP, 82, PROTOCOL_TCP),
+            );
+            let pod4 = &pods[3];
+
+            // TCP: every backend, the pod's own address seen, no conntrack entry
+            // (the socket itself is connected to the backend), and the application
+            // still sees the Service address as its peer.
+            let counts = backends_hit(&tcp_requests_from(Some("pod4"), cluster_ip_address(), 60));
+            assert_eq!(counts.len(), 3, "every backend gets traffic: {counts:?}");
+            assert_eq!(tc_flows_from(&maps, pod4, PROTOCOL_TCP), 0, "TC translated none");
+            let peer = in_namespace(Some("pod4"), || {
+                let stream = std::net::TcpStream::connect_timeout(
+                    &cluster_ip_address().into(),
+                    Duration::from_secs(2),
+                )
+                .expect("connect");
+                stream.peer_addr().expect("peer")
+            })
+            .join()
+            .expect("client");
+            assert_eq!(peer, std::net::SocketAddr::V4(cluster_ip_address()));
+            let seen = tcp_requests_from(Some("pod4"), cluster_ip_address(), 1)
+                .pop()
+                .expect("one answer")
+                .expect("answered");
+            assert_eq!(seen.seen_client.ip(), std::net::IpAddr::V4(pod4.ip));
+
+            // UDP: per packet, by TC, answered from the Service address.
+            let answers = in_namespace(Some("pod4"), || {
+                (0..30)
+                    .map(|_| udp_request(SocketAddrV4::new(CLUSTER_IP, 53), Duration::from_secs(2)))
+                    .collect::<Vec<_>>()
+            })
+            .join()
+            .expect("udp client");
+            assert_eq!(backends_hit(&answers).len(), 3);
+            assert!(tc_flows_from(&maps, pod4, PROTOCOL_UDP) >= 1, "UDP went through TC");
+
+            // Session affinity: TC, keyed by the pod's address, one backend.
+            let sticky_address = SocketAddrV4::new(CLUSTER_IP, 81);
+            let counts = backends_hit(&tcp_requests_from(Some("pod4"), sticky_address, 30));
+            assert_eq!(counts.len(), 1, "stuck to one backend: {counts:?}");
+            assert!(tc_flows_from(&maps, pod4, PROTOCOL_TCP) >= 30, "affinity went through TC");
+
+            // No endpoints: refused as by TC (ICMP, "connection refused"), not
+            // failed with the hook's EPERM.
+            let refused = in_namespace(Some("pod4"), || {
+                std::net::TcpStream::connect_timeout(
+                    &SocketAddrV4::new(CLUSTER_IP, 82).into(),
+                    Duration::from_secs(3),
+                )
+                .map(|_| ())
+                .map_err(|error| error.kind())
+            })
+            .join()
+            .expect("client");
+            assert_eq!(refused, Err(std::io::ErrorKind::ConnectionRefused));
+
+            // Switched off: the pod's TCP goes through TC again.
+            maps.write_config(&active_config()).expect("write config");
+            let before = tc_flows_from(&maps, pod4, PROTOCOL_TCP);
+            let counts = backends_hit(&tcp_requests_from(Some("pod4"), cluster_ip_address(), 30));
+            assert_eq!(counts.len(), 3, "{counts:?}");
+            assert!(
+                tc_flows_from(&maps, pod4, PROTOCOL_TCP) >= before + 30,
+                "TC translated the pod's connections once the hook left them alone"
+            );
+            let counters = maps.counters().expect("counters");
+            assert_eq!(counters.error, 0, "{counters:?}");
+        },
+    );
+}

@@ -133,12 +133,12 @@ pub fn sy_sendmsg4(ctx: SockAddrContext) -> i32 {
 
 #[cgroup_sock_addr(recvmsg4)]
 pub fn sy_recvmsg4(ctx: SockAddrContext) -> i32 {
-    socket::try_reverse(&ctx)
+    socket::try_reverse_datagram(&ctx)
 }
 
 #[cgroup_sock_addr(getpeername4)]
 pub fn sy_getpeername4(ctx: SockAddrContext) -> i32 {
-    socket::try_reverse(&ctx)
+    socket::try_reverse_peer_name(&ctx)
 }
 
 #[inline(always)]

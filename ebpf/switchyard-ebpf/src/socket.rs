@@ -1,10 +1,19 @@
-//! cgroup socket hooks: Services for the node's own processes (host network
-//! namespace), translated once at connect/sendmsg time instead of per packet.
+//! cgroup socket hooks: Services translated once at connect/sendmsg time
+//! instead of per packet.
 //!
-//! The hooks sit on a cgroup, which every network namespace on the machine shares,
-//! so they act only on sockets of the namespace whose cookie the agent configured.
-//! Return values: 1 lets the call proceed, 0 fails it with EPERM (used to refuse a
-//! Service without endpoints at once).
+//! The hooks sit on a cgroup, which every network namespace on the machine
+//! shares, so they tell the node's own namespace (by the cookie the agent
+//! configured) from every other one (pods):
+//! - the node's processes (host network namespace, hostNetwork pods): TCP and
+//!   UDP, with the node as the client for session affinity;
+//! - pods, when `pod_connect_time` asks for it: TCP connects only, and only to
+//!   frontends the TC programs would translate the same way (no session
+//!   affinity, no masquerading, some backend). Everything else, UDP included
+//!   (a connected UDP socket would keep a backend that has gone), stays with the
+//!   TC programs, so it behaves exactly as without the hook.
+//!
+//! Return values: 1 lets the call proceed, 0 fails it with EPERM (used to refuse
+//! a Service without endpoints at once, for the node's processes).
 
 use aya_ebpf::{
     helpers::{bpf_get_netns_cookie, bpf_get_socket_cookie, bpf_ktime_get_ns},
@@ -13,8 +22,9 @@ use aya_ebpf::{
 };
 use switchyard_common::{
     counter, ipv4_mapped, AffinityKey, AffinityValue, BackendValue, DatapathConfig, FrontendKey,
-    SocketReverseKey, SocketReverseValue, DATAPATH_MODE_ACTIVE, PROTOCOL_TCP, PROTOCOL_UDP,
-    SCOPE_INTERNAL,
+    FrontendValue, SocketReverseKey, SocketReverseValue, DATAPATH_MODE_ACTIVE,
+    FRONTEND_FLAG_MASQUERADE_REMOTE, FRONTEND_FLAG_SESSION_AFFINITY, POD_CONNECT_TIME_TCP,
+    PROTOCOL_TCP, PROTOCOL_UDP, SCOPE_INTERNAL,
 };
 
 use crate::{choose_backend, config, count, BackendChoice, FRONTENDS, SOCKET_REVERSE};
@@ -24,19 +34,43 @@ const REFUSE: i32 = 0;
 const ADDRESS_FAMILY_INET: u32 = 2;
 const SOCKET_TYPE_DATAGRAM: u32 = 2;
 
-/// The configuration, if this socket belongs to the node's network namespace.
+/// Whose socket a hook is looking at.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Owner {
+    /// A process in the node's network namespace.
+    Node,
+    /// A process in any other network namespace: a pod.
+    Pod,
+}
+
+/// The configuration and the owner of this socket, if the hooks act on it: the
+/// node's sockets always, pods' only when connect-time translation is on for them.
 #[inline(always)]
-fn config_for_this_namespace(ctx: &SockAddrContext) -> Option<&'static DatapathConfig> {
+fn config_for_this_socket(ctx: &SockAddrContext) -> Option<(&'static DatapathConfig, Owner)> {
     let config = config()?;
     if config.network_namespace_cookie == 0 {
+        // Not configured yet: no namespace can be told from another.
         return None;
     }
     // SAFETY: helper on the context the kernel passed in.
     let cookie = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
-    if cookie != config.network_namespace_cookie {
-        return None;
+    if cookie == config.network_namespace_cookie {
+        Some((config, Owner::Node))
+    } else if config.pod_connect_time == POD_CONNECT_TIME_TCP {
+        Some((config, Owner::Pod))
+    } else {
+        None
     }
-    Some(config)
+}
+
+/// Whether a pod's connect to `frontend` is translated here rather than by TC:
+/// only where the result is the same. Session affinity is keyed by the client's
+/// address, which a socket has not got before it connects; masquerading and the
+/// ICMP refusal of a Service without endpoints happen per packet.
+#[inline(always)]
+fn pod_connect_translated_here(frontend: &FrontendValue) -> bool {
+    frontend.backend_count != 0
+        && frontend.flags & (FRONTEND_FLAG_SESSION_AFFINITY | FRONTEND_FLAG_MASQUERADE_REMOTE) == 0
 }
 
 pub fn try_connect4(ctx: &SockAddrContext) -> i32 {
@@ -54,7 +88,7 @@ pub fn try_sendmsg4(ctx: &SockAddrContext) -> i32 {
 
 #[inline(always)]
 fn translate(ctx: &SockAddrContext) -> i32 {
-    let Some(config) = config_for_this_namespace(ctx) else {
+    let Some((config, owner)) = config_for_this_socket(ctx) else {
         return ALLOW;
     };
     if config.mode != DATAPATH_MODE_ACTIVE {
@@ -74,7 +108,11 @@ fn translate(ctx: &SockAddrContext) -> i32 {
         return ALLOW;
     }
     let protocol = protocol as u8;
-    if protocol != PROTOCOL_TCP && protocol != PROTOCOL_UDP {
+    let wanted = match owner {
+        Owner::Node => protocol == PROTOCOL_TCP || protocol == PROTOCOL_UDP,
+        Owner::Pod => protocol == PROTOCOL_TCP,
+    };
+    if !wanted {
         return ALLOW;
     }
     // `user_ip4` and `user_port` hold network byte order in memory.
@@ -90,13 +128,17 @@ fn translate(ctx: &SockAddrContext) -> i32 {
     let Some(frontend) = (unsafe { FRONTENDS.get(&key) }).copied() else {
         return ALLOW;
     };
+    if owner == Owner::Pod && !pod_connect_translated_here(&frontend) {
+        return ALLOW;
+    }
     if frontend.backend_count == 0 {
         count(counter::NO_BACKEND);
         return REFUSE;
     }
     // Host processes have no source address yet at connect time: for session
     // affinity they count as one client, the node (as with kube-proxy, where they
-    // usually leave with the node's address).
+    // usually leave with the node's address). Pods get here only for frontends
+    // without affinity.
     let now = unsafe { bpf_ktime_get_ns() };
     let mut affinity_key = AffinityKey {
         client_address: [0; 16],
@@ -153,12 +195,26 @@ fn translate(ctx: &SockAddrContext) -> i32 {
     ALLOW
 }
 
-/// `recvmsg4` and `getpeername4`: show the application the Service address it
-/// asked for instead of the backend it was sent to.
-pub fn try_reverse(ctx: &SockAddrContext) -> i32 {
-    if config_for_this_namespace(ctx).is_none() {
-        return ALLOW;
+/// `recvmsg4`: a UDP answer shows the Service address the node's process sent
+/// to instead of the backend (pods' UDP is never translated here).
+pub fn try_reverse_datagram(ctx: &SockAddrContext) -> i32 {
+    match config_for_this_socket(ctx) {
+        Some((_, Owner::Node)) => reverse(ctx),
+        _ => ALLOW,
     }
+}
+
+/// `getpeername4`: the application sees the Service address it connected to
+/// instead of the backend it was sent to.
+pub fn try_reverse_peer_name(ctx: &SockAddrContext) -> i32 {
+    match config_for_this_socket(ctx) {
+        Some(_) => reverse(ctx),
+        None => ALLOW,
+    }
+}
+
+#[inline(always)]
+fn reverse(ctx: &SockAddrContext) -> i32 {
     let address = ctx.sock_addr;
     // SAFETY: 4-byte reads of context fields.
     let (family, ipv4, port) = unsafe {

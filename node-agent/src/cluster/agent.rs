@@ -74,6 +74,7 @@ pub struct AgentSettings {
     /// Install the agent's masquerade rule (off in tests without iptables).
     pub manage_masquerade_rule: bool,
     pub socket_hooks: bool,
+    pub pod_connect_time: crate::standalone::PodConnectTime,
     pub agent_version: String,
     pub agent_revision: Option<String>,
     /// How often a full sync re-reads the maps and recomputes every Service
@@ -510,7 +511,12 @@ impl<D: NodeDatapath> ClusterAgent<D> {
 
     fn write_mode(&mut self, mode: u32) -> Result<(), Error> {
         let cookie = self.datapath.network_namespace_cookie()?;
-        let config = datapath_config(mode, cookie, self.settings.masquerade_mark);
+        let config = datapath_config(
+            mode,
+            cookie,
+            self.settings.masquerade_mark,
+            self.settings.pod_connect_time,
+        );
         if self.datapath.maps().config()? != Some(config) {
             self.datapath.maps().write_config(&config)?;
             self.counts.map_operations += 1;

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use switchyard_common::{DatapathConfig, DATAPATH_MODE_ACTIVE};
 
 use super::interfaces::InterfaceRole;
-use super::SocketHookCgroup;
+use super::{PodConnectTime, SocketHookCgroup};
 use crate::loader::{self, InterfaceKind, LoaderSettings, PinnedServiceMaps};
 use crate::maps::ServiceMaps;
 use crate::Error;
@@ -40,7 +40,12 @@ pub trait Datapath {
 }
 
 /// The config entry for `mode` (a `DATAPATH_MODE_*`).
-pub fn datapath_config(mode: u32, cookie: u64, masquerade_mark: u32) -> DatapathConfig {
+pub fn datapath_config(
+    mode: u32,
+    cookie: u64,
+    masquerade_mark: u32,
+    pod_connect_time: PodConnectTime,
+) -> DatapathConfig {
     DatapathConfig {
         hairpin_address: switchyard_common::ipv4_mapped(DEFAULT_HAIRPIN_ADDRESS),
         network_namespace_cookie: cookie,
@@ -50,7 +55,7 @@ pub fn datapath_config(mode: u32, cookie: u64, masquerade_mark: u32) -> Datapath
         tcp_idle_timeout_seconds: 0,
         tcp_closing_timeout_seconds: 0,
         udp_idle_timeout_seconds: 0,
-        reserved: 0,
+        pod_connect_time: pod_connect_time.config_value(),
     }
 }
 

@@ -55,6 +55,31 @@ pub struct StandaloneOptions {
     /// Install the agent's masquerade rule (off in environments without iptables).
     pub manage_masquerade_rule: bool,
     pub socket_hook_cgroup: SocketHookCgroup,
+    pub pod_connect_time: PodConnectTime,
+}
+
+/// Whether the socket hooks point pods' TCP connects to Services at a backend
+/// (`--pod-connect-time-load-balancing`), as Calico's eBPF dataplane and
+/// Cilium's socket load balancer do by default: a connection whose socket is
+/// connected to the backend itself needs no per-packet translation, no
+/// connection tracking entry, and survives any later change of dataplane.
+/// `disabled` leaves pods' traffic to the TC programs, for meshes and tools that
+/// must see the Service address in the packets.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum PodConnectTime {
+    Disabled,
+    #[default]
+    Tcp,
+}
+
+impl PodConnectTime {
+    /// Its value in `DatapathConfig::pod_connect_time`.
+    pub fn config_value(self) -> u32 {
+        match self {
+            PodConnectTime::Disabled => switchyard_common::POD_CONNECT_TIME_DISABLED,
+            PodConnectTime::Tcp => switchyard_common::POD_CONNECT_TIME_TCP,
+        }
+    }
 }
 
 /// Where the host socket hooks go.
@@ -395,7 +420,12 @@ impl<D: Datapath, H: HostView> Standalone<D, H> {
 
     fn write_mode(&mut self, mode: u32) -> Result<(), Error> {
         let cookie = self.datapath.network_namespace_cookie()?;
-        let config = datapath_config(mode, cookie, self.options.masquerade_mark);
+        let config = datapath_config(
+            mode,
+            cookie,
+            self.options.masquerade_mark,
+            self.options.pod_connect_time,
+        );
         if self.datapath.maps().config()? != Some(config) {
             self.datapath.maps().write_config(&config)?;
         }

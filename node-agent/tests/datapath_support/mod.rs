@@ -155,6 +155,10 @@ impl Node {
             ])
             .arg(&self.pin_directory)
             .args(socket_hooks)
+            // These tests check what the TC programs do with pods' traffic (their
+            // flows' state across restarts and upgrades); connect-time translation
+            // would take pods' TCP away from them.
+            .args(["--pod-connect-time-load-balancing", "disabled"])
             .env("RUST_LOG", "info")
             .stdin(std::process::Stdio::null())
             .stdout(log)
@@ -516,7 +520,9 @@ pub fn active_config() -> DatapathConfig {
         tcp_idle_timeout_seconds: 0,
         tcp_closing_timeout_seconds: 0,
         udp_idle_timeout_seconds: 0,
-        reserved: 0,
+        // The TC programs carry pods' traffic, as most tests here check; the
+        // connect-time tests switch it on themselves.
+        pod_connect_time: switchyard_common::POD_CONNECT_TIME_DISABLED,
     }
 }
 

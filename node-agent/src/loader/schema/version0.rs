@@ -237,7 +237,8 @@ fn config(key: &[u8], value: &[u8]) -> Result<Entry, String> {
             // Zero: the programs' default (10 s), which version 0 used implicitly.
             tcp_closing_timeout_seconds: 0,
             udp_idle_timeout_seconds,
-            reserved: 0,
+            // Version 0 had no connect-time translation for pods.
+            pod_connect_time: switchyard_common::POD_CONNECT_TIME_DISABLED,
         }),
     })
 }
