@@ -130,6 +130,10 @@ check "the chart ships exactly the generated CRDs" \
   diff crds/switchyard.dev_crds.yaml "$chart/crds/switchyard.dev_crds.yaml"
 check "the values schema rejects a map size below its minimum" \
   bash -c "! '$helm' template sy '$chart' --set agent.maps.frontends=10"
+check "the agent points pods' TCP connects at a backend by default" \
+  grep -q -- '--pod-connect-time-load-balancing=tcp' "$rendered"
+check "the values schema rejects an unknown pod connect-time mode" \
+  bash -c "! '$helm' template sy '$chart' --set agent.podConnectTimeLoadBalancing=udp"
 check "the values schema rejects an unknown value" \
   bash -c "! '$helm' template sy '$chart' --set agent.bogus=1"
 check "the agent DaemonSet is updated only by the operator (OnDelete)" \

@@ -309,7 +309,7 @@ pub fn measure(
         tracked as f64,
         "flows",
     );
-    if system == System::Switchyard {
+    if matches!(system, System::Switchyard | System::SwitchyardTc) {
         // What the programs counted over the whole configuration (warm-up included):
         // errors, and flows the programs could not translate, say where a failure
         // came from.

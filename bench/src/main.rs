@@ -192,7 +192,14 @@ fn isolate(arguments: &RunArguments) -> Result<()> {
     let executable = std::env::current_exe().map_err(|error| {
         Error::Isolate(format!("failed to find the bench's own binary: {error}"))
     })?;
-    let status = Command::new("unshare")
+    // A cgroup of the bench's own for the agent's socket hooks, so they can
+    // act on the client pod and never on another process of the machine.
+    let cgroup = bench_cgroup(&work);
+    let mut command = Command::new("unshare");
+    if let Some(cgroup) = &cgroup {
+        command.env(systems::BENCH_CGROUP, cgroup);
+    }
+    let status = command
         .args([
             "--net",
             "--mount",
@@ -212,6 +219,12 @@ fn isolate(arguments: &RunArguments) -> Result<()> {
         .status()
         .map_err(|error| Error::Isolate(format!("failed to run unshare: {error}")))?;
     let _ = std::fs::remove_dir_all(&work);
+    if let Some(cgroup) = &cgroup {
+        // Empty once the isolated bench and its children have exited.
+        if let Err(error) = std::fs::remove_dir(cgroup) {
+            eprintln!("bench: failed to remove {}: {error}", cgroup.display());
+        }
+    }
     if !status.success() {
         return Err(Error::Isolate(format!(
             "the isolated bench failed: {status}"
@@ -223,6 +236,54 @@ fn isolate(arguments: &RunArguments) -> Result<()> {
             output.display()
         )));
     }
+    Ok(())
+}
+
+/// Creates a child of the cgroup v2 root for the bench, named after its work
+/// directory; `None` (the agent then gets no socket hooks) without cgroup v2.
+fn bench_cgroup(work: &Path) -> Option<PathBuf> {
+    // Where cgroup v2 is mounted: `/sys/fs/cgroup`, or `/sys/fs/cgroup/unified`
+    // on hybrid hierarchies.
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    let Some(root) = mounts.lines().find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        (fields.get(2) == Some(&"cgroup2")).then(|| PathBuf::from(fields[1]))
+    }) else {
+        eprintln!("bench: no cgroup v2 mounted: the agent runs without socket hooks");
+        return None;
+    };
+    let cgroup = root.join(work.file_name()?);
+    match std::fs::create_dir_all(&cgroup) {
+        Ok(()) => Some(cgroup),
+        Err(error) => {
+            eprintln!(
+                "bench: failed to create {}: {error}; the agent runs without socket hooks",
+                cgroup.display()
+            );
+            None
+        }
+    }
+}
+
+/// Moves the isolated bench (and so every process it starts) into its cgroup,
+/// and mounts cgroup v2 under the work directory, where the agent (behind `ip
+/// netns exec`, which hides `/sys/fs/cgroup`) finds it.
+fn join_bench_cgroup(work: &Path) -> Result<()> {
+    let Some(cgroup) = std::env::var_os(systems::BENCH_CGROUP).map(PathBuf::from) else {
+        return Ok(());
+    };
+    let procs = cgroup.join("cgroup.procs");
+    std::fs::write(&procs, "0")
+        .map_err(|error| Error::Isolate(format!("failed to join {}: {error}", procs.display())))?;
+    let mount_point = work.join("cgroup2");
+    topology::sh(&format!(
+        "mkdir -p {mount} && mount -t cgroup2 cgroup2 {mount}",
+        mount = mount_point.display()
+    ))?;
+    let name = cgroup
+        .file_name()
+        .ok_or_else(|| Error::Isolate(format!("{} names no cgroup", cgroup.display())))?;
+    let _ = systems::AGENT_CGROUP.set(mount_point.join(name));
     Ok(())
 }
 
@@ -284,6 +345,7 @@ impl Plan {
             systems: [
                 System::Direct,
                 System::Switchyard,
+                System::SwitchyardTc,
                 System::KubeProxyLegacy,
                 System::KubeProxyNft,
             ]
@@ -352,6 +414,7 @@ fn inside(arguments: RunArguments) -> Result<()> {
          ip link set lo up",
         work = work.display()
     ))?;
+    join_bench_cgroup(&work)?;
     let binaries = Binaries {
         bench: std::env::current_exe().map_err(|error| {
             Error::Isolate(format!("failed to find the bench's own binary: {error}"))

@@ -17,7 +17,12 @@ static CONFIGURATION: std::sync::atomic::AtomicUsize = std::sync::atomic::Atomic
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum System {
     Direct,
+    /// The agent as installed: pods' TCP connects to Services pointed at a
+    /// backend by the connect hook, everything else through the TC programs.
     Switchyard,
+    /// The agent with no socket hooks: every packet of the client pod goes
+    /// through the TC programs (issue 3's datapath).
+    SwitchyardTc,
     KubeProxyLegacy,
     KubeProxyNft,
 }
@@ -27,6 +32,7 @@ impl System {
         match self {
             System::Direct => "direct",
             System::Switchyard => "switchyard",
+            System::SwitchyardTc => "switchyard-tc-only",
             System::KubeProxyLegacy => "kube-proxy-iptables-legacy",
             System::KubeProxyNft => "kube-proxy-iptables-nft",
         }
@@ -104,11 +110,8 @@ impl Running {
         self.generation += 1;
         let process = match self.system {
             System::Direct => None,
-            System::Switchyard => Some(Process::start(
-                "switchyard-agent",
-                Some(NODE_NAMESPACE),
-                &self.binaries.agent,
-                &[
+            System::Switchyard | System::SwitchyardTc => {
+                let mut arguments: Vec<String> = vec![
                     "run".into(),
                     "--node-name".into(),
                     NODE_NAME.into(),
@@ -120,25 +123,29 @@ impl Running {
                     self.pin_directory.display().to_string(),
                     "--metrics-address".into(),
                     "127.0.0.1:9964".into(),
-                    // The client is a pod: TC programs carry its traffic. Socket hooks
-                    // would go on the machine's cgroup root; the bench leaves that alone.
-                    "--no-socket-hooks".into(),
                     // 30,000 Services x 10 endpoints need 300,000 backend slots
                     // (the default is 262,144).
                     "--backends-map-size".into(),
                     "524288".into(),
-                ],
-                &[
-                    ("RUST_LOG".into(), "info".into()),
-                    (
-                        "KUBECONFIG".into(),
-                        kubeconfig_path(&self.work, "switchyard-agent", "-node")
-                            .display()
-                            .to_string(),
-                    ),
-                ],
-                &self.log,
-            )?),
+                ];
+                arguments.extend(socket_hook_arguments(self.system));
+                Some(Process::start(
+                    "switchyard-agent",
+                    Some(NODE_NAMESPACE),
+                    &self.binaries.agent,
+                    &arguments,
+                    &[
+                        ("RUST_LOG".into(), "info".into()),
+                        (
+                            "KUBECONFIG".into(),
+                            kubeconfig_path(&self.work, "switchyard-agent", "-node")
+                                .display()
+                                .to_string(),
+                        ),
+                    ],
+                    &self.log,
+                )?)
+            }
             System::KubeProxyLegacy | System::KubeProxyNft => {
                 let wrappers = iptables_wrapper_directory(&self.work, self.system);
                 let path = format!(
@@ -251,10 +258,52 @@ impl Running {
         Ok(since.elapsed())
     }
 
-    pub fn stop(mut self) {
+    pub fn stop(self) {
+        drop(self);
+    }
+}
+
+impl Drop for Running {
+    /// Stops the process, then removes its pins: the agent leaves its programs
+    /// serving when it exits (as on a real node), and its socket hooks, pinned on
+    /// the bench's cgroup, would otherwise go on translating the client's
+    /// connects while the next system is measured.
+    fn drop(&mut self) {
         if let Some(mut process) = self.process.take() {
             process.stop(Duration::from_secs(10));
         }
+        if self.pin_directory.exists() {
+            if let Err(error) = std::fs::remove_dir_all(&self.pin_directory) {
+                eprintln!(
+                    "bench: failed to remove {}: {error}",
+                    self.pin_directory.display()
+                );
+            }
+        }
+    }
+}
+
+/// The environment variable that names the bench's own cgroup (set by the outer
+/// process, which creates it and removes it at the end).
+pub const BENCH_CGROUP: &str = "SWITCHYARD_BENCH_CGROUP";
+
+/// The bench's cgroup as the agent can see it: `ip netns exec` mounts a fresh
+/// sysfs, which hides `/sys/fs/cgroup`, so the isolated bench mounts cgroup v2
+/// in its work directory as well and sets this once.
+pub static AGENT_CGROUP: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+
+/// Where the agent's socket hooks go: the bench's own cgroup, which holds the
+/// bench and every process it starts (the client pod among them) and nothing
+/// else on the machine. Without one, no hooks (the TC programs carry everything).
+fn socket_hook_arguments(system: System) -> Vec<String> {
+    match (system, AGENT_CGROUP.get()) {
+        (System::Switchyard, Some(cgroup)) => vec![
+            "--cgroup".into(),
+            cgroup.display().to_string(),
+            "--pod-connect-time-load-balancing".into(),
+            "tcp".into(),
+        ],
+        _ => vec!["--no-socket-hooks".into()],
     }
 }
 

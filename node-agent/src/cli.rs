@@ -312,6 +312,7 @@ mod tests {
             "--backends-map-size=262144",
             "--conntrack-map-size=524288",
             "--conntrack-overflow-map-size=65536",
+            "--pod-connect-time-load-balancing=tcp",
         ])
         .expect("parses");
         let Command::Run(arguments) = cli.command else {
@@ -319,6 +320,7 @@ mod tests {
         };
         let options = arguments.options();
         assert_eq!(options.node_name, "node-1");
+        assert_eq!(options.pod_connect_time, PodConnectTime::Tcp);
         assert_eq!(options.min_sync_period, Duration::from_secs(1));
         assert_eq!(options.map_sizes.backend_slots, 262_144);
         assert_eq!(options.map_sizes.conntrack_overflow, 65_536);
@@ -352,5 +354,40 @@ mod tests {
         assert!(options.node_ips.is_empty());
         assert_eq!(options.pin_directory, PathBuf::from(DEFAULT_PIN_DIRECTORY));
         assert!(!options.detach_on_exit);
+    }
+
+    #[test]
+    fn pods_tcp_connects_go_straight_to_a_backend_unless_switched_off() {
+        let parse = |extra: &[&str]| {
+            let mut line = vec!["switchyard-agent", "run", "--node-name", "node-1"];
+            line.extend_from_slice(extra);
+            match Cli::try_parse_from(line).map(|cli| cli.command) {
+                Ok(Command::Run(arguments)) => Ok(arguments.options().pod_connect_time),
+                Ok(_) => panic!("expected run"),
+                Err(error) => Err(error.to_string()),
+            }
+        };
+        assert_eq!(parse(&[]), Ok(PodConnectTime::Tcp));
+        assert_eq!(
+            parse(&["--pod-connect-time-load-balancing", "disabled"]),
+            Ok(PodConnectTime::Disabled)
+        );
+        let refused = parse(&["--pod-connect-time-load-balancing", "udp"]).expect_err("refused");
+        assert!(
+            refused.contains("possible values: disabled, tcp"),
+            "{refused}"
+        );
+        // What the programs read: zero (the old reserved field) is "disabled".
+        assert_eq!(PodConnectTime::Disabled.config_value(), 0);
+        assert_eq!(
+            crate::standalone::datapath::datapath_config(
+                switchyard_common::DATAPATH_MODE_ACTIVE,
+                7,
+                0x4000,
+                PodConnectTime::Tcp
+            )
+            .pod_connect_time,
+            switchyard_common::POD_CONNECT_TIME_TCP
+        );
     }
 }

@@ -629,3 +629,169 @@ fn a_pods_tcp_connect_goes_straight_to_a_backend_while_udp_affinity_and_refusals
         },
     );
 }
+
+/// One request over a TCP connection from local port `source_port` (bound with
+/// SO_REUSEADDR, so a port whose last connection is in TIME_WAIT can be used
+/// again), in the calling thread's namespace; `timeout` bounds the connect.
+fn tcp_request_from_port(
+    source_port: u16,
+    address: SocketAddrV4,
+    timeout: Duration,
+) -> std::io::Result<Answer> {
+    use std::io::{BufRead, Write};
+    use std::os::fd::FromRawFd;
+    // SAFETY: plain socket calls on a descriptor this function owns; it is handed
+    // to a TcpStream (which closes it) or closed here on failure.
+    let stream = unsafe {
+        let descriptor = libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0);
+        if descriptor < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let stream = std::net::TcpStream::from_raw_fd(descriptor);
+        let one: libc::c_int = 1;
+        let set = |option, value: *const libc::c_void, length| {
+            libc::setsockopt(descriptor, libc::SOL_SOCKET, option, value, length)
+        };
+        let send_timeout = libc::timeval {
+            tv_sec: timeout.as_secs() as libc::time_t,
+            tv_usec: timeout.subsec_micros() as libc::suseconds_t,
+        };
+        if set(
+            libc::SO_REUSEADDR,
+            (&one as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        ) != 0
+            || set(
+                libc::SO_SNDTIMEO,
+                (&send_timeout as *const libc::timeval).cast(),
+                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+            ) != 0
+        {
+            return Err(std::io::Error::last_os_error());
+        }
+        let socket_address = |ip: Ipv4Addr, port: u16| libc::sockaddr_in {
+            sin_family: libc::AF_INET as libc::sa_family_t,
+            sin_port: port.to_be(),
+            sin_addr: libc::in_addr {
+                s_addr: u32::from_ne_bytes(ip.octets()),
+            },
+            sin_zero: [0; 8],
+        };
+        let local = socket_address(Ipv4Addr::UNSPECIFIED, source_port);
+        let remote = socket_address(*address.ip(), address.port());
+        let length = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+        if libc::bind(
+            descriptor,
+            (&local as *const libc::sockaddr_in).cast(),
+            length,
+        ) != 0
+            || libc::connect(
+                descriptor,
+                (&remote as *const libc::sockaddr_in).cast(),
+                length,
+            ) != 0
+        {
+            return Err(std::io::Error::last_os_error());
+        }
+        stream
+    };
+    stream.set_read_timeout(Some(timeout))?;
+    (&stream).write_all(b"hello\n")?;
+    let mut line = String::new();
+    std::io::BufReader::new(&stream).read_line(&mut line)?;
+    let (backend, seen) = line
+        .trim()
+        .split_once(' ')
+        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidData, line.clone()))?;
+    Ok(Answer {
+        backend: backend.to_string(),
+        seen_client: seen
+            .parse()
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, line.clone()))?,
+    })
+}
+
+#[test]
+#[ignore = "privileged netns test: run by make datapath-test"]
+fn a_connection_to_a_pod_ip_from_the_port_of_a_closed_translated_flow_is_left_alone() {
+    run_isolated(
+        "a_connection_to_a_pod_ip_from_the_port_of_a_closed_translated_flow_is_left_alone",
+        |node| {
+            let pods = standard_topology(2);
+            start_servers(&pods[0]);
+            let (_datapath, mut maps) = start_datapath(node, &pods);
+            write_service(
+                &mut maps,
+                &ServiceEntry::cluster_ip(1, CLUSTER_IP, SERVICE_PORT, PROTOCOL_TCP)
+                    .with_backends(&[&pods[0]]),
+            );
+            let pod_address = SocketAddrV4::new(pods[0].ip, TCP_PORT);
+            let source_ports: Vec<u16> = (41_000..41_008).collect();
+            // Translated flows from these ports, closed: their conntrack entries
+            // live on for the closing timeout (10 s), so that their teardown is
+            // translated.
+            let ports = source_ports.clone();
+            let translated = in_namespace(Some("pod2"), move || {
+                ports
+                    .iter()
+                    .map(|port| {
+                        tcp_request_from_port(*port, cluster_ip_address(), Duration::from_secs(2))
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .join()
+            .expect("client");
+            assert_eq!(backends_hit(&translated).get("pod1"), Some(&8));
+            // New connections from the same ports straight to the backend's pod
+            // IP (as an application, or the connect hook, makes them): the same
+            // tuple at the backend as the closed flows had. Their answers must not
+            // be taken for the closed flows' and rewritten to the Service address.
+            let ports = source_ports.clone();
+            let direct = in_namespace(Some("pod2"), move || {
+                ports
+                    .iter()
+                    .map(|port| tcp_request_from_port(*port, pod_address, Duration::from_secs(1)))
+                    .collect::<Vec<_>>()
+            })
+            .join()
+            .expect("client");
+            assert_eq!(
+                backends_hit(&direct).get("pod1"),
+                Some(&8),
+                "{}",
+                diagnostics()
+            );
+            // The same through the connect hook: translated flows from other
+            // ports, closed; then the hook points new connects from those ports
+            // at the backend.
+            let hook_ports: Vec<u16> = source_ports.iter().map(|port| port + 100).collect();
+            let requests = |ports: Vec<u16>| {
+                in_namespace(Some("pod2"), move || {
+                    ports
+                        .iter()
+                        .map(|port| {
+                            tcp_request_from_port(
+                                *port,
+                                cluster_ip_address(),
+                                Duration::from_secs(1),
+                            )
+                        })
+                        .collect::<Vec<_>>()
+                })
+                .join()
+                .expect("client")
+            };
+            assert_eq!(
+                backends_hit(&requests(hook_ports.clone())).get("pod1"),
+                Some(&8)
+            );
+            maps.write_config(&switchyard_common::DatapathConfig {
+                pod_connect_time: switchyard_common::POD_CONNECT_TIME_TCP,
+                ..active_config()
+            })
+            .expect("write config");
+            let translated = requests(hook_ports);
+            assert_eq!(backends_hit(&translated).get("pod1"), Some(&8));
+        },
+    );
+}

@@ -523,6 +523,16 @@ fn try_egress(ctx: &TcContext) -> Result<i32, ()> {
     {
         return Ok(PASS);
     }
+    if packet.is_tcp_syn_ack() && conntrack::is_closing(entry.tcp_state) {
+        // A backend accepting a new connection on the tuple of a flow that has
+        // closed: a connection to the pod IP itself (an application's, or one the
+        // connect hook pointed there) from the client port the closed flow used.
+        // It is not ours; translating it would turn its answers into the closed
+        // flow's, and every answer would keep the closed entry alive. Forget the
+        // closed flow, so the rest of the new connection passes untouched too.
+        entry.last_seen_nanoseconds = 0;
+        return Ok(PASS);
+    }
     let now = unsafe { bpf_ktime_get_ns() };
     if !conntrack::is_live(entry, packet.protocol, config, now) {
         return Ok(PASS);

@@ -229,6 +229,14 @@ impl Packet {
             && self.tcp_flags & TCP_FLAG_ACK == 0
     }
 
+    /// The second packet of a TCP handshake: the server accepting a connection.
+    #[inline(always)]
+    pub fn is_tcp_syn_ack(&self) -> bool {
+        self.protocol == PROTOCOL_TCP
+            && self.tcp_flags & TCP_FLAG_SYN != 0
+            && self.tcp_flags & TCP_FLAG_ACK != 0
+    }
+
     #[inline(always)]
     pub fn is_tcp_fin(&self) -> bool {
         self.protocol == PROTOCOL_TCP && self.tcp_flags & TCP_FLAG_FIN != 0
