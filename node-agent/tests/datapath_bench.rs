@@ -10,6 +10,10 @@
 //!    Switchyard's TC programs; kube-proxy-style iptables rules for the same
 //!    Services (KUBE-SERVICES -> KUBE-SVC-* -> KUBE-SEP-* with statistic random,
 //!    loaded by iptables-restore, load time reported); the pod IP with no NAT.
+//!    Beside them, in the same interleaved slices: the agent's default for pods'
+//!    TCP (the connect hook points the socket at a backend), and the pod IPs
+//!    with the TC programs attached, which splits the gap to the bare pod IPs
+//!    into what the programs cost every packet and what translating costs.
 
 mod datapath_support;
 
@@ -44,7 +48,7 @@ use switchyard_agent::{
 const SERVICES: usize = 10_000;
 const ENDPOINTS: usize = 10;
 const MEASURED_SERVICE: usize = SERVICES / 2;
-const CONNECT_SECONDS: u64 = 5;
+const CONNECT_SECONDS: u64 = 8;
 const CLIENT_THREADS: usize = 2;
 const NODE_NAME: &str = "node-a";
 
@@ -311,8 +315,18 @@ fn benchmark_datapath_against_iptables_and_direct() {
                 .attach_interface(&pod.host_interface(), InterfaceKind::Pod)
                 .expect("attach");
         }
+        datapath
+            .attach_socket_hooks()
+            .expect("attach the socket hooks to the test's cgroup");
         let mut maps = datapath.service_maps().expect("maps");
-        maps.write_config(&active_config()).expect("config");
+        // Pods' TCP through the TC programs; the connect-hook slices below
+        // switch connect-time translation on for themselves.
+        let tc_config = active_config();
+        let connect_time_config = switchyard_common::DatapathConfig {
+            pod_connect_time: switchyard_common::POD_CONNECT_TIME_TCP,
+            ..tc_config
+        };
+        maps.write_config(&tc_config).expect("config");
 
         // 1. Programming through the agent's pipeline: the inputs `run` and
         //    `standalone` keep, synced into empty maps (a full sync).
@@ -400,30 +414,69 @@ fn benchmark_datapath_against_iptables_and_direct() {
         // 2. Connections.
         let target = SocketAddrV4::new(cluster_ip(MEASURED_SERVICE), 80);
         // Switchyard and the pod IPs directly, interleaved in one-second slices
-        // (programs attached, then detached) so that the load other processes put
-        // on the shared CPUs falls on both alike; no iptables rules meanwhile.
+        // (programs attached or detached as each needs) so that the load other
+        // processes put on the shared CPUs falls on all alike; no iptables rules
+        // meanwhile. The connect hook stays attached throughout (returning at
+        // once for pods while the config has connect-time translation off).
         let direct_targets: Vec<SocketAddrV4> = pods[..ENDPOINTS]
             .iter()
             .map(|pod| SocketAddrV4::new(pod.ip, TCP_PORT))
             .collect();
         let slice = Duration::from_secs(1);
-        let (mut switchyard_samples, mut direct_samples) = (Vec::new(), Vec::new());
-        for _ in 0..CONNECT_SECONDS {
-            for pod in &pods {
-                datapath
-                    .attach_interface(&pod.host_interface(), InterfaceKind::Pod)
-                    .expect("attach");
-            }
-            switchyard_samples.push(sample_connects(&client, &[target], slice));
-            for pod in &pods {
-                datapath
-                    .detach_interface(&pod.host_interface())
-                    .expect("detach");
-            }
-            direct_samples.push(sample_connects(&client, &direct_targets, slice));
+        // Each round measures every configuration once, starting one further
+        // along each round: a slice measured right after translated flows
+        // (conntrack entries in their closing time, cold caches) is slower than
+        // one after untranslated ones, and a fixed order would give that cost to
+        // the same configuration every time.
+        #[derive(Clone, Copy, PartialEq)]
+        enum Slice {
+            TcPrograms,
+            ConnectHook,
+            DirectWithProgramsAttached,
+            Direct,
         }
-        let switchyard = ConnectResult::of(switchyard_samples);
-        let direct = ConnectResult::of(direct_samples);
+        let order = [
+            Slice::TcPrograms,
+            Slice::ConnectHook,
+            Slice::DirectWithProgramsAttached,
+            Slice::Direct,
+        ];
+        let mut samples: Vec<Vec<Sample>> = order.iter().map(|_| Vec::new()).collect();
+        let mut attached = true;
+        for round in 0..CONNECT_SECONDS as usize {
+            for step in 0..order.len() {
+                let index = (round + step) % order.len();
+                let wanted_attached = order[index] != Slice::Direct;
+                if wanted_attached != attached {
+                    for pod in &pods {
+                        if wanted_attached {
+                            datapath
+                                .attach_interface(&pod.host_interface(), InterfaceKind::Pod)
+                                .expect("attach");
+                        } else {
+                            datapath
+                                .detach_interface(&pod.host_interface())
+                                .expect("detach");
+                        }
+                    }
+                    attached = wanted_attached;
+                }
+                let config = if order[index] == Slice::ConnectHook {
+                    &connect_time_config
+                } else {
+                    &tc_config
+                };
+                maps.write_config(config).expect("config");
+                let targets: &[SocketAddrV4] = match order[index] {
+                    Slice::TcPrograms | Slice::ConnectHook => &[target],
+                    Slice::DirectWithProgramsAttached | Slice::Direct => &direct_targets,
+                };
+                samples[index].push(sample_connects(&client, targets, slice));
+            }
+        }
+        let mut samples = samples.into_iter();
+        let mut next = || ConnectResult::of(samples.next().expect("one list per slice"));
+        let (switchyard, connect_time, attached_direct, direct) = (next(), next(), next(), next());
         let counters = maps.counters().expect("counters");
         drop(maps);
         drop(datapath);
@@ -444,7 +497,7 @@ fn benchmark_datapath_against_iptables_and_direct() {
         );
 
         println!();
-        println!("Switchyard datapath benchmark ({SERVICES} Services x {ENDPOINTS} endpoints, {CLIENT_THREADS} client threads, {CONNECT_SECONDS} x 1 s per row, Switchyard and direct interleaved, 2 shared vCPUs)");
+        println!("Switchyard datapath benchmark ({SERVICES} Services x {ENDPOINTS} endpoints, {CLIENT_THREADS} client threads, {CONNECT_SECONDS} x 1 s per row, the four Switchyard and direct rows interleaved in rotating order, 2 shared vCPUs)");
         println!();
         println!("| programming | time | target |");
         println!("|---|---|---|");
@@ -478,6 +531,14 @@ fn benchmark_datapath_against_iptables_and_direct() {
             ("Switchyard TC programs", &switchyard),
             ("kube-proxy-style iptables rules", &iptables),
             ("pod IPs directly, no NAT", &direct),
+            (
+                "Switchyard's default for pods' TCP: the connect hook points the socket at a backend",
+                &connect_time,
+            ),
+            (
+                "pod IPs directly, Switchyard's TC programs attached (passing them on)",
+                &attached_direct,
+            ),
         ] {
             println!(
                 "| {name} | {:.0} | {:.1} us | {:.1} us | {} |",
@@ -490,8 +551,14 @@ fn benchmark_datapath_against_iptables_and_direct() {
             switchyard.rate / iptables.rate,
             100.0 * switchyard.rate / direct.rate
         );
+        println!(
+            "Connect hook / direct: {:.1}%; pod IPs with the programs attached / direct: {:.1}% (what passing the programs costs every connection, translated or not)",
+            100.0 * connect_time.rate / direct.rate,
+            100.0 * attached_direct.rate / direct.rate
+        );
         println!("datapath counters after the Switchyard row: {counters:?}");
         assert!(switchyard.rate > 0.0 && iptables.rate > 0.0 && direct.rate > 0.0);
+        assert!(connect_time.rate > 0.0 && attached_direct.rate > 0.0);
     });
 }
 
