@@ -143,6 +143,9 @@ pub struct ClusterAgent<D: NodeDatapath> {
     /// While `Detaching`: the interfaces whose detach failed, retried every round.
     detach_left: BTreeSet<String>,
     socket_hooks_attached: bool,
+    /// The last failure to attach the socket hooks, logged once (they are
+    /// retried every round).
+    socket_hooks_error: Option<String>,
     /// The masquerade rule was installed by this process (it stays while the
     /// node serves from eBPF; the coexistence loop removes it when it leaves).
     masquerade_rule_installed: bool,
@@ -204,6 +207,7 @@ impl<D: NodeDatapath> ClusterAgent<D> {
             attached: BTreeMap::new(),
             detach_left: BTreeSet::new(),
             socket_hooks_attached: false,
+            socket_hooks_error: None,
             masquerade_rule_installed: false,
             masquerade_error: None,
             attach_error: None,
@@ -557,11 +561,14 @@ impl<D: NodeDatapath> ClusterAgent<D> {
                         self.counts.program_attaches += 1;
                     }
                     self.socket_hooks_attached = true;
+                    self.socket_hooks_error = None;
                 }
-                Err(error) => {
-                    // Interfaces work without them; retried every round.
-                    tracing::warn!(%error, "cannot attach the socket hooks; retrying");
-                }
+                // Interfaces work without them; retried every round.
+                Err(error) => report_once(
+                    &mut self.socket_hooks_error,
+                    &error,
+                    "cannot attach the socket hooks: host processes and pods' connects get no connect-time Service translation (pods' traffic still gets it per packet); retrying",
+                ),
             }
         }
         self.attach_error = if errors.is_empty() {

@@ -479,7 +479,9 @@ impl<D: Datapath, H: HostView> Standalone<D, H> {
         }
         match self.datapath.attach_socket_hooks() {
             Ok(()) => {
-                tracing::info!("socket hooks attached");
+                if self.options.socket_hook_cgroup != SocketHookCgroup::None {
+                    tracing::info!("socket hooks attached");
+                }
                 self.socket_hooks = SocketHooks::Attached;
             }
             Err(error) => {

@@ -20,6 +20,9 @@ WORK=$(mktemp -d /tmp/switchyard-standalone-test.XXXXXX)
 PIN=$WORK/bpffs/switchyard
 CGROUP_ROOT=$(awk '$3 == "cgroup2" {print $2; exit}' /proc/self/mounts)
 CGROUP=$CGROUP_ROOT/switchyard-standalone-test-$(basename "$WORK")
+# The external client runs outside the hooks' cgroup: on a real node it is another
+# machine, and inside it the connect hook would take it for a pod.
+OUTSIDE=$CGROUP-outside
 AGENT_PID=
 failures=0
 
@@ -30,7 +33,7 @@ cleanup() {
   jobs -p | xargs -r kill 2>/dev/null
   wait 2>/dev/null
   "$AGENT" detach --bpf-pin-dir "$PIN" >/dev/null 2>&1
-  rmdir "$CGROUP" 2>/dev/null
+  rmdir "$CGROUP" "$OUTSIDE" 2>/dev/null
   for namespace in pod1 pod2 client; do ip netns del $namespace 2>/dev/null; done
   umount "$WORK/bpffs" 2>/dev/null
   rm -rf "$WORK"
@@ -47,7 +50,11 @@ get() { # get NAMESPACE|host URL: prints the answering pod or ERR
   local command=(python3 -c 'import sys, urllib.request
 try: print(urllib.request.urlopen(sys.argv[1], timeout=2).read().decode().strip())
 except Exception as error: print("ERR", error)' "$url")
-  if [ "$namespace" = host ]; then "${command[@]}"; else ip netns exec "$namespace" "${command[@]}"; fi
+  case $namespace in
+    host) "${command[@]}" ;;
+    client) (echo "$BASHPID" > "$OUTSIDE/cgroup.procs"; exec ip netns exec client "${command[@]}") ;;
+    *) ip netns exec "$namespace" "${command[@]}" ;;
+  esac
 }
 
 # Backends are chosen at random: COUNT requests all land on one of two backends in
@@ -75,7 +82,7 @@ links() { ls "$PIN/links" 2>/dev/null | grep -c '^tcx-\|^clsact-' || true; }
 mkdir -p "$WORK/bpffs" /run/netns
 mount -t bpf bpf "$WORK/bpffs"
 mount -t tmpfs tmpfs /run/netns
-mkdir "$CGROUP"; echo $$ > "$CGROUP/cgroup.procs"
+mkdir "$CGROUP" "$OUTSIDE"; echo $$ > "$CGROUP/cgroup.procs"
 ip link set lo up
 sysctl -qw net.ipv4.ip_forward=1
 ip netns add client
