@@ -7,7 +7,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 
 use crate::standalone::interfaces::{Globs, DEFAULT_POD_INTERFACE_GLOBS};
-use crate::standalone::{PodConnectTime, SocketHookCgroup, StandaloneOptions};
+use crate::standalone::{PodConnectBalancing, SocketHookCgroup, StandaloneOptions};
 
 pub const DEFAULT_PIN_DIRECTORY: &str = "/sys/fs/bpf/switchyard";
 
@@ -84,8 +84,8 @@ pub struct RunArguments {
     /// (`tcp`), or translated per packet by the TC programs (`disabled`, for
     /// meshes that must see the Service address). UDP, session affinity,
     /// masquerading and Services without endpoints always use the TC programs.
-    #[arg(long, value_enum, default_value_t = PodConnectTime::Tcp)]
-    pub pod_connect_time_load_balancing: PodConnectTime,
+    #[arg(long, value_enum, default_value_t = PodConnectBalancing::Tcp)]
+    pub pod_connect_time_load_balancing: PodConnectBalancing,
     /// kube-proxy's healthz, probed while its rules are on the node.
     #[arg(long, default_value = "http://127.0.0.1:10256/healthz")]
     pub kube_proxy_healthz: String,
@@ -153,7 +153,7 @@ impl RunArguments {
                     None => SocketHookCgroup::Root,
                 }
             },
-            pod_connect_time: self.pod_connect_time_load_balancing,
+            pod_connect_balancing: self.pod_connect_time_load_balancing,
             agent_revision: self
                 .agent_revision
                 .clone()
@@ -214,8 +214,8 @@ pub struct StandaloneArguments {
     /// (`tcp`), or translated per packet by the TC programs (`disabled`, for
     /// meshes that must see the Service address). UDP, session affinity,
     /// masquerading and Services without endpoints always use the TC programs.
-    #[arg(long, value_enum, default_value_t = PodConnectTime::Tcp)]
-    pub pod_connect_time_load_balancing: PodConnectTime,
+    #[arg(long, value_enum, default_value_t = PodConnectBalancing::Tcp)]
+    pub pod_connect_time_load_balancing: PodConnectBalancing,
 }
 
 #[derive(Debug, Args)]
@@ -254,7 +254,7 @@ impl StandaloneArguments {
                     None => SocketHookCgroup::Root,
                 }
             },
-            pod_connect_time: self.pod_connect_time_load_balancing,
+            pod_connect_balancing: self.pod_connect_time_load_balancing,
         }
     }
 }
@@ -320,7 +320,7 @@ mod tests {
         };
         let options = arguments.options();
         assert_eq!(options.node_name, "node-1");
-        assert_eq!(options.pod_connect_time, PodConnectTime::Tcp);
+        assert_eq!(options.pod_connect_balancing, PodConnectBalancing::Tcp);
         assert_eq!(options.min_sync_period, Duration::from_secs(1));
         assert_eq!(options.map_sizes.backend_slots, 262_144);
         assert_eq!(options.map_sizes.conntrack_overflow, 65_536);
@@ -362,15 +362,15 @@ mod tests {
             let mut line = vec!["switchyard-agent", "run", "--node-name", "node-1"];
             line.extend_from_slice(extra);
             match Cli::try_parse_from(line).map(|cli| cli.command) {
-                Ok(Command::Run(arguments)) => Ok(arguments.options().pod_connect_time),
+                Ok(Command::Run(arguments)) => Ok(arguments.options().pod_connect_balancing),
                 Ok(_) => panic!("expected run"),
                 Err(error) => Err(error.to_string()),
             }
         };
-        assert_eq!(parse(&[]), Ok(PodConnectTime::Tcp));
+        assert_eq!(parse(&[]), Ok(PodConnectBalancing::Tcp));
         assert_eq!(
             parse(&["--pod-connect-time-load-balancing", "disabled"]),
-            Ok(PodConnectTime::Disabled)
+            Ok(PodConnectBalancing::Disabled)
         );
         let refused = parse(&["--pod-connect-time-load-balancing", "udp"]).expect_err("refused");
         assert!(
@@ -378,16 +378,16 @@ mod tests {
             "{refused}"
         );
         // What the programs read: zero (the old reserved field) is "disabled".
-        assert_eq!(PodConnectTime::Disabled.config_value(), 0);
+        assert_eq!(PodConnectBalancing::Disabled.config_value(), 0);
         assert_eq!(
             crate::standalone::datapath::datapath_config(
                 switchyard_common::DATAPATH_MODE_ACTIVE,
                 7,
                 0x4000,
-                PodConnectTime::Tcp
+                PodConnectBalancing::Tcp
             )
-            .pod_connect_time,
-            switchyard_common::POD_CONNECT_TIME_TCP
+            .pod_connect_balancing,
+            switchyard_common::POD_CONNECT_BALANCING_TCP
         );
     }
 }

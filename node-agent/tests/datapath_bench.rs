@@ -323,7 +323,7 @@ fn benchmark_datapath_against_iptables_and_direct() {
         // switch connect-time translation on for themselves.
         let tc_config = active_config();
         let connect_time_config = switchyard_common::DatapathConfig {
-            pod_connect_time: switchyard_common::POD_CONNECT_TIME_TCP,
+            pod_connect_balancing: switchyard_common::POD_CONNECT_BALANCING_TCP,
             ..tc_config
         };
         maps.write_config(&tc_config).expect("config");

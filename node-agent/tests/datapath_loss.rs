@@ -15,11 +15,11 @@ mod datapath_support;
 use std::{
     io::{BufRead as _, BufReader, Write as _},
     net::{Ipv4Addr, SocketAddrV4, TcpStream, UdpSocket},
-    os::fd::FromRawFd as _,
     time::Duration,
 };
 
 use datapath_support::*;
+use switchyard_agent::maps::ServiceMaps as _;
 use switchyard_common::{PROTOCOL_TCP, PROTOCOL_UDP};
 
 const SERVICE_IPS: [Ipv4Addr; 4] = [
@@ -30,6 +30,8 @@ const SERVICE_IPS: [Ipv4Addr; 4] = [
 ];
 const TCP_SERVICE_PORT: u16 = 80;
 const UDP_SERVICE_PORT: u16 = 53;
+/// How long a connect, and then an answer, may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_millis(900);
 
 /// Writes one Service per address in `SERVICE_IPS`, all with the same backends.
 fn services_sharing_backends(
@@ -48,77 +50,6 @@ fn services_sharing_backends(
             &ServiceEntry::cluster_ip(index as u32 + 1, *ip, port, protocol)
                 .with_backends(backends),
         );
-    }
-}
-
-/// A TCP connection from local port `port`, bound with SO_REUSEADDR first, so two
-/// sockets can share one local port towards different destinations (as the
-/// ephemeral ports of `connect` are shared).
-fn connect_from_port(port: u16, target: SocketAddrV4) -> std::io::Result<TcpStream> {
-    let last_error = || Err(std::io::Error::last_os_error());
-    // SAFETY: plain system calls on a descriptor this function owns; on success
-    // it is handed to `TcpStream`, which closes it.
-    unsafe {
-        let descriptor = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
-        if descriptor < 0 {
-            return last_error();
-        }
-        let stream = TcpStream::from_raw_fd(descriptor);
-        let one: libc::c_int = 1;
-        if libc::setsockopt(
-            descriptor,
-            libc::SOL_SOCKET,
-            libc::SO_REUSEADDR,
-            (&one as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        ) != 0
-        {
-            return last_error();
-        }
-        // `connect` gives up after the send timeout.
-        let timeout = libc::timeval {
-            tv_sec: 0,
-            tv_usec: 900_000,
-        };
-        if libc::setsockopt(
-            descriptor,
-            libc::SOL_SOCKET,
-            libc::SO_SNDTIMEO,
-            (&timeout as *const libc::timeval).cast(),
-            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-        ) != 0
-        {
-            return last_error();
-        }
-        let address = |ip: Ipv4Addr, port: u16| libc::sockaddr_in {
-            sin_family: libc::AF_INET as libc::sa_family_t,
-            sin_port: port.to_be(),
-            sin_addr: libc::in_addr {
-                s_addr: u32::from(ip).to_be(),
-            },
-            sin_zero: [0; 8],
-        };
-        let local = address(Ipv4Addr::UNSPECIFIED, port);
-        let length = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
-        if libc::bind(
-            descriptor,
-            (&local as *const libc::sockaddr_in).cast(),
-            length,
-        ) != 0
-        {
-            return last_error();
-        }
-        let remote = address(*target.ip(), target.port());
-        if libc::connect(
-            descriptor,
-            (&remote as *const libc::sockaddr_in).cast(),
-            length,
-        ) != 0
-        {
-            return last_error();
-        }
-        stream.set_read_timeout(Some(Duration::from_millis(900)))?;
-        Ok(stream)
     }
 }
 
@@ -246,43 +177,60 @@ fn concurrent_tcp_connections_sharing_a_source_port_to_services_with_the_same_ba
             start_servers(&pods[0]);
             let (_datapath, mut maps) = start_datapath(node, &pods);
             services_sharing_backends(&mut maps, PROTOCOL_TCP, &[&pods[0]]);
-            let outcome = in_namespace(Some("pod2"), || {
-                let mut log = Vec::new();
-                for round in 0..10u16 {
-                    let port = 41_000 + round;
-                    let first_target = SocketAddrV4::new(SERVICE_IPS[0], TCP_SERVICE_PORT);
-                    let second_target = SocketAddrV4::new(SERVICE_IPS[1], TCP_SERVICE_PORT);
-                    let step = |name: &'static str| {
-                        move |error: std::io::Error| std::io::Error::new(error.kind(), format!("{name}: {error}"))
-                    };
-                    let result = (|| -> std::io::Result<()> {
-                        let mut first =
-                            connect_from_port(port, first_target).map_err(step("first connect"))?;
-                        exchange(&mut first).map_err(step("first request"))?;
-                        // Same client address and port, another Service, the same
-                        // backend: to the backend this must look like another
-                        // connection, not a SYN inside the first one.
-                        let mut second =
-                            connect_from_port(port, second_target).map_err(step("second connect"))?;
-                        exchange(&mut second).map_err(step("second request"))?;
-                        exchange(&mut first).map_err(step("first connection's second request"))?;
-                        exchange(&mut second).map_err(step("second connection's second request"))?;
-                        Ok(())
-                    })();
-                    if let Err(error) = result {
-                        log.push(format!("round {round} (port {port}): {error}"));
-                    }
-                }
-                log
-            })
-            .join()
-            .expect("tcp client");
-            assert!(
-                outcome.is_empty(),
-                "failed rounds: {outcome:?}\n{:?}\n{}",
-                maps.counters(),
-                diagnostics()
-            );
+            // With pods' TCP through the TC programs, and with the connect hook on
+            // (which leaves a socket bound to its port to TC: pointed at the
+            // backend itself, the second connect would find its tuple taken).
+            let hook = switchyard_common::DatapathConfig {
+                pod_connect_balancing: switchyard_common::POD_CONNECT_BALANCING_TCP,
+                ..active_config()
+            };
+            for (first_port, config) in [(41_000, active_config()), (41_100, hook)] {
+                maps.write_config(&config).expect("write config");
+                let failed = in_namespace(Some("pod2"), move || {
+                    two_connections_per_port(first_port)
+                })
+                .join()
+                .expect("tcp client");
+                assert!(
+                    failed.is_empty(),
+                    "failed rounds with pod_connect_balancing {}: {failed:?}\n{:?}\n{}",
+                    config.pod_connect_balancing,
+                    maps.counters(),
+                    diagnostics()
+                );
+            }
         },
     );
+}
+
+/// Ten rounds, each from its own local port from `first_port` on: a connection
+/// to the first Service, then one to the second (the same backend) from the
+/// same port, and a request on each. Returns the rounds that failed, and how.
+fn two_connections_per_port(first_port: u16) -> Vec<String> {
+    let first_target = SocketAddrV4::new(SERVICE_IPS[0], TCP_SERVICE_PORT);
+    let second_target = SocketAddrV4::new(SERVICE_IPS[1], TCP_SERVICE_PORT);
+    let step = |name: &'static str| {
+        move |error: std::io::Error| std::io::Error::new(error.kind(), format!("{name}: {error}"))
+    };
+    let mut failed = Vec::new();
+    for port in first_port..first_port + 10 {
+        let result = (|| -> std::io::Result<()> {
+            let mut first = connect_from_port(port, first_target, CONNECT_TIMEOUT)
+                .map_err(step("first connect"))?;
+            exchange(&mut first).map_err(step("first request"))?;
+            // Same client address and port, another Service, the same backend:
+            // to the backend this must look like another connection, not a SYN
+            // inside the first one.
+            let mut second = connect_from_port(port, second_target, CONNECT_TIMEOUT)
+                .map_err(step("second connect"))?;
+            exchange(&mut second).map_err(step("second request"))?;
+            exchange(&mut first).map_err(step("first connection's second request"))?;
+            exchange(&mut second).map_err(step("second connection's second request"))?;
+            Ok(())
+        })();
+        if let Err(error) = result {
+            failed.push(format!("port {port}: {error}"));
+        }
+    }
+    failed
 }

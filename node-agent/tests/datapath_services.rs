@@ -536,7 +536,7 @@ fn a_pods_tcp_connect_goes_straight_to_a_backend_while_udp_affinity_and_refusals
             }
             let (_datapath, mut maps) = start_datapath(node, &pods);
             maps.write_config(&switchyard_common::DatapathConfig {
-                pod_connect_time: switchyard_common::POD_CONNECT_TIME_TCP,
+                pod_connect_balancing: switchyard_common::POD_CONNECT_BALANCING_TCP,
                 ..active_config()
             })
             .expect("write config");
@@ -630,87 +630,6 @@ fn a_pods_tcp_connect_goes_straight_to_a_backend_while_udp_affinity_and_refusals
     );
 }
 
-/// One request over a TCP connection from local port `source_port` (bound with
-/// SO_REUSEADDR, so a port whose last connection is in TIME_WAIT can be used
-/// again), in the calling thread's namespace; `timeout` bounds the connect.
-fn tcp_request_from_port(
-    source_port: u16,
-    address: SocketAddrV4,
-    timeout: Duration,
-) -> std::io::Result<Answer> {
-    use std::io::{BufRead, Write};
-    use std::os::fd::FromRawFd;
-    // SAFETY: plain socket calls on a descriptor this function owns; it is handed
-    // to a TcpStream (which closes it) or closed here on failure.
-    let stream = unsafe {
-        let descriptor = libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0);
-        if descriptor < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        let stream = std::net::TcpStream::from_raw_fd(descriptor);
-        let one: libc::c_int = 1;
-        let set = |option, value: *const libc::c_void, length| {
-            libc::setsockopt(descriptor, libc::SOL_SOCKET, option, value, length)
-        };
-        let send_timeout = libc::timeval {
-            tv_sec: timeout.as_secs() as libc::time_t,
-            tv_usec: timeout.subsec_micros() as libc::suseconds_t,
-        };
-        if set(
-            libc::SO_REUSEADDR,
-            (&one as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        ) != 0
-            || set(
-                libc::SO_SNDTIMEO,
-                (&send_timeout as *const libc::timeval).cast(),
-                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-            ) != 0
-        {
-            return Err(std::io::Error::last_os_error());
-        }
-        let socket_address = |ip: Ipv4Addr, port: u16| libc::sockaddr_in {
-            sin_family: libc::AF_INET as libc::sa_family_t,
-            sin_port: port.to_be(),
-            sin_addr: libc::in_addr {
-                s_addr: u32::from_ne_bytes(ip.octets()),
-            },
-            sin_zero: [0; 8],
-        };
-        let local = socket_address(Ipv4Addr::UNSPECIFIED, source_port);
-        let remote = socket_address(*address.ip(), address.port());
-        let length = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
-        if libc::bind(
-            descriptor,
-            (&local as *const libc::sockaddr_in).cast(),
-            length,
-        ) != 0
-            || libc::connect(
-                descriptor,
-                (&remote as *const libc::sockaddr_in).cast(),
-                length,
-            ) != 0
-        {
-            return Err(std::io::Error::last_os_error());
-        }
-        stream
-    };
-    stream.set_read_timeout(Some(timeout))?;
-    (&stream).write_all(b"hello\n")?;
-    let mut line = String::new();
-    std::io::BufReader::new(&stream).read_line(&mut line)?;
-    let (backend, seen) = line
-        .trim()
-        .split_once(' ')
-        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidData, line.clone()))?;
-    Ok(Answer {
-        backend: backend.to_string(),
-        seen_client: seen
-            .parse()
-            .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, line.clone()))?,
-    })
-}
-
 #[test]
 #[ignore = "privileged netns test: run by make datapath-test"]
 fn a_connection_to_a_pod_ip_from_the_port_of_a_closed_translated_flow_is_left_alone() {
@@ -761,37 +680,54 @@ fn a_connection_to_a_pod_ip_from_the_port_of_a_closed_translated_flow_is_left_al
                 "{}",
                 diagnostics()
             );
-            // The same through the connect hook: translated flows from other
-            // ports, closed; then the hook points new connects from those ports
-            // at the backend.
-            let hook_ports: Vec<u16> = source_ports.iter().map(|port| port + 100).collect();
-            let requests = |ports: Vec<u16>| {
-                in_namespace(Some("pod2"), move || {
-                    ports
-                        .iter()
-                        .map(|port| {
-                            tcp_request_from_port(
-                                *port,
-                                cluster_ip_address(),
-                                Duration::from_secs(1),
-                            )
-                        })
-                        .collect::<Vec<_>>()
-                })
-                .join()
-                .expect("client")
-            };
+            // The same through the connect hook, which takes only sockets not yet
+            // bound (a bound one goes to TC), so the kernel chooses the port after
+            // the hook: a pod namespace with one ephemeral port makes that the
+            // port of a closed translated flow.
+            // (Both connects pick their port the same way: a port taken by an
+            // explicit bind stays off limits to connect's choice while its
+            // TIME_WAIT lasts.)
+            let hook_port: u16 = 41_100;
+            sh(&format!(
+                "ip netns exec pod2 sysctl -qw net.ipv4.ip_local_port_range='{hook_port} {hook_port}'"
+            ));
+            let closed = in_namespace(Some("pod2"), || {
+                tcp_request(cluster_ip_address(), Duration::from_secs(2))
+            })
+            .join()
+            .expect("client");
             assert_eq!(
-                backends_hit(&requests(hook_ports.clone())).get("pod1"),
-                Some(&8)
+                closed
+                    .map(|answer| answer.seen_client.port())
+                    .map_err(|error| error.kind()),
+                Ok(hook_port),
+                "a translated flow from the one port"
             );
             maps.write_config(&switchyard_common::DatapathConfig {
-                pod_connect_time: switchyard_common::POD_CONNECT_TIME_TCP,
+                pod_connect_balancing: switchyard_common::POD_CONNECT_BALANCING_TCP,
                 ..active_config()
             })
             .expect("write config");
-            let translated = requests(hook_ports);
-            assert_eq!(backends_hit(&translated).get("pod1"), Some(&8));
+            let misses_before = maps.counters().expect("counters").conntrack_miss;
+            let through_hook = in_namespace(Some("pod2"), || {
+                tcp_request(cluster_ip_address(), Duration::from_secs(1))
+            })
+            .join()
+            .expect("client");
+            assert_eq!(
+                through_hook
+                    .map(|answer| answer.seen_client.port())
+                    .map_err(|error| error.kind()),
+                Ok(hook_port),
+                "{}",
+                diagnostics()
+            );
+            // Through the hook, not TC: no packet to a frontend went by.
+            assert_eq!(
+                maps.counters().expect("counters").conntrack_miss,
+                misses_before,
+                "the TC programs opened a flow the connect hook should have taken"
+            );
         },
     );
 }

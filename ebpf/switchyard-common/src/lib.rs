@@ -319,21 +319,21 @@ pub struct DatapathConfig {
     /// How long a TCP entry lives after FIN or RST, so the teardown is translated.
     pub tcp_closing_timeout_seconds: u32,
     pub udp_idle_timeout_seconds: u32,
-    /// `POD_CONNECT_TIME_*`: whether the socket hooks also translate TCP connects
+    /// `POD_CONNECT_BALANCING_*`: whether the socket hooks also translate TCP connects
     /// of sockets in other network namespaces (pods). This was a reserved field,
     /// always zero, before it had a meaning: zero keeps the behaviour it had then
     /// (host namespace only), so neither the layout nor `SCHEMA_VERSION` changes.
-    pub pod_connect_time: u32,
+    pub pod_connect_balancing: u32,
 }
 
-/// `DatapathConfig::pod_connect_time`: pods' Service traffic is translated per
+/// `DatapathConfig::pod_connect_balancing`: pods' Service traffic is translated per
 /// packet by the TC programs only.
-pub const POD_CONNECT_TIME_DISABLED: u32 = 0;
-/// `DatapathConfig::pod_connect_time`: a pod's TCP connect to a Service is
+pub const POD_CONNECT_BALANCING_DISABLED: u32 = 0;
+/// `DatapathConfig::pod_connect_balancing`: a pod's TCP connect to a Service is
 /// pointed at a backend by the connect hook, so its packets need no translation;
 /// what that cannot express as well as TC (UDP, session affinity, masquerading,
 /// a Service without endpoints) stays with the TC programs.
-pub const POD_CONNECT_TIME_TCP: u32 = 1;
+pub const POD_CONNECT_BALANCING_TCP: u32 = 1;
 
 /// Indexes of the per-CPU counters array.
 pub mod counter {

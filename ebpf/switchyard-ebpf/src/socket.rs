@@ -6,9 +6,9 @@
 //! configured) from every other one (pods):
 //! - the node's processes (host network namespace, hostNetwork pods): TCP and
 //!   UDP, with the node as the client for session affinity;
-//! - pods, when `pod_connect_time` asks for it: TCP connects only, and only to
-//!   frontends the TC programs would translate the same way (no session
-//!   affinity, no masquerading, some backend). Everything else, UDP included
+//! - pods, when `pod_connect_balancing` asks for it: TCP connects only, of sockets not
+//!   bound to a source port, and only to frontends the TC programs would
+//!   translate the same way (no session affinity, no masquerading, some backend). Everything else, UDP included
 //!   (a connected UDP socket would keep a backend that has gone), stays with the
 //!   TC programs, so it behaves exactly as without the hook.
 //!
@@ -23,7 +23,7 @@ use aya_ebpf::{
 use switchyard_common::{
     counter, ipv4_mapped, AffinityKey, AffinityValue, BackendValue, DatapathConfig, FrontendKey,
     FrontendValue, SocketReverseKey, SocketReverseValue, DATAPATH_MODE_ACTIVE,
-    FRONTEND_FLAG_MASQUERADE_REMOTE, FRONTEND_FLAG_SESSION_AFFINITY, POD_CONNECT_TIME_TCP,
+    FRONTEND_FLAG_MASQUERADE_REMOTE, FRONTEND_FLAG_SESSION_AFFINITY, POD_CONNECT_BALANCING_TCP,
     PROTOCOL_TCP, PROTOCOL_UDP, SCOPE_INTERNAL,
 };
 
@@ -56,10 +56,26 @@ fn config_for_this_socket(ctx: &SockAddrContext) -> Option<(&'static DatapathCon
     let cookie = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
     if cookie == config.network_namespace_cookie {
         Some((config, Owner::Node))
-    } else if config.pod_connect_time == POD_CONNECT_TIME_TCP {
+    } else if config.pod_connect_balancing == POD_CONNECT_BALANCING_TCP {
         Some((config, Owner::Pod))
     } else {
         None
+    }
+}
+
+/// Whether the socket was bound to a source port before it connected. Such a
+/// socket keeps that port whatever its destination, so two of them connecting
+/// from one port to two Services that pick the same backend would ask for the
+/// same tuple and the second connect would fail; the TC programs give the
+/// second flow another source port instead (as netfilter's NAT does). Unbound
+/// sockets get their port after this hook, unique for the backend.
+#[inline(always)]
+fn has_source_port(ctx: &SockAddrContext) -> bool {
+    // SAFETY: `sk` of a sock_addr context is a valid socket for the program's
+    // run; both are plain loads the verifier checks.
+    unsafe {
+        let socket = core::ptr::read_volatile(&(*ctx.sock_addr).__bindgen_anon_1.sk);
+        core::ptr::read_volatile(&(*socket).src_port) != 0
     }
 }
 
@@ -128,7 +144,7 @@ fn translate(ctx: &SockAddrContext) -> i32 {
     let Some(frontend) = (unsafe { FRONTENDS.get(&key) }).copied() else {
         return ALLOW;
     };
-    if owner == Owner::Pod && !pod_connect_translated_here(&frontend) {
+    if owner == Owner::Pod && (!pod_connect_translated_here(&frontend) || has_source_port(ctx)) {
         return ALLOW;
     }
     if frontend.backend_count == 0 {

@@ -74,7 +74,7 @@ pub struct AgentSettings {
     /// Install the agent's masquerade rule (off in tests without iptables).
     pub manage_masquerade_rule: bool,
     pub socket_hooks: bool,
-    pub pod_connect_time: crate::standalone::PodConnectTime,
+    pub pod_connect_balancing: crate::standalone::PodConnectBalancing,
     pub agent_version: String,
     pub agent_revision: Option<String>,
     /// How often a full sync re-reads the maps and recomputes every Service
@@ -519,7 +519,7 @@ impl<D: NodeDatapath> ClusterAgent<D> {
             mode,
             cookie,
             self.settings.masquerade_mark,
-            self.settings.pod_connect_time,
+            self.settings.pod_connect_balancing,
         );
         if self.datapath.maps().config()? != Some(config) {
             self.datapath.maps().write_config(&config)?;

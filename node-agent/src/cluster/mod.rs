@@ -65,7 +65,7 @@ pub struct ClusterOptions {
     pub masquerade_mark: u32,
     pub manage_masquerade_rule: bool,
     pub socket_hook_cgroup: SocketHookCgroup,
-    pub pod_connect_time: crate::standalone::PodConnectTime,
+    pub pod_connect_balancing: crate::standalone::PodConnectBalancing,
     /// The pod's `controller-revision-hash` (`AGENT_REVISION`).
     pub agent_revision: Option<String>,
     /// kube-proxy's healthz, probed while its rules are present.
@@ -130,7 +130,7 @@ pub async fn run(options: ClusterOptions, shutdown: impl Future<Output = ()>) ->
         masquerade_mark: options.masquerade_mark,
         manage_masquerade_rule: options.manage_masquerade_rule,
         socket_hooks: options.socket_hook_cgroup != SocketHookCgroup::None,
-        pod_connect_time: options.pod_connect_time,
+        pod_connect_balancing: options.pod_connect_balancing,
         agent_version: env!("CARGO_PKG_VERSION").to_string(),
         agent_revision: options.agent_revision.clone(),
         full_resync_period: DEFAULT_FULL_RESYNC_PERIOD,

@@ -409,7 +409,7 @@ mod tests {
             tcp_idle_timeout_seconds: seconds,
             tcp_closing_timeout_seconds: 10,
             udp_idle_timeout_seconds: 120,
-            pod_connect_time: 0,
+            pod_connect_balancing: 0,
         }
     }
 

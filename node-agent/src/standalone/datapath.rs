@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use switchyard_common::{DatapathConfig, DATAPATH_MODE_ACTIVE};
 
 use super::interfaces::InterfaceRole;
-use super::{PodConnectTime, SocketHookCgroup};
+use super::{PodConnectBalancing, SocketHookCgroup};
 use crate::loader::{self, InterfaceKind, LoaderSettings, PinnedServiceMaps};
 use crate::maps::ServiceMaps;
 use crate::Error;
@@ -44,7 +44,7 @@ pub fn datapath_config(
     mode: u32,
     cookie: u64,
     masquerade_mark: u32,
-    pod_connect_time: PodConnectTime,
+    pod_connect_balancing: PodConnectBalancing,
 ) -> DatapathConfig {
     DatapathConfig {
         hairpin_address: switchyard_common::ipv4_mapped(DEFAULT_HAIRPIN_ADDRESS),
@@ -55,7 +55,7 @@ pub fn datapath_config(
         tcp_idle_timeout_seconds: 0,
         tcp_closing_timeout_seconds: 0,
         udp_idle_timeout_seconds: 0,
-        pod_connect_time: pod_connect_time.config_value(),
+        pod_connect_balancing: pod_connect_balancing.config_value(),
     }
 }
 

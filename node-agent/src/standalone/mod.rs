@@ -55,7 +55,7 @@ pub struct StandaloneOptions {
     /// Install the agent's masquerade rule (off in environments without iptables).
     pub manage_masquerade_rule: bool,
     pub socket_hook_cgroup: SocketHookCgroup,
-    pub pod_connect_time: PodConnectTime,
+    pub pod_connect_balancing: PodConnectBalancing,
 }
 
 /// Whether the socket hooks point pods' TCP connects to Services at a backend
@@ -66,18 +66,18 @@ pub struct StandaloneOptions {
 /// `disabled` leaves pods' traffic to the TC programs, for meshes and tools that
 /// must see the Service address in the packets.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
-pub enum PodConnectTime {
+pub enum PodConnectBalancing {
     Disabled,
     #[default]
     Tcp,
 }
 
-impl PodConnectTime {
-    /// Its value in `DatapathConfig::pod_connect_time`.
+impl PodConnectBalancing {
+    /// Its value in `DatapathConfig::pod_connect_balancing`.
     pub fn config_value(self) -> u32 {
         match self {
-            PodConnectTime::Disabled => switchyard_common::POD_CONNECT_TIME_DISABLED,
-            PodConnectTime::Tcp => switchyard_common::POD_CONNECT_TIME_TCP,
+            PodConnectBalancing::Disabled => switchyard_common::POD_CONNECT_BALANCING_DISABLED,
+            PodConnectBalancing::Tcp => switchyard_common::POD_CONNECT_BALANCING_TCP,
         }
     }
 }
@@ -424,7 +424,7 @@ impl<D: Datapath, H: HostView> Standalone<D, H> {
             mode,
             cookie,
             self.options.masquerade_mark,
-            self.options.pod_connect_time,
+            self.options.pod_connect_balancing,
         );
         if self.datapath.maps().config()? != Some(config) {
             self.datapath.maps().write_config(&config)?;

@@ -124,7 +124,7 @@ fn options(manifests: &Path) -> StandaloneOptions {
         masquerade_mark: 0x4000,
         manage_masquerade_rule: false,
         socket_hook_cgroup: SocketHookCgroup::None,
-        pod_connect_time: PodConnectTime::Tcp,
+        pod_connect_balancing: PodConnectBalancing::Tcp,
     }
 }
 

@@ -16,7 +16,7 @@
 use std::{
     io::{BufRead as _, BufReader, Write as _},
     net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream, UdpSocket},
-    os::fd::AsRawFd as _,
+    os::fd::{AsRawFd as _, FromRawFd as _},
     path::{Path, PathBuf},
     process::Command,
     sync::{
@@ -357,7 +357,7 @@ pub struct Answer {
     pub seen_client: SocketAddr,
 }
 
-fn parse_answer(line: &str) -> std::io::Result<Answer> {
+pub fn parse_answer(line: &str) -> std::io::Result<Answer> {
     let invalid = || std::io::Error::new(std::io::ErrorKind::InvalidData, line.to_string());
     let (backend, seen) = line.trim().split_once(' ').ok_or_else(invalid)?;
     Ok(Answer {
@@ -386,6 +386,95 @@ pub fn udp_request(address: SocketAddrV4, timeout: Duration) -> std::io::Result<
     // The reply must come from the address we asked (reverse translation works).
     let mut line = String::from_utf8_lossy(&buffer[..length]).into_owned();
     line.truncate(line.trim_end().len());
+    parse_answer(&line)
+}
+
+/// A TCP connection from local port `port`, bound with SO_REUSEADDR first, so two
+/// sockets can share one local port towards different destinations (as the
+/// ephemeral ports of `connect` are shared).
+pub fn connect_from_port(
+    port: u16,
+    target: SocketAddrV4,
+    timeout: Duration,
+) -> std::io::Result<TcpStream> {
+    let last_error = || Err(std::io::Error::last_os_error());
+    // SAFETY: plain system calls on a descriptor this function owns; on success
+    // it is handed to `TcpStream`, which closes it.
+    unsafe {
+        let descriptor = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        if descriptor < 0 {
+            return last_error();
+        }
+        let stream = TcpStream::from_raw_fd(descriptor);
+        let one: libc::c_int = 1;
+        if libc::setsockopt(
+            descriptor,
+            libc::SOL_SOCKET,
+            libc::SO_REUSEADDR,
+            (&one as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        ) != 0
+        {
+            return last_error();
+        }
+        // `connect` gives up after the send timeout.
+        let send_timeout = libc::timeval {
+            tv_sec: timeout.as_secs() as libc::time_t,
+            tv_usec: timeout.subsec_micros() as libc::suseconds_t,
+        };
+        if libc::setsockopt(
+            descriptor,
+            libc::SOL_SOCKET,
+            libc::SO_SNDTIMEO,
+            (&send_timeout as *const libc::timeval).cast(),
+            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+        ) != 0
+        {
+            return last_error();
+        }
+        let address = |ip: Ipv4Addr, port: u16| libc::sockaddr_in {
+            sin_family: libc::AF_INET as libc::sa_family_t,
+            sin_port: port.to_be(),
+            sin_addr: libc::in_addr {
+                s_addr: u32::from(ip).to_be(),
+            },
+            sin_zero: [0; 8],
+        };
+        let local = address(Ipv4Addr::UNSPECIFIED, port);
+        let length = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+        if libc::bind(
+            descriptor,
+            (&local as *const libc::sockaddr_in).cast(),
+            length,
+        ) != 0
+        {
+            return last_error();
+        }
+        let remote = address(*target.ip(), target.port());
+        if libc::connect(
+            descriptor,
+            (&remote as *const libc::sockaddr_in).cast(),
+            length,
+        ) != 0
+        {
+            return last_error();
+        }
+        stream.set_read_timeout(Some(timeout))?;
+        Ok(stream)
+    }
+}
+
+/// One request over a TCP connection from local port `port` (see
+/// `connect_from_port`), in the calling thread's namespace.
+pub fn tcp_request_from_port(
+    port: u16,
+    address: SocketAddrV4,
+    timeout: Duration,
+) -> std::io::Result<Answer> {
+    let mut stream = connect_from_port(port, address, timeout)?;
+    stream.write_all(b"hello\n")?;
+    let mut line = String::new();
+    BufReader::new(&mut stream).read_line(&mut line)?;
     parse_answer(&line)
 }
 
@@ -522,7 +611,7 @@ pub fn active_config() -> DatapathConfig {
         udp_idle_timeout_seconds: 0,
         // The TC programs carry pods' traffic, as most tests here check; the
         // connect-time tests switch it on themselves.
-        pod_connect_time: switchyard_common::POD_CONNECT_TIME_DISABLED,
+        pod_connect_balancing: switchyard_common::POD_CONNECT_BALANCING_DISABLED,
     }
 }
 

@@ -88,7 +88,7 @@ fn settings() -> AgentSettings {
         masquerade_mark: 0x4000,
         manage_masquerade_rule: false,
         socket_hooks: false,
-        pod_connect_time: crate::standalone::PodConnectTime::Tcp,
+        pod_connect_balancing: crate::standalone::PodConnectBalancing::Tcp,
         agent_version: "0.1.0".into(),
         agent_revision: None,
         full_resync_period: Duration::from_secs(300),

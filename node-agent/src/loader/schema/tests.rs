@@ -271,7 +271,7 @@ fn the_version_zero_config_keeps_mode_and_timeouts_and_leaves_the_closing_timeou
             tcp_idle_timeout_seconds: 3600,
             tcp_closing_timeout_seconds: 0,
             udp_idle_timeout_seconds: 60,
-            pod_connect_time: 0,
+            pod_connect_balancing: 0,
         }
     );
 }

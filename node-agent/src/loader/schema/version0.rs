@@ -238,7 +238,7 @@ fn config(key: &[u8], value: &[u8]) -> Result<Entry, String> {
             tcp_closing_timeout_seconds: 0,
             udp_idle_timeout_seconds,
             // Version 0 had no connect-time translation for pods.
-            pod_connect_time: switchyard_common::POD_CONNECT_TIME_DISABLED,
+            pod_connect_balancing: switchyard_common::POD_CONNECT_BALANCING_DISABLED,
         }),
     })
 }
