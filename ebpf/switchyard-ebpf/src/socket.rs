@@ -6,11 +6,12 @@
 //! configured) from every other one (pods):
 //! - the node's processes (host network namespace, hostNetwork pods): TCP and
 //!   UDP, with the node as the client for session affinity;
-//! - pods, when `pod_connect_balancing` asks for it: TCP connects only, of sockets not
-//!   bound to a source port, and only to frontends the TC programs would
-//!   translate the same way (no session affinity, no masquerading, some backend). Everything else, UDP included
-//!   (a connected UDP socket would keep a backend that has gone), stays with the
-//!   TC programs, so it behaves exactly as without the hook.
+//! - pods, when `pod_connect_balancing` asks for it: TCP connects only, of
+//!   sockets not bound to a source port, and only to frontends the TC programs
+//!   would translate the same way (no session affinity, no masquerading, some
+//!   backend). Everything else, UDP included (a connected UDP socket would keep
+//!   a backend that has gone), stays with the TC programs, so it behaves exactly
+//!   as without the hook.
 //!
 //! Return values: 1 lets the call proceed, 0 fails it with EPERM (used to refuse
 //! a Service without endpoints at once, for the node's processes).
