@@ -71,7 +71,12 @@ pub async fn data_and_control_plane(
                         // Partial results show even if a later configuration fails.
                         print!(
                             "{}",
-                            dataplane::table(scale, std::slice::from_ref(&row)).render()
+                            dataplane::table(
+                                scale,
+                                plan.dataplane.latency_rate,
+                                std::slice::from_ref(&row)
+                            )
+                            .render()
                         );
                         rows.push(row);
                     }
@@ -90,7 +95,7 @@ pub async fn data_and_control_plane(
                     }
                 }
             }
-            let table = dataplane::table(scale, &rows);
+            let table = dataplane::table(scale, plan.dataplane.latency_rate, &rows);
             print!("{}", table.render());
             tables.push(table);
         }

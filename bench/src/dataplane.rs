@@ -27,6 +27,11 @@ pub struct DataplaneSettings {
     pub run_duration: Duration,
     pub warm_up: Duration,
     pub concurrency: usize,
+    /// Connections per second of the fixed-rate latency run: well below what any
+    /// system sustains here, so its latencies are the path's own, not the queue
+    /// behind a saturated CPU (closed-loop latency at full load is concurrency /
+    /// rate, by Little's law, and moves with every drift of the rate).
+    pub latency_rate: f64,
     /// How long a system may take to serve every Service before it is reported as failed.
     pub serve_timeout: Duration,
 }
@@ -91,6 +96,9 @@ pub struct Row {
     pub connections: Vec<f64>,
     pub connect_p50: Vec<f64>,
     pub connect_p99: Vec<f64>,
+    /// Connect latency at `DataplaneSettings::latency_rate`, open loop.
+    pub fixed_rate_p50: Vec<f64>,
+    pub fixed_rate_p99: Vec<f64>,
     pub kept_alive: Vec<f64>,
     pub udp: Vec<f64>,
     pub failures: u64,
@@ -196,6 +204,21 @@ pub fn measure(
         row.failures += connect.failures;
         report_failure(system, "connect", &connect);
         row.servers_restarted += topology.revive_servers()?;
+        let paced = run_load(
+            &binaries.bench,
+            work,
+            &LoadOptions {
+                rate: Some(settings.latency_rate),
+                ..load(Workload::Connect, &tcp, settings.run_duration)
+            },
+        )?;
+        row.fixed_rate_p50
+            .push(percentile(&paced.latencies_us, 0.5).unwrap_or(0) as f64);
+        row.fixed_rate_p99
+            .push(percentile(&paced.latencies_us, 0.99).unwrap_or(0) as f64);
+        row.failures += paced.failures;
+        report_failure(system, "connect at a fixed rate", &paced);
+        row.servers_restarted += topology.revive_servers()?;
         let kept = run_load(
             &binaries.bench,
             work,
@@ -240,6 +263,22 @@ pub fn measure(
         scale,
         "connect-latency-p99",
         &row.connect_p99,
+        "us",
+    );
+    summary.record_runs(
+        NAME,
+        label,
+        scale,
+        "fixed-rate-connect-latency-p50",
+        &row.fixed_rate_p50,
+        "us",
+    );
+    summary.record_runs(
+        NAME,
+        label,
+        scale,
+        "fixed-rate-connect-latency-p99",
+        &row.fixed_rate_p99,
         "us",
     );
     summary.record_runs(
@@ -414,10 +453,13 @@ fn report_failure(system: System, workload: &str, report: &LoadReport) {
     }
 }
 
-pub fn table(services: u32, rows: &[Row]) -> Table {
+pub fn table(services: u32, latency_rate: f64, rows: &[Row]) -> Table {
+    let paced_p50 = format!("p50 µs at {}/s", number(latency_rate, 0));
+    let paced_p99 = format!("p99 µs at {}/s", number(latency_rate, 0));
     let mut table = Table::new(
         &format!(
-            "Data plane, {} Services x {BACKENDS} endpoints (median of runs, (min-max))",
+            "Data plane, {} Services x {BACKENDS} endpoints (median of runs, (min-max)); \
+             connect latency at full load, then at a fixed rate",
             number(services as f64, 0)
         ),
         &[
@@ -425,6 +467,8 @@ pub fn table(services: u32, rows: &[Row]) -> Table {
             "new connections/s",
             "connect p50 µs",
             "connect p99 µs",
+            &paced_p50,
+            &paced_p99,
             "kept-alive requests/s",
             "UDP requests/s",
             "failed",
@@ -439,7 +483,7 @@ pub fn table(services: u32, rows: &[Row]) -> Table {
     for row in rows {
         if let Some(error) = &row.error {
             let mut cells = vec![row.system.clone()];
-            cells.extend(std::iter::repeat_n("-".to_string(), 6));
+            cells.extend(std::iter::repeat_n("-".to_string(), 8));
             cells.push(format!("FAILED: {error}"));
             table.row(cells);
             continue;
@@ -453,6 +497,8 @@ pub fn table(services: u32, rows: &[Row]) -> Table {
             cell(&row.connections),
             cell(&row.connect_p50),
             cell(&row.connect_p99),
+            cell(&row.fixed_rate_p50),
+            cell(&row.fixed_rate_p99),
             cell(&row.kept_alive),
             cell(&row.udp),
             if row.servers_restarted > 0 {

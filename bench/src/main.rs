@@ -364,6 +364,7 @@ impl Plan {
                     run_duration: Duration::from_millis(300),
                     warm_up: Duration::from_millis(200),
                     concurrency: 16,
+                    latency_rate: 2_000.0,
                     serve_timeout: Duration::from_secs(60),
                 }
             } else {
@@ -372,6 +373,7 @@ impl Plan {
                     run_duration: Duration::from_secs(2),
                     warm_up: Duration::from_secs(1),
                     concurrency: 16,
+                    latency_rate: 2_000.0,
                     serve_timeout: Duration::from_secs(180),
                 }
             },
@@ -469,7 +471,12 @@ fn inside(arguments: RunArguments) -> Result<()> {
         detail: error.to_string(),
     })?;
     if parts.contains(&"dataplane") || parts.contains(&"operator") || parts.contains(&"control") {
-        tables.push(goals::table(&summary, &plan.scales, &plan.node_counts));
+        tables.push(goals::table(
+            &summary,
+            &plan.scales,
+            plan.dataplane.latency_rate,
+            &plan.node_counts,
+        ));
     }
     println!(
         "\n## Summary ({machine}, {})",
