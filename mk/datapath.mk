@@ -15,7 +15,9 @@ datapath-test: setup
 		--ignored --test-threads=1 --skip benchmark
 
 # Issue 3's benchmark: programming time, and connect rate/latency through the TC
-# programs versus kube-proxy-style iptables rules versus the pod IP. Prints a table.
+# programs versus kube-proxy-style iptables rules versus the pod IP; issue 7's
+# latency flatness (100 and 30,000 Services on one node, interleaved, with the
+# programs' own run time); the conntrack sweep. Prints tables.
 bench-datapath: setup
 	$(CARGO) test --locked --release -p switchyard-agent --test datapath_bench -- \
 		--ignored --nocapture --test-threads=1 benchmark
