@@ -197,10 +197,7 @@ pub fn measure(
             &load(Workload::Connect, &tcp, settings.run_duration),
         )?;
         row.connections.push(connect.rate());
-        row.connect_p50
-            .push(percentile(&connect.latencies_us, 0.5).unwrap_or(0) as f64);
-        row.connect_p99
-            .push(percentile(&connect.latencies_us, 0.99).unwrap_or(0) as f64);
+        push_median_and_p99(&connect, &mut row.connect_p50, &mut row.connect_p99);
         row.failures += connect.failures;
         report_failure(system, "connect", &connect);
         row.servers_restarted += topology.revive_servers()?;
@@ -212,10 +209,7 @@ pub fn measure(
                 ..load(Workload::Connect, &tcp, settings.run_duration)
             },
         )?;
-        row.fixed_rate_p50
-            .push(percentile(&paced.latencies_us, 0.5).unwrap_or(0) as f64);
-        row.fixed_rate_p99
-            .push(percentile(&paced.latencies_us, 0.99).unwrap_or(0) as f64);
+        push_median_and_p99(&paced, &mut row.fixed_rate_p50, &mut row.fixed_rate_p99);
         row.failures += paced.failures;
         report_failure(system, "connect at a fixed rate", &paced);
         row.servers_restarted += topology.revive_servers()?;
@@ -440,6 +434,12 @@ fn json_number(value: &serde_json::Value) -> Option<u64> {
         number |= byte << (8 * index);
     }
     Some(number)
+}
+
+/// Adds a run's median and 99th percentile latency to a row's samples.
+fn push_median_and_p99(report: &LoadReport, medians: &mut Vec<f64>, p99s: &mut Vec<f64>) {
+    medians.push(percentile(&report.latencies_us, 0.5).unwrap_or(0) as f64);
+    p99s.push(percentile(&report.latencies_us, 0.99).unwrap_or(0) as f64);
 }
 
 fn report_failure(system: System, workload: &str, report: &LoadReport) {

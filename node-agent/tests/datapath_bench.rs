@@ -1,5 +1,6 @@
-//! `make bench-datapath`: issue 3's benchmark. Not a test (it asserts only that
-//! the measurements ran); it prints a table. Same private topology as the tests.
+//! `make bench-datapath`: issue 3's benchmark and issue 7's interleaved latency
+//! flatness. Not tests (they assert only that the measurements ran); they print
+//! tables. Same private topology as the tests.
 //!
 //! Three benchmarks: the datapath against iptables and the pod IPs (below),
 //! connect latency at 100 and 30,000 Services on one node
@@ -217,6 +218,26 @@ impl ConnectResult {
     }
 }
 
+/// The client threads' latencies and failures, as one sample over the time
+/// since `started`.
+fn collect_sample(
+    workers: Vec<std::thread::JoinHandle<(Vec<u64>, usize)>>,
+    started: Instant,
+) -> Sample {
+    let mut sample = Sample {
+        latencies: Vec::new(),
+        failures: 0,
+        seconds: 0.0,
+    };
+    for worker in workers {
+        let (latencies, failures) = worker.join().expect("client");
+        sample.latencies.extend(latencies);
+        sample.failures += failures;
+    }
+    sample.seconds = started.elapsed().as_secs_f64();
+    sample
+}
+
 /// Makes closing `stream` reset the connection (SO_LINGER 0), so that no
 /// TIME_WAIT piles up over a benchmark's hundreds of thousands of connects.
 fn reset_on_close(stream: &TcpStream) {
@@ -267,18 +288,7 @@ fn sample_connects(namespace: &str, targets: &[SocketAddrV4], duration: Duration
     let started = Instant::now();
     std::thread::sleep(duration);
     stop.store(true, Ordering::Relaxed);
-    let mut sample = Sample {
-        latencies: Vec::new(),
-        failures: 0,
-        seconds: 0.0,
-    };
-    for worker in workers {
-        let (latencies, failures) = worker.join().expect("client");
-        sample.latencies.extend(latencies);
-        sample.failures += failures;
-    }
-    sample.seconds = started.elapsed().as_secs_f64();
-    sample
+    collect_sample(workers, started)
 }
 
 fn open_gate() -> switchyard_agent::gate::GateOpen {
@@ -713,18 +723,7 @@ fn paced_connects(
             })
         })
         .collect();
-    let mut sample = Sample {
-        latencies: Vec::new(),
-        failures: 0,
-        seconds: 0.0,
-    };
-    for worker in workers {
-        let (latencies, failures) = worker.join().expect("client");
-        sample.latencies.extend(latencies);
-        sample.failures += failures;
-    }
-    sample.seconds = started.elapsed().as_secs_f64();
-    sample
+    collect_sample(workers, started)
 }
 
 /// Issue 7's flatness goal (connect p99 at 30,000 Services within 10% of p99 at

@@ -563,21 +563,35 @@ fn a_pods_tcp_connect_goes_straight_to_a_backend_while_udp_affinity_and_refusals
 
             // TCP: every backend, the pod's own address seen, no conntrack entry
             // (the socket itself is connected to the backend), and the application
-            // still sees the Service address as its peer.
+            // still sees the Service address as its peer, through a reverse entry
+            // that lives exactly as long as the socket.
             let counts = backends_hit(&tcp_requests_from(Some("pod4"), cluster_ip_address(), 60));
             assert_eq!(counts.len(), 3, "every backend gets traffic: {counts:?}");
             assert_eq!(tc_flows_from(&maps, pod4, PROTOCOL_TCP), 0, "TC translated none");
-            let peer = in_namespace(Some("pod4"), || {
+            assert_eq!(
+                socket_reverse_entries(&node.pin_directory),
+                0,
+                "the 60 closed sockets left no reverse entry"
+            );
+            let pin_directory = node.pin_directory.clone();
+            let (peer, entries_while_open) = in_namespace(Some("pod4"), move || {
                 let stream = std::net::TcpStream::connect_timeout(
                     &cluster_ip_address().into(),
                     Duration::from_secs(2),
                 )
                 .expect("connect");
-                stream.peer_addr().expect("peer")
+                let peer = stream.peer_addr().expect("peer");
+                (peer, socket_reverse_entries(&pin_directory))
             })
             .join()
             .expect("client");
             assert_eq!(peer, std::net::SocketAddr::V4(cluster_ip_address()));
+            assert_eq!(entries_while_open, 1, "the open socket's reverse entry");
+            assert_eq!(
+                socket_reverse_entries(&node.pin_directory),
+                0,
+                "removed when the socket closed"
+            );
             let seen = tcp_requests_from(Some("pod4"), cluster_ip_address(), 1)
                 .pop()
                 .expect("one answer")

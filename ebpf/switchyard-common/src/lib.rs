@@ -118,6 +118,8 @@ pub mod program_names {
     pub const SENDMSG4: &str = "sy_sendmsg4";
     pub const RECVMSG4: &str = "sy_recvmsg4";
     pub const GETPEERNAME4: &str = "sy_getpeername4";
+    /// On the same cgroup: removes a closing socket's reverse entry.
+    pub const SOCK_RELEASE: &str = "sy_sock_release";
 }
 
 /// Timeouts the programs use when the config entry leaves them at zero.

@@ -19,9 +19,9 @@ mod socket;
 use aya_ebpf::{
     bindings::{TC_ACT_REDIRECT, TC_ACT_UNSPEC},
     helpers::{bpf_get_prandom_u32, bpf_ktime_get_ns, bpf_redirect},
-    macros::{cgroup_sock_addr, classifier, map},
+    macros::{cgroup_sock, cgroup_sock_addr, classifier, map},
     maps::{Array, HashMap, LruHashMap, PerCpuArray},
-    programs::{SockAddrContext, TcContext},
+    programs::{SockAddrContext, SockContext, TcContext},
 };
 use switchyard_common::{
     counter, port_filter, AffinityKey, AffinityValue, BackendSlotKey, BackendValue, ConntrackKey,
@@ -139,6 +139,11 @@ pub fn sy_recvmsg4(ctx: SockAddrContext) -> i32 {
 #[cgroup_sock_addr(getpeername4)]
 pub fn sy_getpeername4(ctx: SockAddrContext) -> i32 {
     socket::try_reverse_peer_name(&ctx)
+}
+
+#[cgroup_sock(sock_release)]
+pub fn sy_sock_release(ctx: SockContext) -> i32 {
+    socket::try_forget_peer(&ctx)
 }
 
 #[inline(always)]

@@ -15,20 +15,27 @@
 //!
 //! Return values: 1 lets the call proceed, 0 fails it with EPERM (used to refuse
 //! a Service without endpoints at once, for the node's processes).
+//!
+//! A translated socket's reverse entry (backend -> Service, for getpeername and
+//! UDP answers) is removed when the socket is released, so the LRU holds the
+//! entries of open sockets rather than of the last 65,536 connects: a long-lived
+//! connection keeps its peer name however many short ones come after it, and an
+//! insert seldom has to evict. Entries of unconnected UDP sockets, which have no
+//! single peer to remove by, still age out of the LRU.
 
 use aya_ebpf::{
     helpers::{bpf_get_netns_cookie, bpf_get_socket_cookie, bpf_ktime_get_ns},
-    programs::SockAddrContext,
+    programs::{SockAddrContext, SockContext},
     EbpfContext,
 };
 use switchyard_common::{
-    counter, ipv4_mapped, AffinityKey, AffinityValue, BackendValue, DatapathConfig, FrontendKey,
-    FrontendValue, SocketReverseKey, SocketReverseValue, DATAPATH_MODE_ACTIVE,
+    counter, ipv4_mapped, port_filter, AffinityKey, AffinityValue, BackendValue, DatapathConfig,
+    FrontendKey, FrontendValue, SocketReverseKey, SocketReverseValue, DATAPATH_MODE_ACTIVE,
     FRONTEND_FLAG_MASQUERADE_REMOTE, FRONTEND_FLAG_SESSION_AFFINITY, POD_CONNECT_BALANCING_TCP,
     PROTOCOL_TCP, PROTOCOL_UDP, SCOPE_INTERNAL,
 };
 
-use crate::{choose_backend, config, count, BackendChoice, FRONTENDS, SOCKET_REVERSE};
+use crate::{choose_backend, config, count, port_marked, BackendChoice, FRONTENDS, SOCKET_REVERSE};
 
 const ALLOW: i32 = 1;
 const REFUSE: i32 = 0;
@@ -47,7 +54,7 @@ enum Owner {
 /// The configuration and the owner of this socket, if the hooks act on it: the
 /// node's sockets always, pods' only when connect-time translation is on for them.
 #[inline(always)]
-fn config_for_this_socket(ctx: &SockAddrContext) -> Option<(&'static DatapathConfig, Owner)> {
+fn config_for_this_socket<C: EbpfContext>(ctx: &C) -> Option<(&'static DatapathConfig, Owner)> {
     let config = config()?;
     if config.network_namespace_cookie == 0 {
         // Not configured yet: no namespace can be told from another.
@@ -268,5 +275,45 @@ fn reverse(ctx: &SockAddrContext) -> i32 {
             reverse.frontend_port_big_endian as u32,
         );
     }
+    ALLOW
+}
+
+/// `sock_release`: removes the reverse entry of a socket the hooks translated,
+/// found by the peer it is connected to (the backend). Sockets of namespaces
+/// the hooks leave alone, sockets with no peer, and sockets whose peer's port
+/// no backend uses are skipped before the reverse map is touched.
+pub fn try_forget_peer(ctx: &SockContext) -> i32 {
+    if config_for_this_socket(ctx).is_none() {
+        return ALLOW;
+    }
+    let socket = ctx.sock;
+    // SAFETY: reads of fields every cgroup socket hook may read.
+    let (family, destination_ipv4, destination_port) = unsafe {
+        (
+            core::ptr::read_volatile(&(*socket).family),
+            core::ptr::read_volatile(&(*socket).dst_ip4),
+            core::ptr::read_volatile(&(*socket).dst_port),
+        )
+    };
+    // A translated socket's peer is a backend, whose port the port filter has
+    // marked: sockets accepted by servers (their peer's port is a client's) and
+    // most others are skipped before any hash is touched.
+    if family != ADDRESS_FAMILY_INET
+        || destination_ipv4 == 0
+        || !port_marked(port_filter::BACKEND_PORTS, destination_port)
+    {
+        return ALLOW;
+    }
+    let key = SocketReverseKey {
+        // SAFETY: helper on the context the kernel passed in.
+        socket_cookie: unsafe { bpf_get_socket_cookie(ctx.as_ptr()) },
+        // `dst_ip4` and `dst_port` hold network byte order in memory, as the
+        // connect hook's `user_ip4` and `user_port` did.
+        backend_address: ipv4_mapped(destination_ipv4.to_ne_bytes()),
+        backend_port_big_endian: destination_port,
+        reserved: [0; 6],
+    };
+    // Absent (never translated, or evicted) is fine: nothing to remove.
+    let _ = SOCKET_REVERSE.remove(&key);
     ALLOW
 }

@@ -21,7 +21,8 @@ use aya::{
     programs::{
         links::{CgroupAttachMode, FdLink},
         tc::{self, NlOptions, SchedClassifierLink, TcAttachOptions, TcHandle},
-        CgroupSockAddr, LinkOrder, SchedClassifier, TcAttachType,
+        CgroupSock, CgroupSockAddr, LinkOrder, ProgramError, ProgramFd, SchedClassifier,
+        TcAttachType,
     },
     Ebpf,
 };
@@ -122,6 +123,13 @@ pub(crate) const SOCKET_HOOKS: [SocketHook; 4] = [
         hook: "getpeername4",
     },
 ];
+
+/// Removes a closing socket's reverse entry: on the same cgroup as the hooks
+/// above, but a `cgroup/sock_release` program, another program type.
+pub(crate) const RELEASE_HOOK: SocketHook = SocketHook {
+    program: program_names::SOCK_RELEASE,
+    hook: "sock_release",
+};
 
 /// What makes an attached program "the same" as one just loaded: the same
 /// instructions (tag) *and* the same maps. After a schema conversion the new
@@ -325,51 +333,90 @@ pub(crate) fn attach_socket_hooks(
     let target = cgroup.display().to_string();
     let mut outcomes = Vec::new();
     for hook in &SOCKET_HOOKS {
-        let path = links_directory(&settings.pin_directory).join(format!("cgroup-{}", hook.hook));
         let program: &mut CgroupSockAddr = program_mut(ebpf, hook.program)?;
-        let program_fd = program
-            .fd()
-            .map_err(|error| attach_error(hook.program, &target, error))?;
-        let ours = ProgramIdentity::of_fd(program_fd.as_fd())
-            .map_err(|error| attach_error(hook.program, &target, error))?;
-        match system::open_pinned(&path) {
-            Ok(link) => {
-                let info = system::link_info(link.as_fd())
-                    .map_err(|error| attach_error(hook.program, &target, error))?;
-                if info.link_type == system::LINK_TYPE_CGROUP {
-                    if ours.is_attached_as(info.program_id) {
-                        outcomes.push(AttachOutcome::Kept);
-                    } else {
-                        system::link_update(link.as_fd(), program_fd.as_fd())
-                            .map_err(|error| attach_error(hook.program, &target, error))?;
-                        outcomes.push(AttachOutcome::Replaced);
-                    }
-                    continue;
-                }
-                remove_pin(&path)?;
-            }
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
-            Err(error) => return Err(attach_error(hook.program, &target, error)),
-        }
-        let cgroup_file = std::fs::File::open(cgroup)
-            .map_err(|error| attach_error(hook.program, &target, error))?;
-        // A cgroup *link* always shares the hook with other programs (systemd's, a
-        // CNI's); the kernel refuses the legacy ALLOW_MULTI flag on links, so
-        // "single" (flags 0) is the right mode here.
-        let link_id = program
-            .attach(&cgroup_file, CgroupAttachMode::Single)
-            .map_err(|error| attach_error(hook.program, &target, error))?;
-        let link = program
-            .take_link(link_id)
-            .map_err(|error| attach_error(hook.program, &target, error))?;
-        let link: FdLink = link
-            .try_into()
-            .map_err(|error| attach_error(hook.program, &target, error))?;
-        link.pin(&path)
-            .map_err(|error| attach_error(hook.program, &target, error))?;
-        outcomes.push(AttachOutcome::Created);
+        let program_fd = owned_program_fd(program.fd(), hook, &target)?;
+        outcomes.push(attach_cgroup_hook(
+            settings,
+            cgroup,
+            hook,
+            program_fd,
+            |cgroup_file| {
+                let link_id = program.attach(cgroup_file, CgroupAttachMode::Single)?;
+                Ok(FdLink::try_from(program.take_link(link_id)?)?)
+            },
+        )?);
     }
+    let program: &mut CgroupSock = program_mut(ebpf, RELEASE_HOOK.program)?;
+    let program_fd = owned_program_fd(program.fd(), &RELEASE_HOOK, &target)?;
+    outcomes.push(attach_cgroup_hook(
+        settings,
+        cgroup,
+        &RELEASE_HOOK,
+        program_fd,
+        |cgroup_file| {
+            let link_id = program.attach(cgroup_file, CgroupAttachMode::Single)?;
+            Ok(FdLink::try_from(program.take_link(link_id)?)?)
+        },
+    )?);
     Ok(outcomes)
+}
+
+fn owned_program_fd(
+    program_fd: Result<&ProgramFd, ProgramError>,
+    hook: &SocketHook,
+    target: &str,
+) -> Result<ProgramFd, Error> {
+    program_fd
+        .map_err(|error| attach_error(hook.program, target, error))?
+        .try_clone()
+        .map_err(|error| attach_error(hook.program, target, error))
+}
+
+/// Attaches one cgroup hook through a link pinned as `links/cgroup-<hook>`: an
+/// existing link keeps its program if it is ours already, or is updated to it
+/// in place (the hook never runs zero or two of our programs); otherwise
+/// `attach` makes a new link, which is pinned.
+fn attach_cgroup_hook(
+    settings: &LoaderSettings,
+    cgroup: &Path,
+    hook: &SocketHook,
+    program_fd: ProgramFd,
+    attach: impl FnOnce(&std::fs::File) -> Result<FdLink, Box<dyn std::error::Error>>,
+) -> Result<AttachOutcome, Error> {
+    let target = cgroup.display().to_string();
+    let path = links_directory(&settings.pin_directory).join(format!("cgroup-{}", hook.hook));
+    let ours = ProgramIdentity::of_fd(program_fd.as_fd())
+        .map_err(|error| attach_error(hook.program, &target, error))?;
+    match system::open_pinned(&path) {
+        Ok(link) => {
+            let info = system::link_info(link.as_fd())
+                .map_err(|error| attach_error(hook.program, &target, error))?;
+            if info.link_type == system::LINK_TYPE_CGROUP {
+                if ours.is_attached_as(info.program_id) {
+                    return Ok(AttachOutcome::Kept);
+                }
+                system::link_update(link.as_fd(), program_fd.as_fd())
+                    .map_err(|error| attach_error(hook.program, &target, error))?;
+                return Ok(AttachOutcome::Replaced);
+            }
+            remove_pin(&path)?;
+        }
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+        Err(error) => return Err(attach_error(hook.program, &target, error)),
+    }
+    let cgroup_file =
+        std::fs::File::open(cgroup).map_err(|error| attach_error(hook.program, &target, error))?;
+    // A cgroup *link* always shares the hook with other programs (systemd's, a
+    // CNI's); the kernel refuses the legacy ALLOW_MULTI flag on links, so
+    // "single" (flags 0) is the right mode here.
+    let link = attach(&cgroup_file).map_err(|error| Error::AttachProgram {
+        program: hook.program,
+        target: target.clone(),
+        reason: super::describe(error.as_ref()),
+    })?;
+    link.pin(&path)
+        .map_err(|error| attach_error(hook.program, &target, error))?;
+    Ok(AttachOutcome::Created)
 }
 
 /// Detaches the link pinned at `path` (if it is one and is still attached), then

@@ -25,7 +25,7 @@ mod watch;
 use std::path::{Path, PathBuf};
 
 use aya::{
-    programs::{CgroupSockAddr, SchedClassifier},
+    programs::{CgroupSock, CgroupSockAddr, SchedClassifier},
     Ebpf, EbpfLoader,
 };
 use switchyard_common::{map_names, program_names, SCHEMA_VERSION};
@@ -295,6 +295,11 @@ impl Datapath {
             programs.insert(program_identity(program.fd(), name)?);
             pin_program(program.fd(), &programs_directory, name)?;
         }
+        let name = attach::RELEASE_HOOK.program;
+        let program: &mut CgroupSock = program_mut(&mut ebpf, name)?;
+        program.load().map_err(|error| load_error(name, error))?;
+        programs.insert(program_identity(program.fd(), name)?);
+        pin_program(program.fd(), &programs_directory, name)?;
         let conntrack_expiry = expiry::ConntrackExpiry::start(&version_directory)?;
         Ok(Self {
             conntrack_expiry,

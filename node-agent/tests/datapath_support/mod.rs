@@ -600,6 +600,21 @@ pub fn start_datapath(node: &Node, pods: &[Pod]) -> (Datapath, PinnedServiceMaps
     (datapath, maps)
 }
 
+/// How many entries the socket hooks' reverse map (`SY_SOCK_REVERSE`) holds.
+pub fn socket_reverse_entries(pin_directory: &Path) -> usize {
+    use std::os::fd::AsFd as _;
+    let path = loader::version_directory(pin_directory, switchyard_common::SCHEMA_VERSION)
+        .join(switchyard_common::map_names::SOCKET_REVERSE);
+    let map = loader::system::open_pinned(&path).expect("open the reverse map");
+    loader::system::map_entries(
+        map.as_fd(),
+        std::mem::size_of::<switchyard_common::SocketReverseKey>(),
+        std::mem::size_of::<switchyard_common::SocketReverseValue>(),
+    )
+    .expect("read the reverse map")
+    .len()
+}
+
 pub fn active_config() -> DatapathConfig {
     DatapathConfig {
         hairpin_address: ipv4_mapped(HAIRPIN_IP.octets()),
