@@ -29,8 +29,9 @@ pub struct DataplaneSettings {
     pub concurrency: usize,
     /// Connections per second of the fixed-rate latency run: well below what any
     /// system sustains here, so its latencies are the path's own, not the queue
-    /// behind a saturated CPU (closed-loop latency at full load is concurrency /
-    /// rate, by Little's law, and moves with every drift of the rate).
+    /// behind a saturated CPU (in the closed loop at full load a whole operation
+    /// takes concurrency / rate on average, by Little's law, so the connect's
+    /// latency rises whenever the rate drifts down).
     pub latency_rate: f64,
     /// How long a system may take to serve every Service before it is reported as failed.
     pub serve_timeout: Duration,
@@ -436,8 +437,12 @@ fn json_number(value: &serde_json::Value) -> Option<u64> {
     Some(number)
 }
 
-/// Adds a run's median and 99th percentile latency to a row's samples.
+/// Adds a run's median and 99th percentile latency to a row's samples; a run
+/// in which nothing succeeded adds none (it would read as zero latency).
 fn push_median_and_p99(report: &LoadReport, medians: &mut Vec<f64>, p99s: &mut Vec<f64>) {
+    if report.latencies_us.is_empty() {
+        return;
+    }
     medians.push(percentile(&report.latencies_us, 0.5).unwrap_or(0) as f64);
     p99s.push(percentile(&report.latencies_us, 0.99).unwrap_or(0) as f64);
 }

@@ -109,8 +109,9 @@ pub fn table(
     let largest = dataplane_scales.iter().max().copied().unwrap_or(0) as u64;
     // The goal is about the data path's latency, so it is judged at a fixed rate
     // well below saturation. At full load (a closed loop of 16 workers) latency is
-    // the queue in front of two busy cores: by Little's law p99 follows 16 / rate,
-    // so that row says how the connection rate drifted as much as anything.
+    // mostly the queue in front of two busy cores: by Little's law a whole
+    // operation takes 16 / rate on average, so that row's p99 rises whenever the
+    // connection rate drifts down.
     let rate_label = number(latency_rate, 0);
     let flatness = [
         (

@@ -37,8 +37,10 @@ pub struct LoadOptions {
     pub concurrency: usize,
     pub duration: Duration,
     pub max_operations: u64,
-    /// Open loop at this many operations per second (for the restart test);
-    /// `None`: closed loop, each worker starts its next operation when one ends.
+    /// Open loop at this many operations per second (the restart test, and the
+    /// data plane's fixed-rate latency runs); `None`: closed loop, each worker
+    /// starts its next operation when one ends. Latency is timed from when an
+    /// operation starts, not from when it was due.
     pub rate: Option<f64>,
     pub timeout: Duration,
     /// Record every operation's start time and outcome (the restart test needs the timeline).

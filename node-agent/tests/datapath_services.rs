@@ -106,6 +106,11 @@ fn cluster_ip_and_node_port_reach_every_backend_from_pods_host_and_outside() {
             // From the node's own network namespace (socket hooks).
             let from_host = tcp_requests_from(None, cluster_ip_address(), 60);
             assert_eq!(backends_hit(&from_host).len(), 3);
+            assert_eq!(
+                socket_reverse_entries(&node.pin_directory),
+                0,
+                "the node's closed TCP sockets left no reverse entry"
+            );
             // NodePort from outside, and from a pod.
             let from_outside = tcp_requests_from(Some("client"), node_port_address(), 60);
             let counts = backends_hit(&from_outside);
@@ -126,6 +131,13 @@ fn cluster_ip_and_node_port_reach_every_backend_from_pods_host_and_outside() {
                 .expect("udp client");
                 assert_eq!(backends_hit(&answers).len(), 3, "udp from {namespace:?}");
             }
+            // The node's UDP sockets were connected (translated by the connect
+            // hook): their entries went with them too.
+            assert_eq!(
+                socket_reverse_entries(&node.pin_directory),
+                0,
+                "the node's closed UDP sockets left no reverse entry"
+            );
             let counters = maps.counters().expect("counters");
             assert!(counters.translated >= 240, "{counters:?}");
             assert_eq!(counters.error, 0, "{counters:?}");

@@ -20,8 +20,10 @@
 //! UDP answers) is removed when the socket is released, so the LRU holds the
 //! entries of open sockets rather than of the last 65,536 connects: a long-lived
 //! connection keeps its peer name however many short ones come after it, and an
-//! insert seldom has to evict. Entries of unconnected UDP sockets, which have no
-//! single peer to remove by, still age out of the LRU.
+//! insert seldom has to evict. Entries the release cannot find by the socket's
+//! peer still age out of the LRU: those of unconnected UDP sockets (which send
+//! to many peers), of a connected socket's `sendto` elsewhere, of a connect that
+//! failed at once, and of a socket disconnected or connected again.
 
 use aya_ebpf::{
     helpers::{bpf_get_netns_cookie, bpf_get_socket_cookie, bpf_ktime_get_ns},
@@ -54,7 +56,7 @@ enum Owner {
 /// The configuration and the owner of this socket, if the hooks act on it: the
 /// node's sockets always, pods' only when connect-time translation is on for them.
 #[inline(always)]
-fn config_for_this_socket<C: EbpfContext>(ctx: &C) -> Option<(&'static DatapathConfig, Owner)> {
+fn config_for_this_socket(ctx: &SockAddrContext) -> Option<(&'static DatapathConfig, Owner)> {
     let config = config()?;
     if config.network_namespace_cookie == 0 {
         // Not configured yet: no namespace can be told from another.
@@ -279,13 +281,12 @@ fn reverse(ctx: &SockAddrContext) -> i32 {
 }
 
 /// `sock_release`: removes the reverse entry of a socket the hooks translated,
-/// found by the peer it is connected to (the backend). Sockets of namespaces
-/// the hooks leave alone, sockets with no peer, and sockets whose peer's port
-/// no backend uses are skipped before the reverse map is touched.
+/// found by the peer it is connected to (the backend). Sockets with no peer,
+/// and sockets whose peer's port no backend uses, are skipped before the
+/// reverse map is touched.
 pub fn try_forget_peer(ctx: &SockContext) -> i32 {
-    if config_for_this_socket(ctx).is_none() {
-        return ALLOW;
-    }
+    // Not gated on the configuration: a socket translated before pods'
+    // connect-time balancing was switched off must still lose its entry.
     let socket = ctx.sock;
     // SAFETY: reads of fields every cgroup socket hook may read.
     let (family, destination_ipv4, destination_port) = unsafe {

@@ -361,6 +361,8 @@ pub(crate) fn attach_socket_hooks(
     Ok(outcomes)
 }
 
+/// A descriptor of the program's own: `attach_cgroup_hook` needs it while its
+/// `attach` closure holds the program mutably.
 fn owned_program_fd(
     program_fd: Result<&ProgramFd, ProgramError>,
     hook: &SocketHook,
