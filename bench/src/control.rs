@@ -55,44 +55,33 @@ pub async fn data_and_control_plane(
             populated = scale;
         }
         if parts.contains(&"dataplane") && plan.scales.contains(&scale) {
+            let (untried, systems): (Vec<System>, Vec<System>) = plan
+                .systems
+                .iter()
+                .partition(|system| failed_at.iter().any(|(failed, _)| failed == *system));
+            let measured = tokio::task::block_in_place(|| {
+                dataplane::measure_in_rounds(
+                    &systems,
+                    scale,
+                    binaries,
+                    work,
+                    &plan.dataplane,
+                    summary,
+                )
+            });
+            failed_at.extend(measured.failed.iter().map(|system| (*system, scale)));
+            // The table lists the systems in the plan's order.
+            let mut measured_rows = systems.iter().copied().zip(measured.rows);
             let mut rows = Vec::new();
             for system in &plan.systems {
-                if let Some((_, smaller)) = failed_at.iter().find(|(failed, _)| failed == system) {
-                    let error = Error::System(format!("not tried: failed at {smaller} Services"));
-                    rows.push(dataplane::Row::failed(*system, &error));
-                    continue;
-                }
-                println!("data plane: {} with {scale} Services", system.label());
-                let measured = tokio::task::block_in_place(|| {
-                    dataplane::measure(*system, scale, binaries, work, &plan.dataplane, summary)
-                });
-                match measured {
-                    Ok(row) => {
-                        // Partial results show even if a later configuration fails.
-                        print!(
-                            "{}",
-                            dataplane::table(
-                                scale,
-                                plan.dataplane.latency_rate,
-                                std::slice::from_ref(&row)
-                            )
-                            .render()
-                        );
-                        rows.push(row);
-                    }
-                    Err(error) => {
-                        eprintln!("bench: {} with {scale} Services: {error}", system.label());
-                        summary.record(
-                            dataplane::NAME,
-                            system.label(),
-                            scale as u64,
-                            "failed-to-measure",
-                            1.0,
-                            "configurations",
-                        );
+                match failed_at.iter().find(|(failed, _)| failed == system) {
+                    Some((_, smaller)) if untried.contains(system) => {
+                        let error =
+                            Error::System(format!("not tried: failed at {smaller} Services"));
                         rows.push(dataplane::Row::failed(*system, &error));
-                        failed_at.push((*system, scale));
                     }
+                    // `systems` keeps the plan's order.
+                    _ => rows.extend(measured_rows.next().map(|(_, row)| row)),
                 }
             }
             let table = dataplane::table(scale, plan.dataplane.latency_rate, &rows);

@@ -1,5 +1,7 @@
 //! Data plane: new-connection rate and connect latency, kept-alive requests and
-//! UDP request/response through each system, one fresh node per configuration.
+//! UDP request/response through each system, in rounds that measure every
+//! system once each on a fresh node, so the systems compared are measured
+//! minutes apart at most.
 
 use std::net::SocketAddrV4;
 use std::path::Path;
@@ -23,7 +25,9 @@ pub const DIRECT_WITH_CONNTRACK: &str = "SWITCHYARD_BENCH_DIRECT_CONNTRACK";
 
 #[derive(Clone, Debug)]
 pub struct DataplaneSettings {
-    pub runs: usize,
+    /// Rounds per scale: each builds a fresh node for every system in turn and
+    /// runs every workload once (see `measure_in_rounds`).
+    pub rounds: usize,
     pub run_duration: Duration,
     pub warm_up: Duration,
     pub concurrency: usize,
@@ -90,7 +94,7 @@ pub fn targets(system: System, services: u32) -> (Vec<SocketAddrV4>, Vec<SocketA
     (tcp, udp)
 }
 
-/// One row of the table: the figures of one system at one scale.
+/// One row of the table: the figures of one system at one scale, one sample per round.
 #[derive(Clone, Debug, Default)]
 pub struct Row {
     pub system: String,
@@ -103,9 +107,15 @@ pub struct Row {
     pub kept_alive: Vec<f64>,
     pub udp: Vec<f64>,
     pub failures: u64,
-    pub time_to_serve: Option<f64>,
+    pub time_to_serve: Vec<f64>,
     /// Backend servers found dead (and restarted) between runs.
     pub servers_restarted: usize,
+    /// Share of one core the system's own process used, per round.
+    pub process_cpu: Vec<f64>,
+    /// Flows netfilter tracked in the node's namespace after each round.
+    pub tracked_flows: Vec<f64>,
+    /// The programs' counters, summed over the rounds (each round's agent starts at zero).
+    pub counters: Vec<(&'static str, u64)>,
     /// Why this configuration could not be measured.
     pub error: Option<String>,
 }
@@ -115,31 +125,169 @@ impl Row {
     pub fn failed(system: System, error: &Error) -> Self {
         Self {
             system: system.label().to_string(),
-            error: Some(
-                error
-                    .to_string()
-                    .lines()
-                    .next()
-                    .unwrap_or_default()
-                    .to_string(),
-            ),
+            error: Some(first_line(error)),
+            ..Self::default()
+        }
+    }
+
+    /// An empty row for `system`, filled by the rounds.
+    fn empty(system: System) -> Self {
+        let mut label = system.label().to_string();
+        if system == System::Direct && std::env::var_os(DIRECT_WITH_CONNTRACK).is_some() {
+            label = format!("{label}-with-conntrack");
+        }
+        Self {
+            system: label,
             ..Self::default()
         }
     }
 }
 
-pub fn measure(
-    system: System,
+fn first_line(error: &Error) -> String {
+    error
+        .to_string()
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// The order in which round `round` measures `count` systems: rotated by one
+/// per round, so no system is always measured first, or right after the same one.
+pub fn round_order(count: usize, round: usize) -> Vec<usize> {
+    (0..count).map(|index| (index + round) % count).collect()
+}
+
+/// What the rounds of one scale produced: a row per system, in the order given,
+/// and the systems that failed (with the row saying why).
+pub struct Measured {
+    pub rows: Vec<Row>,
+    pub failed: Vec<System>,
+}
+
+/// Measures every system at one scale in `settings.rounds` rounds. Each round
+/// builds a fresh node for each system in turn and runs every workload once, so
+/// the runs of the systems compared are minutes apart at most and this shared
+/// VM's drift in speed (whole configurations measured a few minutes apart here
+/// differed by up to a third, direct pod IP included) falls on all of them
+/// alike. A system that fails in any round is not measured in later rounds and
+/// is reported as failed.
+pub fn measure_in_rounds(
+    systems: &[System],
     services: u32,
     binaries: &Binaries,
     work: &Path,
     settings: &DataplaneSettings,
     summary: &mut Summary,
-) -> Result<Row> {
+) -> Measured {
+    let mut rows: Vec<Row> = systems.iter().map(|system| Row::empty(*system)).collect();
+    for round in 0..settings.rounds {
+        for index in round_order(systems.len(), round) {
+            let system = systems[index];
+            if rows[index].error.is_some() {
+                continue;
+            }
+            println!(
+                "data plane: {} with {services} Services, round {} of {} starts",
+                system.label(),
+                round + 1,
+                settings.rounds
+            );
+            match measure_round(system, services, binaries, work, settings, &mut rows[index]) {
+                Ok(()) => println!(
+                    "data plane: {} with {services} Services, round {}: {} new connections/s",
+                    system.label(),
+                    round + 1,
+                    rows[index]
+                        .connections
+                        .last()
+                        .map(|rate| number(*rate, 0))
+                        .unwrap_or_else(|| "-".into())
+                ),
+                Err(error) => {
+                    eprintln!(
+                        "bench: {} with {services} Services, round {}: {error}",
+                        system.label(),
+                        round + 1
+                    );
+                    rows[index] = Row::failed(system, &error);
+                    summary.record(
+                        NAME,
+                        system.label(),
+                        services as u64,
+                        "failed-to-measure",
+                        1.0,
+                        "configurations",
+                    );
+                }
+            }
+        }
+    }
+    record_relative_to_direct(systems, services, &rows, summary);
+    let mut failed = Vec::new();
+    for (system, row) in systems.iter().zip(&rows) {
+        if row.error.is_some() {
+            failed.push(*system);
+        } else {
+            record(row, services, summary);
+        }
+    }
+    Measured { rows, failed }
+}
+
+/// Each system's new-connection rate over direct's in the same round, in
+/// percent: pairs measured within a round's few minutes of each other.
+pub fn paired_ratios(row: &Row, direct: &Row) -> Vec<f64> {
+    row.connections
+        .iter()
+        .zip(&direct.connections)
+        .filter(|(_, direct)| **direct > 0.0)
+        .map(|(rate, direct)| rate / direct * 100.0)
+        .collect()
+}
+
+fn record_relative_to_direct(
+    systems: &[System],
+    services: u32,
+    rows: &[Row],
+    summary: &mut Summary,
+) {
+    let Some(direct) = systems
+        .iter()
+        .position(|system| *system == System::Direct)
+        .map(|index| &rows[index])
+        .filter(|direct| direct.error.is_none())
+    else {
+        return;
+    };
+    for (system, row) in systems.iter().zip(rows) {
+        if *system == System::Direct || row.error.is_some() {
+            continue;
+        }
+        summary.record_runs(
+            NAME,
+            &row.system,
+            services as u64,
+            "new-connections-per-second-over-direct-same-round",
+            &paired_ratios(row, direct),
+            "percent",
+        );
+    }
+}
+
+/// One round of one system: a fresh node, the system started and serving, a
+/// warm-up, then one run of each workload, added to `row`.
+fn measure_round(
+    system: System,
+    services: u32,
+    binaries: &Binaries,
+    work: &Path,
+    settings: &DataplaneSettings,
+    row: &mut Row,
+) -> Result<()> {
     let mut topology = Topology::build(work, BACKENDS, &binaries.bench)?;
     let prober = Prober::new(CLIENT_NAMESPACE)?;
     let mut running = Running::start(system, binaries, work, "1h")?;
-    let mut label = system.label().to_string();
     if system == System::Direct && std::env::var_os(DIRECT_WITH_CONNTRACK).is_some() {
         // Diagnostic: with no rule at all, netfilter does not track connections in
         // the node's namespace, while the agent's rules (like kube-proxy's or any
@@ -149,24 +297,11 @@ pub fn measure(
         crate::topology::sh(&format!(
             "ip netns exec {NODE_NAMESPACE} iptables -A FORWARD -m conntrack --ctstate INVALID -j DROP"
         ))?;
-        label = format!("{label}-with-conntrack");
     }
-    let mut row = Row {
-        system: label.clone(),
-        ..Row::default()
-    };
     if system != System::Direct {
         let serving =
             running.wait_serving(&prober, &probe_targets(services), settings.serve_timeout)?;
-        row.time_to_serve = Some(serving.as_secs_f64());
-        summary.record(
-            NAME,
-            system.label(),
-            services as u64,
-            "time-to-serve",
-            serving.as_secs_f64(),
-            "s",
-        );
+        row.time_to_serve.push(serving.as_secs_f64());
     }
     let (tcp, udp) = targets(system, services);
     // The system's own process competes with the client and the servers for the
@@ -190,108 +325,122 @@ pub fn measure(
         work,
         &load(Workload::Connect, &tcp, settings.warm_up),
     )?;
-    for _ in 0..settings.runs {
-        row.servers_restarted += topology.revive_servers()?;
-        let connect = run_load(
+    row.servers_restarted += topology.revive_servers()?;
+    let connect = run_load(
+        &binaries.bench,
+        work,
+        &load(Workload::Connect, &tcp, settings.run_duration),
+    )?;
+    row.connections.push(connect.rate());
+    push_median_and_p99(&connect, &mut row.connect_p50, &mut row.connect_p99);
+    row.failures += connect.failures;
+    report_failure(system, "connect", &connect);
+    row.servers_restarted += topology.revive_servers()?;
+    let paced = run_load(
+        &binaries.bench,
+        work,
+        &LoadOptions {
+            rate: Some(settings.latency_rate),
+            ..load(Workload::Connect, &tcp, settings.run_duration)
+        },
+    )?;
+    push_median_and_p99(&paced, &mut row.fixed_rate_p50, &mut row.fixed_rate_p99);
+    row.failures += paced.failures;
+    report_failure(system, "connect at a fixed rate", &paced);
+    row.servers_restarted += topology.revive_servers()?;
+    let kept = run_load(
+        &binaries.bench,
+        work,
+        &load(Workload::KeptAlive, &tcp, settings.run_duration),
+    )?;
+    row.kept_alive.push(kept.rate());
+    row.failures += kept.failures;
+    report_failure(system, "kept-alive", &kept);
+    row.servers_restarted += topology.revive_servers()?;
+    if !udp.is_empty() {
+        let datagrams = run_load(
             &binaries.bench,
             work,
-            &load(Workload::Connect, &tcp, settings.run_duration),
+            &load(Workload::Udp, &udp, settings.run_duration),
         )?;
-        row.connections.push(connect.rate());
-        push_median_and_p99(&connect, &mut row.connect_p50, &mut row.connect_p99);
-        row.failures += connect.failures;
-        report_failure(system, "connect", &connect);
-        row.servers_restarted += topology.revive_servers()?;
-        let paced = run_load(
-            &binaries.bench,
-            work,
-            &LoadOptions {
-                rate: Some(settings.latency_rate),
-                ..load(Workload::Connect, &tcp, settings.run_duration)
-            },
-        )?;
-        push_median_and_p99(&paced, &mut row.fixed_rate_p50, &mut row.fixed_rate_p99);
-        row.failures += paced.failures;
-        report_failure(system, "connect at a fixed rate", &paced);
-        row.servers_restarted += topology.revive_servers()?;
-        let kept = run_load(
-            &binaries.bench,
-            work,
-            &load(Workload::KeptAlive, &tcp, settings.run_duration),
-        )?;
-        row.kept_alive.push(kept.rate());
-        row.failures += kept.failures;
-        report_failure(system, "kept-alive", &kept);
-        row.servers_restarted += topology.revive_servers()?;
-        if !udp.is_empty() {
-            let datagrams = run_load(
-                &binaries.bench,
-                work,
-                &load(Workload::Udp, &udp, settings.run_duration),
-            )?;
-            row.udp.push(datagrams.rate());
-            row.failures += datagrams.failures;
-            report_failure(system, "udp", &datagrams);
+        row.udp.push(datagrams.rate());
+        row.failures += datagrams.failures;
+        report_failure(system, "udp", &datagrams);
+    }
+    let label = row.system.clone();
+    if let (Some(before), Some(after)) = (cpu_before, system_pid.and_then(cpu_seconds)) {
+        let share = (after - before) / measuring_since.elapsed().as_secs_f64() * 100.0;
+        eprintln!(
+            "bench: {label} at {services} Services: its process (and the commands it ran) used {share:.1}% of one core during the runs"
+        );
+        row.process_cpu.push(share);
+    }
+    // Whether netfilter's connection tracking was on in the node's namespace
+    // (any nat rule or conntrack match turns it on for every forwarded flow):
+    // the flows it holds right after the runs (closed ones linger 2 s).
+    let tracked = crate::topology::sh(&format!(
+        "ip netns exec {NODE_NAMESPACE} cat /proc/sys/net/netfilter/nf_conntrack_count 2>/dev/null || echo 0"
+    ))
+    .ok()
+    .and_then(|count| count.trim().parse::<u64>().ok())
+    .unwrap_or(0);
+    eprintln!(
+        "bench: {label} at {services} Services: netfilter tracks {tracked} flows in the node's namespace{}",
+        if tracked == 0 { " (its connection tracking is off there)" } else { "" }
+    );
+    row.tracked_flows.push(tracked as f64);
+    if matches!(system, System::Switchyard | System::SwitchyardTc) {
+        // What the programs counted over the round (warm-up included): errors,
+        // and flows the programs could not translate, say where a failure came from.
+        match datapath_counters(&running.pin_directory) {
+            Ok(counters) => {
+                eprintln!(
+                    "bench: switchyard datapath counters at {services} Services: {}",
+                    counters
+                        .iter()
+                        .map(|(name, value)| format!("{name} {value}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+                add_counters(&mut row.counters, &counters);
+            }
+            Err(error) => eprintln!("bench: switchyard datapath counters: {error}"),
         }
     }
+    running.stop();
+    drop(topology);
+    Ok(())
+}
+
+/// Adds one round's counters to the sums so far.
+fn add_counters(sums: &mut Vec<(&'static str, u64)>, round: &[(&'static str, u64)]) {
+    for (name, value) in round {
+        match sums.iter_mut().find(|(summed, _)| summed == name) {
+            Some((_, sum)) => *sum += value,
+            None => sums.push((name, *value)),
+        }
+    }
+}
+
+/// Writes a measured row's figures to the summary.
+fn record(row: &Row, services: u32, summary: &mut Summary) {
     let scale = services as u64;
-    let label = label.as_str();
-    summary.record_runs(
-        NAME,
-        label,
-        scale,
-        "new-connections-per-second",
-        &row.connections,
-        "1/s",
-    );
-    summary.record_runs(
-        NAME,
-        label,
-        scale,
-        "connect-latency-p50",
-        &row.connect_p50,
-        "us",
-    );
-    summary.record_runs(
-        NAME,
-        label,
-        scale,
-        "connect-latency-p99",
-        &row.connect_p99,
-        "us",
-    );
-    summary.record_runs(
-        NAME,
-        label,
-        scale,
-        "fixed-rate-connect-latency-p50",
-        &row.fixed_rate_p50,
-        "us",
-    );
-    summary.record_runs(
-        NAME,
-        label,
-        scale,
-        "fixed-rate-connect-latency-p99",
-        &row.fixed_rate_p99,
-        "us",
-    );
-    summary.record_runs(
-        NAME,
-        label,
-        scale,
-        "kept-alive-requests-per-second",
-        &row.kept_alive,
-        "1/s",
-    );
-    summary.record_runs(
-        NAME,
-        label,
-        scale,
-        "udp-requests-per-second",
-        &row.udp,
-        "1/s",
-    );
+    let label = row.system.as_str();
+    let runs = [
+        ("new-connections-per-second", &row.connections, "1/s"),
+        ("connect-latency-p50", &row.connect_p50, "us"),
+        ("connect-latency-p99", &row.connect_p99, "us"),
+        ("fixed-rate-connect-latency-p50", &row.fixed_rate_p50, "us"),
+        ("fixed-rate-connect-latency-p99", &row.fixed_rate_p99, "us"),
+        ("kept-alive-requests-per-second", &row.kept_alive, "1/s"),
+        ("udp-requests-per-second", &row.udp, "1/s"),
+        ("time-to-serve", &row.time_to_serve, "s"),
+        ("process-cpu", &row.process_cpu, "percent-of-a-core"),
+        ("netfilter-tracked-flows", &row.tracked_flows, "flows"),
+    ];
+    for (metric, samples, unit) in runs {
+        summary.record_runs(NAME, label, scale, metric, samples, unit);
+    }
     summary.record(
         NAME,
         label,
@@ -308,72 +457,16 @@ pub fn measure(
         row.servers_restarted as f64,
         "servers",
     );
-    if let (Some(before), Some(after)) = (cpu_before, system_pid.and_then(cpu_seconds)) {
-        let share = (after - before) / measuring_since.elapsed().as_secs_f64() * 100.0;
-        eprintln!(
-            "bench: {label} at {services} Services: its process (and the commands it ran) used {share:.1}% of one core during the runs"
-        );
+    for (name, value) in &row.counters {
         summary.record(
             NAME,
             label,
             scale,
-            "process-cpu",
-            share,
-            "percent-of-a-core",
+            &format!("datapath-{name}"),
+            *value as f64,
+            "packets",
         );
     }
-    // Whether netfilter's connection tracking was on in the node's namespace
-    // (any nat rule or conntrack match turns it on for every forwarded flow):
-    // the flows it holds right after the runs (closed ones linger 2 s).
-    let tracked = crate::topology::sh(&format!(
-        "ip netns exec {NODE_NAMESPACE} cat /proc/sys/net/netfilter/nf_conntrack_count 2>/dev/null || echo 0"
-    ))
-    .ok()
-    .and_then(|count| count.trim().parse::<u64>().ok())
-    .unwrap_or(0);
-    eprintln!(
-        "bench: {label} at {services} Services: netfilter tracks {tracked} flows in the node's namespace{}",
-        if tracked == 0 { " (its connection tracking is off there)" } else { "" }
-    );
-    summary.record(
-        NAME,
-        label,
-        scale,
-        "netfilter-tracked-flows",
-        tracked as f64,
-        "flows",
-    );
-    if matches!(system, System::Switchyard | System::SwitchyardTc) {
-        // What the programs counted over the whole configuration (warm-up included):
-        // errors, and flows the programs could not translate, say where a failure
-        // came from.
-        match datapath_counters(&running.pin_directory) {
-            Ok(counters) => {
-                eprintln!(
-                    "bench: switchyard datapath counters at {services} Services: {}",
-                    counters
-                        .iter()
-                        .map(|(name, value)| format!("{name} {value}"))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                );
-                for (name, value) in counters {
-                    summary.record(
-                        NAME,
-                        label,
-                        scale,
-                        &format!("datapath-{name}"),
-                        value as f64,
-                        "packets",
-                    );
-                }
-            }
-            Err(error) => eprintln!("bench: switchyard datapath counters: {error}"),
-        }
-    }
-    running.stop();
-    drop(topology);
-    Ok(row)
 }
 
 /// Names of the programs' per-CPU counters, by index (`switchyard_common::counter`).
@@ -463,7 +556,7 @@ pub fn table(services: u32, latency_rate: f64, rows: &[Row]) -> Table {
     let paced_p99 = format!("p99 µs at {}/s", number(latency_rate, 0));
     let mut table = Table::new(
         &format!(
-            "Data plane, {} Services x {BACKENDS} endpoints (median of runs, (min-max)); \
+            "Data plane, {} Services x {BACKENDS} endpoints (median of rounds, (min-max)); \
              connect latency at full load, then at a fixed rate",
             number(services as f64, 0)
         ),
@@ -476,6 +569,7 @@ pub fn table(services: u32, latency_rate: f64, rows: &[Row]) -> Table {
             &paced_p99,
             "kept-alive requests/s",
             "UDP requests/s",
+            "new connections/s over direct, same round",
             "failed",
             "serving after",
         ],
@@ -485,16 +579,19 @@ pub fn table(services: u32, latency_rate: f64, rows: &[Row]) -> Table {
             .map(|s| s.display(0))
             .unwrap_or_else(|| "-".into())
     };
+    let direct = rows
+        .iter()
+        .find(|row| row.system.starts_with(System::Direct.label()) && row.error.is_none());
     for row in rows {
         if let Some(error) = &row.error {
             let mut cells = vec![row.system.clone()];
-            cells.extend(std::iter::repeat_n("-".to_string(), 8));
+            cells.extend(std::iter::repeat_n("-".to_string(), 9));
             cells.push(format!("FAILED: {error}"));
             table.row(cells);
             continue;
         }
-        let serving = match row.time_to_serve {
-            Some(time) => format!("{time:.1} s"),
+        let serving = match Spread::of(&row.time_to_serve) {
+            Some(spread) => format!("{:.1} s", spread.median),
             None => "-".into(),
         };
         table.row(vec![
@@ -506,6 +603,19 @@ pub fn table(services: u32, latency_rate: f64, rows: &[Row]) -> Table {
             cell(&row.fixed_rate_p99),
             cell(&row.kept_alive),
             cell(&row.udp),
+            match direct {
+                Some(direct) if !std::ptr::eq(direct, row) => {
+                    Spread::of(&paired_ratios(row, direct))
+                        .map(|spread| {
+                            format!(
+                                "{:.0}% ({:.0}-{:.0}%)",
+                                spread.median, spread.min, spread.max
+                            )
+                        })
+                        .unwrap_or_else(|| "-".into())
+                }
+                _ => "-".into(),
+            },
             if row.servers_restarted > 0 {
                 format!("{} ({} backends died)", row.failures, row.servers_restarted)
             } else {
@@ -532,4 +642,86 @@ fn cpu_seconds(pid: u32) -> Option<f64> {
     // SAFETY: sysconf has no preconditions.
     let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     (per_second > 0).then(|| ticks as f64 / per_second as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_system_is_measured_once_per_round_and_each_comes_first_in_some_round() {
+        for count in 1..=5 {
+            let mut first = std::collections::BTreeSet::new();
+            for round in 0..count {
+                let order = round_order(count, round);
+                let mut sorted = order.clone();
+                sorted.sort_unstable();
+                assert_eq!(sorted, (0..count).collect::<Vec<_>>(), "round {round}");
+                first.insert(order[0]);
+            }
+            assert_eq!(first.len(), count, "{count} systems");
+        }
+    }
+
+    #[test]
+    fn each_rate_is_paired_with_directs_rate_of_the_same_round() {
+        let direct = Row {
+            connections: vec![10_000.0, 20_000.0, 0.0],
+            ..Row::default()
+        };
+        let switchyard = Row {
+            connections: vec![9_000.0, 19_000.0, 5_000.0],
+            ..Row::default()
+        };
+        // A round in which direct connected nothing pairs with nothing.
+        let rounded = |ratios: Vec<f64>| ratios.iter().map(|r| r.round()).collect::<Vec<_>>();
+        assert_eq!(
+            rounded(paired_ratios(&switchyard, &direct)),
+            vec![90.0, 95.0]
+        );
+        let shorter = Row {
+            connections: vec![11_000.0],
+            ..Row::default()
+        };
+        assert_eq!(rounded(paired_ratios(&shorter, &direct)), vec![110.0]);
+    }
+
+    #[test]
+    fn the_counters_of_every_round_are_summed() {
+        let mut sums = Vec::new();
+        add_counters(&mut sums, &[("translated", 5), ("error", 0)]);
+        add_counters(&mut sums, &[("translated", 7), ("error", 1)]);
+        assert_eq!(sums, vec![("translated", 12), ("error", 1)]);
+    }
+
+    #[test]
+    fn the_table_shows_each_systems_rate_over_directs_in_the_same_round() {
+        let direct = Row {
+            system: "direct".into(),
+            connections: vec![10_000.0, 20_000.0, 16_000.0],
+            ..Row::default()
+        };
+        let switchyard = Row {
+            system: "switchyard".into(),
+            connections: vec![9_000.0, 19_000.0, 12_000.0],
+            time_to_serve: vec![2.0, 1.0, 3.0],
+            ..Row::default()
+        };
+        let failed = Row::failed(System::KubeProxyNft, &Error::System("no".into()));
+        let text = table(10_000, 2_000.0, &[direct, switchyard, failed]).render();
+        let line = |system: &str| {
+            text.lines()
+                .find(|line| line.starts_with(&format!("| {system} ")))
+                .unwrap_or_default()
+                .to_string()
+        };
+        assert!(line("switchyard").contains("90% (75-95%)"), "{text}");
+        assert!(line("switchyard").contains("2.0 s"), "{text}");
+        assert!(
+            line("kube-proxy-iptables-nft").contains("FAILED: no"),
+            "{text}"
+        );
+        let cells = |system: &str| line(system).matches('|').count();
+        assert_eq!(cells("direct"), cells("kube-proxy-iptables-nft"), "{text}");
+    }
 }

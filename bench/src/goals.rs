@@ -92,15 +92,30 @@ pub fn table(
             summary.find(data, system, 10_000, rate),
             summary.find(data, "direct", 10_000, rate),
         ) {
-            (Some(s), Some(d)) => (
-                format!(
-                    "{} vs {} direct: {:.0}%",
-                    number(s, 0),
-                    number(d, 0),
-                    100.0 * s / d
-                ),
-                Some(s >= 0.9 * d),
-            ),
+            (Some(s), Some(d)) => {
+                // The rounds' pairs (each run over direct's run of the same
+                // round) show how far the verdict rests on the spread.
+                let paired = "new-connections-per-second-over-direct-same-round";
+                let pairs = match (
+                    summary.find(data, system, 10_000, paired),
+                    summary.find(data, system, 10_000, &format!("{paired}-min")),
+                    summary.find(data, system, 10_000, &format!("{paired}-max")),
+                ) {
+                    (Some(median), Some(min), Some(max)) => {
+                        format!(" (pairs within a round: median {median:.0}%, {min:.0}-{max:.0}%)")
+                    }
+                    _ => String::new(),
+                };
+                (
+                    format!(
+                        "{} vs {} direct: {:.0}%{pairs}",
+                        number(s, 0),
+                        number(d, 0),
+                        100.0 * s / d
+                    ),
+                    Some(s >= 0.9 * d),
+                )
+            }
             _ => ("-".into(), None),
         };
         row(goal, measured, met);
@@ -302,6 +317,46 @@ mod tests {
         );
         assert!(line("within 10% of direct").contains("met"), "{text}");
         assert!(line(">= 3x kube-proxy").contains("not measured"), "{text}");
+    }
+
+    #[test]
+    fn the_rate_against_direct_is_judged_on_the_medians_and_shows_the_rounds_pairs() {
+        let mut summary = Summary::default();
+        summary.record_runs(
+            "dataplane",
+            "direct",
+            10_000,
+            "new-connections-per-second",
+            &[16_000.0, 15_000.0, 17_000.0],
+            "1/s",
+        );
+        summary.record_runs(
+            "dataplane",
+            "switchyard",
+            10_000,
+            "new-connections-per-second",
+            &[14_000.0, 13_000.0, 15_000.0],
+            "1/s",
+        );
+        summary.record_runs(
+            "dataplane",
+            "switchyard",
+            10_000,
+            "new-connections-per-second-over-direct-same-round",
+            &[87.5, 86.7, 88.2],
+            "percent",
+        );
+        let text = table(&summary, &[10_000], 2_000.0, &[100]).render();
+        let line = text
+            .lines()
+            .find(|line| line.contains("connection rate within 10% of direct"))
+            .unwrap_or_default();
+        assert!(line.contains("14,000 vs 16,000 direct: 88%"), "{text}");
+        assert!(
+            line.contains("pairs within a round: median 88%, 87-88%"),
+            "{text}"
+        );
+        assert!(line.contains("MISSED"), "{text}");
     }
 
     #[test]

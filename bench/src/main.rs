@@ -360,7 +360,7 @@ impl Plan {
             .collect(),
             dataplane: if quick {
                 dataplane::DataplaneSettings {
-                    runs: 3,
+                    rounds: 3,
                     run_duration: Duration::from_millis(300),
                     warm_up: Duration::from_millis(200),
                     concurrency: 16,
@@ -369,7 +369,9 @@ impl Plan {
                 }
             } else {
                 dataplane::DataplaneSettings {
-                    runs: 3,
+                    // Runs of one configuration on this VM differ by 10-20% from
+                    // one minute to the next: five rounds make the medians steadier.
+                    rounds: 5,
                     run_duration: Duration::from_secs(2),
                     warm_up: Duration::from_secs(1),
                     concurrency: 16,
