@@ -187,7 +187,7 @@ async fn control_plane_suite(
                 eprintln!("bench: programming latency of {}: {error}", system.label());
                 failed(summary, "programming-latency", system.label(), scale);
                 let mut cells = vec![system.label().to_string()];
-                cells.push(format!("FAILED: {}", first_line(&error)));
+                cells.push(format!("FAILED: {}", error.first_line()));
                 latency_table.row(cells);
                 continue;
             }
@@ -376,7 +376,7 @@ async fn control_plane_suite(
                 failed(summary, name, system.label(), scale);
                 restart_table.row(vec![
                     system.label().to_string(),
-                    format!("FAILED: {}", first_line(&error)),
+                    format!("FAILED: {}", error.first_line()),
                 ]);
                 continue;
             }
@@ -467,15 +467,6 @@ fn failed(summary: &mut Summary, name: &str, system: &str, scale: u32) {
         1.0,
         "configurations",
     );
-}
-
-fn first_line(error: &Error) -> String {
-    error
-        .to_string()
-        .lines()
-        .next()
-        .unwrap_or_default()
-        .to_string()
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -20,7 +20,7 @@ use crate::topology::{
 pub const BACKENDS: u32 = 10;
 pub const NAME: &str = "dataplane";
 /// Set (to anything): the `direct` row runs with netfilter connection tracking
-/// on in the node's namespace (see `measure`), labelled `direct-with-conntrack`.
+/// on in the node's namespace (see `measure_round`), labelled `direct-with-conntrack`.
 pub const DIRECT_WITH_CONNTRACK: &str = "SWITCHYARD_BENCH_DIRECT_CONNTRACK";
 
 #[derive(Clone, Debug)]
@@ -125,7 +125,7 @@ impl Row {
     pub fn failed(system: System, error: &Error) -> Self {
         Self {
             system: system.label().to_string(),
-            error: Some(first_line(error)),
+            error: Some(error.first_line()),
             ..Self::default()
         }
     }
@@ -143,17 +143,9 @@ impl Row {
     }
 }
 
-fn first_line(error: &Error) -> String {
-    error
-        .to_string()
-        .lines()
-        .next()
-        .unwrap_or_default()
-        .to_string()
-}
-
 /// The order in which round `round` measures `count` systems: rotated by one
-/// per round, so no system is always measured first, or right after the same one.
+/// per round, so over `count` rounds each system is measured once in every
+/// position (first, second, ...), not always first or always last.
 pub fn round_order(count: usize, round: usize) -> Vec<usize> {
     (0..count).map(|index| (index + round) % count).collect()
 }
@@ -169,8 +161,8 @@ pub struct Measured {
 /// builds a fresh node for each system in turn and runs every workload once, so
 /// the runs of the systems compared are minutes apart at most and this shared
 /// VM's drift in speed (whole configurations measured a few minutes apart here
-/// differed by up to a third, direct pod IP included) falls on all of them
-/// alike. A system that fails in any round is not measured in later rounds and
+/// differed by up to a third, direct pod IP included, and nothing of ours was
+/// found to explain it) falls on all of them alike. A system that fails in any round is not measured in later rounds and
 /// is reported as failed.
 pub fn measure_in_rounds(
     systems: &[System],
@@ -205,15 +197,21 @@ pub fn measure_in_rounds(
                         .unwrap_or_else(|| "-".into())
                 ),
                 Err(error) => {
+                    // Keep the row's label (`direct-with-conntrack` stays that).
+                    let label = std::mem::take(&mut rows[index].system);
                     eprintln!(
                         "bench: {} with {services} Services, round {}: {error}",
                         system.label(),
                         round + 1
                     );
-                    rows[index] = Row::failed(system, &error);
+                    rows[index] = Row {
+                        system: label,
+                        error: Some(error.first_line()),
+                        ..Row::default()
+                    };
                     summary.record(
                         NAME,
-                        system.label(),
+                        &rows[index].system,
                         services as u64,
                         "failed-to-measure",
                         1.0,
@@ -325,47 +323,39 @@ fn measure_round(
         work,
         &load(Workload::Connect, &tcp, settings.warm_up),
     )?;
-    row.servers_restarted += topology.revive_servers()?;
-    let connect = run_load(
-        &binaries.bench,
-        work,
-        &load(Workload::Connect, &tcp, settings.run_duration),
+    // Each run: dead backends restarted first (counted), failures added and the first reported.
+    let mut run = |workload: &str, options: LoadOptions, row: &mut Row| -> Result<LoadReport> {
+        row.servers_restarted += topology.revive_servers()?;
+        let report = run_load(&binaries.bench, work, &options)?;
+        row.failures += report.failures;
+        report_failure(system, workload, &report);
+        Ok(report)
+    };
+    let connect = run(
+        "connect",
+        load(Workload::Connect, &tcp, settings.run_duration),
+        row,
     )?;
     row.connections.push(connect.rate());
     push_median_and_p99(&connect, &mut row.connect_p50, &mut row.connect_p99);
-    row.failures += connect.failures;
-    report_failure(system, "connect", &connect);
-    row.servers_restarted += topology.revive_servers()?;
-    let paced = run_load(
-        &binaries.bench,
-        work,
-        &LoadOptions {
+    let paced = run(
+        "connect at a fixed rate",
+        LoadOptions {
             rate: Some(settings.latency_rate),
             ..load(Workload::Connect, &tcp, settings.run_duration)
         },
+        row,
     )?;
     push_median_and_p99(&paced, &mut row.fixed_rate_p50, &mut row.fixed_rate_p99);
-    row.failures += paced.failures;
-    report_failure(system, "connect at a fixed rate", &paced);
-    row.servers_restarted += topology.revive_servers()?;
-    let kept = run_load(
-        &binaries.bench,
-        work,
-        &load(Workload::KeptAlive, &tcp, settings.run_duration),
+    let kept = run(
+        "kept-alive",
+        load(Workload::KeptAlive, &tcp, settings.run_duration),
+        row,
     )?;
     row.kept_alive.push(kept.rate());
-    row.failures += kept.failures;
-    report_failure(system, "kept-alive", &kept);
-    row.servers_restarted += topology.revive_servers()?;
     if !udp.is_empty() {
-        let datagrams = run_load(
-            &binaries.bench,
-            work,
-            &load(Workload::Udp, &udp, settings.run_duration),
-        )?;
+        let datagrams = run("udp", load(Workload::Udp, &udp, settings.run_duration), row)?;
         row.udp.push(datagrams.rate());
-        row.failures += datagrams.failures;
-        report_failure(system, "udp", &datagrams);
     }
     let label = row.system.clone();
     if let (Some(before), Some(after)) = (cpu_before, system_pid.and_then(cpu_seconds)) {

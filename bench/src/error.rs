@@ -22,4 +22,15 @@ pub enum Error {
     Output { path: String, detail: String },
 }
 
+impl Error {
+    /// The message's first line: what a table cell has room for.
+    pub fn first_line(&self) -> String {
+        self.to_string()
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .to_string()
+    }
+}
+
 pub type Result<T> = std::result::Result<T, Error>;

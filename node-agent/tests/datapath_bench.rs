@@ -238,6 +238,47 @@ fn collect_sample(
     sample
 }
 
+/// Starts `CLIENT_THREADS` client threads in `namespace`, each running
+/// `client(thread, targets, &mut results)`; their handles go to `collect_sample`.
+fn start_clients(
+    namespace: &str,
+    targets: &[SocketAddrV4],
+    client: impl Fn(usize, &[SocketAddrV4], &mut ClientResults) + Clone + Send + 'static,
+) -> Vec<std::thread::JoinHandle<(Vec<u64>, usize)>> {
+    (0..CLIENT_THREADS)
+        .map(|thread| {
+            let targets = targets.to_vec();
+            let client = client.clone();
+            in_namespace(Some(namespace), move || {
+                let mut results = ClientResults::default();
+                client(thread, &targets, &mut results);
+                (results.latencies, results.failures)
+            })
+        })
+        .collect()
+}
+
+/// One client thread's connect latencies (ns) and failed connects.
+#[derive(Default)]
+struct ClientResults {
+    latencies: Vec<u64>,
+    failures: usize,
+}
+
+impl ClientResults {
+    /// Connects to `address` (timed), then resets the connection.
+    fn connect(&mut self, address: SocketAddrV4) {
+        let connecting = Instant::now();
+        match TcpStream::connect_timeout(&address.into(), Duration::from_secs(2)) {
+            Ok(stream) => {
+                self.latencies.push(connecting.elapsed().as_nanos() as u64);
+                reset_on_close(&stream);
+            }
+            Err(_) => self.failures += 1,
+        }
+    }
+}
+
 /// Makes closing `stream` reset the connection (SO_LINGER 0), so that no
 /// TIME_WAIT piles up over a benchmark's hundreds of thousands of connects.
 fn reset_on_close(stream: &TcpStream) {
@@ -245,46 +286,22 @@ fn reset_on_close(stream: &TcpStream) {
         l_onoff: 1,
         l_linger: 0,
     };
-    // SAFETY: valid socket and option of the size passed.
-    unsafe {
-        libc::setsockopt(
-            stream.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_LINGER,
-            (&linger as *const libc::linger).cast(),
-            std::mem::size_of::<libc::linger>() as u32,
-        );
-    }
+    // Without it the connection only closes the usual way.
+    let _ = set_socket_option(stream, libc::SOL_SOCKET, libc::SO_LINGER, &linger);
 }
 
 /// Closed-loop connects from `namespace` for `duration`, round-robin over
 /// `targets`: each connection is reset right after it is established.
 fn sample_connects(namespace: &str, targets: &[SocketAddrV4], duration: Duration) -> Sample {
     let stop = Arc::new(AtomicBool::new(false));
-    let workers: Vec<_> = (0..CLIENT_THREADS)
-        .map(|_| {
-            let stop = stop.clone();
-            let targets = targets.to_vec();
-            in_namespace(Some(namespace), move || {
-                let mut latencies = Vec::new();
-                let mut failures = 0;
-                let mut next = 0;
-                while !stop.load(Ordering::Relaxed) {
-                    let address = targets[next % targets.len()];
-                    next += 1;
-                    let started = Instant::now();
-                    match TcpStream::connect_timeout(&address.into(), Duration::from_secs(2)) {
-                        Ok(stream) => {
-                            latencies.push(started.elapsed().as_nanos() as u64);
-                            reset_on_close(&stream);
-                        }
-                        Err(_) => failures += 1,
-                    }
-                }
-                (latencies, failures)
-            })
-        })
-        .collect();
+    let stopping = stop.clone();
+    let workers = start_clients(namespace, targets, move |_, targets, results| {
+        let mut next = 0;
+        while !stopping.load(Ordering::Relaxed) {
+            results.connect(targets[next % targets.len()]);
+            next += 1;
+        }
+    });
     let started = Instant::now();
     std::thread::sleep(duration);
     stop.store(true, Ordering::Relaxed);
@@ -693,38 +710,21 @@ fn paced_connects(
 ) -> Sample {
     let started = Instant::now() + Duration::from_millis(5);
     let interval = Duration::from_secs_f64(CLIENT_THREADS as f64 / rate);
-    let workers: Vec<_> = (0..CLIENT_THREADS)
-        .map(|thread| {
-            let targets = targets.to_vec();
-            in_namespace(Some(namespace), move || {
-                let mut latencies = Vec::new();
-                let mut failures = 0;
-                let offset = interval / CLIENT_THREADS as u32 * thread as u32;
-                for count in 0u32.. {
-                    let due = started + offset + interval * count;
-                    if due >= started + duration {
-                        break;
-                    }
-                    if let Some(wait) = due.checked_duration_since(Instant::now()) {
-                        std::thread::sleep(wait);
-                    }
-                    // A stride coprime with the target counts used here visits
-                    // every target, in an order with no locality.
-                    let index = (count as usize * 7_919 + thread) % targets.len();
-                    let connecting = Instant::now();
-                    match TcpStream::connect_timeout(&targets[index].into(), Duration::from_secs(2))
-                    {
-                        Ok(stream) => {
-                            latencies.push(connecting.elapsed().as_nanos() as u64);
-                            reset_on_close(&stream);
-                        }
-                        Err(_) => failures += 1,
-                    }
-                }
-                (latencies, failures)
-            })
-        })
-        .collect();
+    let workers = start_clients(namespace, targets, move |thread, targets, results| {
+        let offset = interval / CLIENT_THREADS as u32 * thread as u32;
+        for count in 0u32.. {
+            let due = started + offset + interval * count;
+            if due >= started + duration {
+                break;
+            }
+            if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                std::thread::sleep(wait);
+            }
+            // A stride coprime with the target counts used here visits every
+            // target, in an order with no locality.
+            results.connect(targets[(count as usize * 7_919 + thread) % targets.len()]);
+        }
+    });
     collect_sample(workers, started)
 }
 

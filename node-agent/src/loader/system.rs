@@ -76,13 +76,19 @@ pub struct LinkInfo {
     pub tcx_ifindex: u32,
 }
 
-pub fn link_info(link: BorrowedFd<'_>) -> io::Result<LinkInfo> {
-    let mut info = [0u8; 128];
+/// Fills `info` with what the kernel says about a BPF object (program, map or
+/// link): the `bpf_*_info` structure of its kind, as far as `info` reaches.
+fn object_info(object: BorrowedFd<'_>, info: &mut [u8]) -> io::Result<()> {
     let mut attribute = [0u8; 16];
-    put_u32(&mut attribute, 0, link.as_raw_fd() as u32);
+    put_u32(&mut attribute, 0, object.as_raw_fd() as u32);
     put_u32(&mut attribute, 4, info.len() as u32);
     put_u64(&mut attribute, 8, info.as_mut_ptr() as u64);
-    bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attribute)?;
+    bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attribute).map(|_| ())
+}
+
+pub fn link_info(link: BorrowedFd<'_>) -> io::Result<LinkInfo> {
+    let mut info = [0u8; 128];
+    object_info(link, &mut info)?;
     // struct bpf_link_info { u32 type; u32 id; u32 prog_id; union (8-aligned) at 16 }
     Ok(LinkInfo {
         link_type: get_u32(&info, 0),
@@ -121,11 +127,7 @@ pub struct MapShape {
 
 pub fn map_shape(map: BorrowedFd<'_>) -> io::Result<MapShape> {
     let mut info = [0u8; 128];
-    let mut attribute = [0u8; 16];
-    put_u32(&mut attribute, 0, map.as_raw_fd() as u32);
-    put_u32(&mut attribute, 4, info.len() as u32);
-    put_u64(&mut attribute, 8, info.as_mut_ptr() as u64);
-    bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attribute)?;
+    object_info(map, &mut info)?;
     // struct bpf_map_info { u32 type; u32 id; u32 key_size; u32 value_size; u32 max_entries; ... }
     Ok(MapShape {
         map_type: get_u32(&info, 0),
@@ -138,11 +140,7 @@ pub fn map_shape(map: BorrowedFd<'_>) -> io::Result<MapShape> {
 /// The tag (hash of the instructions, independent of map descriptors) of a program.
 pub fn program_tag_of_fd(program: BorrowedFd<'_>) -> io::Result<[u8; 8]> {
     let mut info = [0u8; 256];
-    let mut attribute = [0u8; 16];
-    put_u32(&mut attribute, 0, program.as_raw_fd() as u32);
-    put_u32(&mut attribute, 4, info.len() as u32);
-    put_u64(&mut attribute, 8, info.as_mut_ptr() as u64);
-    bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attribute)?;
+    object_info(program, &mut info)?;
     // struct bpf_prog_info { u32 type; u32 id; u8 tag[8]; ... }
     let mut tag = [0u8; 8];
     tag.copy_from_slice(&info[8..16]);
@@ -424,11 +422,7 @@ pub fn program_identity(program: BorrowedFd<'_>) -> io::Result<(u32, Vec<u32>)> 
     // struct bpf_prog_info: nr_map_ids (u32) at 52, map_ids (u64 pointer) at 56.
     put_u32(&mut info, 52, map_ids.len() as u32);
     put_u64(&mut info, 56, map_ids.as_mut_ptr() as u64);
-    let mut attribute = [0u8; 16];
-    put_u32(&mut attribute, 0, program.as_raw_fd() as u32);
-    put_u32(&mut attribute, 4, info.len() as u32);
-    put_u64(&mut attribute, 8, info.as_mut_ptr() as u64);
-    bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attribute)?;
+    object_info(program, &mut info)?;
     let count = (get_u32(&info, 52) as usize).min(map_ids.len());
     let mut ids = map_ids[..count].to_vec();
     ids.sort_unstable();
@@ -447,11 +441,7 @@ pub fn program_identity_of_id(id: u32) -> io::Result<(u32, Vec<u32>)> {
 /// The kernel id of a map (what [`program_identity`] lists).
 pub fn map_id(map: BorrowedFd<'_>) -> io::Result<u32> {
     let mut info = [0u8; 128];
-    let mut attribute = [0u8; 16];
-    put_u32(&mut attribute, 0, map.as_raw_fd() as u32);
-    put_u32(&mut attribute, 4, info.len() as u32);
-    put_u64(&mut attribute, 8, info.as_mut_ptr() as u64);
-    bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attribute)?;
+    object_info(map, &mut info)?;
     Ok(get_u32(&info, 4))
 }
 

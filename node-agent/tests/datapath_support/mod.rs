@@ -16,7 +16,7 @@
 use std::{
     io::{BufRead as _, BufReader, Write as _},
     net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream, UdpSocket},
-    os::fd::{AsRawFd as _, FromRawFd as _},
+    os::fd::{AsRawFd, FromRawFd as _},
     path::{Path, PathBuf},
     process::Command,
     sync::{
@@ -389,6 +389,32 @@ pub fn udp_request(address: SocketAddrV4, timeout: Duration) -> std::io::Result<
     parse_answer(&line)
 }
 
+/// Sets socket option `name` of `level` on `socket` to `value` (a plain C value
+/// of the type the option takes).
+pub fn set_socket_option<T>(
+    socket: &impl AsRawFd,
+    level: libc::c_int,
+    name: libc::c_int,
+    value: &T,
+) -> std::io::Result<()> {
+    // SAFETY: `value` points to `size_of::<T>()` readable bytes for the call, and
+    // the descriptor is borrowed from a live socket.
+    let result = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            level,
+            name,
+            (value as *const T).cast(),
+            std::mem::size_of::<T>() as libc::socklen_t,
+        )
+    };
+    if result == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
 /// A TCP connection from local port `port`, bound with SO_REUSEADDR first, so two
 /// sockets can share one local port towards different destinations (as the
 /// ephemeral ports of `connect` are shared).
@@ -407,31 +433,13 @@ pub fn connect_from_port(
         }
         let stream = TcpStream::from_raw_fd(descriptor);
         let one: libc::c_int = 1;
-        if libc::setsockopt(
-            descriptor,
-            libc::SOL_SOCKET,
-            libc::SO_REUSEADDR,
-            (&one as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        ) != 0
-        {
-            return last_error();
-        }
+        set_socket_option(&stream, libc::SOL_SOCKET, libc::SO_REUSEADDR, &one)?;
         // `connect` gives up after the send timeout.
         let send_timeout = libc::timeval {
             tv_sec: timeout.as_secs() as libc::time_t,
             tv_usec: timeout.subsec_micros() as libc::suseconds_t,
         };
-        if libc::setsockopt(
-            descriptor,
-            libc::SOL_SOCKET,
-            libc::SO_SNDTIMEO,
-            (&send_timeout as *const libc::timeval).cast(),
-            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-        ) != 0
-        {
-            return last_error();
-        }
+        set_socket_option(&stream, libc::SOL_SOCKET, libc::SO_SNDTIMEO, &send_timeout)?;
         let address = |ip: Ipv4Addr, port: u16| libc::sockaddr_in {
             sin_family: libc::AF_INET as libc::sa_family_t,
             sin_port: port.to_be(),
