@@ -70,18 +70,21 @@ pub async fn data_and_control_plane(
                 )
             });
             failed_at.extend(measured.failed.iter().map(|system| (*system, scale)));
-            // The table lists the systems in the plan's order.
-            let mut measured_rows = systems.iter().copied().zip(measured.rows);
+            // The table lists the systems in the plan's order, which `systems` keeps.
+            let mut measured_rows = measured.rows.into_iter();
             let mut rows = Vec::new();
             for system in &plan.systems {
-                match failed_at.iter().find(|(failed, _)| failed == system) {
-                    Some((_, smaller)) if untried.contains(system) => {
+                let smaller = untried
+                    .contains(system)
+                    .then(|| failed_at.iter().find(|(failed, _)| failed == system))
+                    .flatten();
+                match smaller {
+                    Some((_, smaller)) => {
                         let error =
                             Error::System(format!("not tried: failed at {smaller} Services"));
-                        rows.push(dataplane::Row::failed(*system, &error));
+                        rows.push(dataplane::Row::failed(system.label(), &error));
                     }
-                    // `systems` keeps the plan's order.
-                    _ => rows.extend(measured_rows.next().map(|(_, row)| row)),
+                    None => rows.extend(measured_rows.next()),
                 }
             }
             let table = dataplane::table(scale, plan.dataplane.latency_rate, &rows);

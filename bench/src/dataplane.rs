@@ -121,10 +121,11 @@ pub struct Row {
 }
 
 impl Row {
-    /// A configuration that could not be measured, with the first line of why.
-    pub fn failed(system: System, error: &Error) -> Self {
+    /// A configuration (labelled `label`) that could not be measured, with the
+    /// first line of why.
+    pub fn failed(label: &str, error: &Error) -> Self {
         Self {
-            system: system.label().to_string(),
+            system: label.to_string(),
             error: Some(error.first_line()),
             ..Self::default()
         }
@@ -162,8 +163,8 @@ pub struct Measured {
 /// the runs of the systems compared are minutes apart at most and this shared
 /// VM's drift in speed (whole configurations measured a few minutes apart here
 /// differed by up to a third, direct pod IP included, and nothing of ours was
-/// found to explain it) falls on all of them alike. A system that fails in any round is not measured in later rounds and
-/// is reported as failed.
+/// found to explain it) falls on all of them alike. A system that fails in any
+/// round is not measured in later rounds and is reported as failed.
 pub fn measure_in_rounds(
     systems: &[System],
     services: u32,
@@ -204,11 +205,7 @@ pub fn measure_in_rounds(
                         system.label(),
                         round + 1
                     );
-                    rows[index] = Row {
-                        system: label,
-                        error: Some(error.first_line()),
-                        ..Row::default()
-                    };
+                    rows[index] = Row::failed(&label, &error);
                     summary.record(
                         NAME,
                         &rows[index].system,
@@ -697,7 +694,7 @@ mod tests {
             time_to_serve: vec![2.0, 1.0, 3.0],
             ..Row::default()
         };
-        let failed = Row::failed(System::KubeProxyNft, &Error::System("no".into()));
+        let failed = Row::failed(System::KubeProxyNft.label(), &Error::System("no".into()));
         let text = table(10_000, 2_000.0, &[direct, switchyard, failed]).render();
         let line = |system: &str| {
             text.lines()
