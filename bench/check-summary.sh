@@ -7,17 +7,29 @@ set -euo pipefail
 summary=${1:?usage: check-summary.sh SUMMARY.json [BENCH ARGUMENTS...]}
 shift
 parts=dataplane,control,operator
+systems=switchyard
+scales=several
 while [ $# -gt 0 ]; do
   case $1 in
     --parts) parts=${2:?--parts needs a value}; shift 2 ;;
     --parts=*) parts=${1#--parts=}; shift ;;
+    --systems) systems=${2:?--systems needs a value}; shift 2 ;;
+    --systems=*) systems=${1#--systems=}; shift ;;
+    --scales) scales=${2:?--scales needs a value}; shift 2 ;;
+    --scales=*) scales=${1#--scales=}; shift ;;
     *) shift ;;
   esac
 done
+# The latency flatness rounds measure switchyard at the fewest and the most
+# Services: they run when switchyard is measured at more than one scale.
+flatness=()
+if [[ ",$systems," == *,switchyard,* ]] && [[ $scales == several || $scales == *,* ]]; then
+  flatness=(latency-flatness)
+fi
 names=()
 for part in ${parts//,/ }; do
   case $part in
-    dataplane) names+=(dataplane) ;;
+    dataplane) names+=(dataplane "${flatness[@]}") ;;
     control) names+=(programming-latency agent-cold-start restart-disruption) ;;
     operator) names+=(operator-transition) ;;
     *) echo "check-summary: failed: unknown part '$part' (dataplane, control, operator)" >&2; exit 1 ;;

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use crate::apiserver::{self, ControlPlane};
 use crate::dataplane::{self, BACKENDS};
 use crate::error::{Error, Result};
+use crate::flatness;
 use crate::load::{self, LoadOptions, LoadReport, Workload};
 use crate::report::{number, percentile, Summary, Table};
 use crate::systems::{probe_targets, Binaries, Running, System, NODE_NAME};
@@ -104,6 +105,23 @@ pub async fn data_and_control_plane(
                 tables,
             )
             .await?;
+        }
+    }
+    if parts.contains(&"dataplane") && plan.systems.contains(&System::Switchyard) {
+        if let Some(settings) = &plan.flatness {
+            if let Some((_, scale)) = failed_at
+                .iter()
+                .find(|(system, _)| *system == System::Switchyard)
+            {
+                println!("latency flatness: not measured: switchyard failed at {scale} Services");
+            } else {
+                let measured = tokio::task::block_in_place(|| {
+                    flatness::measure_in_rounds(binaries, work, &plan.dataplane, settings, summary)
+                });
+                let table = flatness::table(&measured, settings, plan.dataplane.latency_rate);
+                print!("{}", table.render());
+                tables.push(table);
+            }
         }
     }
     control_plane.stop();

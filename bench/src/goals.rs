@@ -1,6 +1,7 @@
 //! The goals, checked against what was measured: met, missed, or not
 //! measured at this size. Pure.
 
+use crate::flatness;
 use crate::report::{number, Summary, Table};
 
 const KUBE_PROXIES: [&str; 2] = ["kube-proxy-iptables-legacy", "kube-proxy-iptables-nft"];
@@ -128,10 +129,60 @@ pub fn table(
     // operation takes 16 / rate on average, so that row's p99 rises whenever the
     // connection rate drifts down.
     let rate_label = number(latency_rate, 0);
+    // Judged on the rounds that measure both counts minutes apart (`flatness`):
+    // the scales' own rounds are half an hour apart or more, over which this
+    // VM's speed drifts by more than the goal's 10%. Those follow it, as measured.
+    let p99 = flatness::P99;
+    let (measured, met) = match (
+        summary.find(flatness::NAME, "switchyard", 100, p99),
+        summary.find(flatness::NAME, "switchyard", 30_000, p99),
+    ) {
+        (Some(small), Some(large)) => {
+            let change = flatness::CHANGE_SAME_ROUND;
+            let pairs = match (
+                summary.find(flatness::NAME, "switchyard", 30_000, change),
+                summary.find(
+                    flatness::NAME,
+                    "switchyard",
+                    30_000,
+                    &format!("{change}-min"),
+                ),
+                summary.find(
+                    flatness::NAME,
+                    "switchyard",
+                    30_000,
+                    &format!("{change}-max"),
+                ),
+            ) {
+                (Some(median), Some(min), Some(max)) => format!(
+                    "; pairs within a round: median {median:+.0}%, {min:+.0}% to {max:+.0}%"
+                ),
+                _ => String::new(),
+            };
+            (
+                format!(
+                    "{} µs at 100, {} µs at 30,000 ({:+.0}%{pairs})",
+                    number(small, 0),
+                    number(large, 0),
+                    100.0 * (large / small - 1.0)
+                ),
+                Some(large <= 1.1 * small),
+            )
+        }
+        _ => ("-".into(), None),
+    };
+    row(
+        &format!(
+            "eBPF connect p99 at 30,000 Services within 10% of p99 at 100 (at {rate_label} connections/s, both in the same rounds)"
+        ),
+        measured,
+        met,
+    );
     let flatness = [
         (
             "fixed-rate-connect-latency-p99",
-            format!("eBPF connect p99 at 30,000 Services within 10% of p99 at 100 (at {rate_label} connections/s)"),
+            "(same, from each scale's own data plane rounds, half an hour or more apart)"
+                .to_string(),
         ),
         (
             "connect-latency-p99",
@@ -387,12 +438,14 @@ mod tests {
                 .unwrap_or_default()
                 .to_string()
         };
-        let fixed_rate = line("(at 2,000 connections/s)");
+        let fixed_rate = line("from each scale's own data plane rounds");
         assert!(
             fixed_rate.contains("330 µs at 100, 355 µs at 30,000 (+8%)"),
             "{text}"
         );
         assert!(fixed_rate.contains("met"), "{text}");
+        let same_rounds = line("both in the same rounds");
+        assert!(same_rounds.contains("not measured"), "{text}");
         let full_load = line("closed loop at full load");
         assert!(full_load.contains("+27%"), "{text}");
         assert!(full_load.contains("MISSED"), "{text}");
@@ -414,8 +467,60 @@ mod tests {
         let text = table(&summary, &[100, 10_000], 2_000.0, &[100]).render();
         let fixed_rate = text
             .lines()
-            .find(|line| line.contains("(at 2,000 connections/s)"))
+            .find(|line| line.contains("from each scale's own data plane rounds"))
             .unwrap_or_default();
         assert!(fixed_rate.contains("not measured"), "{text}");
+    }
+
+    #[test]
+    fn latency_flatness_is_judged_on_the_rounds_that_measure_both_counts() {
+        let mut summary = Summary::default();
+        // The scales' own rounds, half an hour apart, disagree with the verdict.
+        for (scale, p99) in [(100, 330.0), (30_000, 390.0)] {
+            summary.record(
+                "dataplane",
+                "switchyard",
+                scale,
+                "fixed-rate-connect-latency-p99",
+                p99,
+                "us",
+            );
+        }
+        for (scale, p99) in [(100, 340.0), (30_000, 350.0)] {
+            summary.record(
+                flatness::NAME,
+                "switchyard",
+                scale,
+                flatness::P99,
+                p99,
+                "us",
+            );
+        }
+        summary.record_runs(
+            flatness::NAME,
+            "switchyard",
+            30_000,
+            flatness::CHANGE_SAME_ROUND,
+            &[2.0, -4.0, 6.0],
+            "percent",
+        );
+        let text = table(&summary, &[100, 30_000], 2_000.0, &[100]).render();
+        let line = |goal: &str| {
+            text.lines()
+                .find(|line| line.contains(goal))
+                .unwrap_or_default()
+                .to_string()
+        };
+        let same_rounds = line("both in the same rounds");
+        assert!(
+            same_rounds.contains(
+                "340 µs at 100, 350 µs at 30,000 (+3%; pairs within a round: median +2%, -4% to +6%)"
+            ),
+            "{text}"
+        );
+        assert!(same_rounds.contains("| met"), "{text}");
+        let scales = line("from each scale's own data plane rounds");
+        assert!(scales.contains("+18%"), "{text}");
+        assert!(scales.contains("MISSED"), "{text}");
     }
 }

@@ -8,6 +8,7 @@ mod apiserver;
 mod control;
 mod dataplane;
 mod error;
+mod flatness;
 mod goals;
 mod load;
 mod operator_scale;
@@ -304,6 +305,9 @@ pub struct Plan {
     pub scales: Vec<u32>,
     pub systems: Vec<System>,
     pub dataplane: dataplane::DataplaneSettings,
+    /// Latency flatness in rounds of its own (`flatness`): the fewest and the
+    /// most Services of the data plane's scales (none when there is one scale).
+    pub flatness: Option<flatness::FlatnessSettings>,
     /// Services present during the control-plane measurements.
     pub control_scale: u32,
     pub changes: usize,
@@ -339,8 +343,28 @@ impl Plan {
         } else {
             10_000.min(scales.iter().copied().max().unwrap_or(100))
         };
+        let flatness = if quick {
+            // Two counts, so the rounds run end to end; the goal is not judged.
+            Some(flatness::FlatnessSettings {
+                fewest: 100,
+                most: 1_000,
+                run_duration: Duration::from_millis(300),
+            })
+        } else {
+            match (scales.iter().min(), scales.iter().max()) {
+                (Some(fewest), Some(most)) if fewest < most => Some(flatness::FlatnessSettings {
+                    fewest: *fewest,
+                    most: *most,
+                    // Longer than the data plane's 2 s runs: 10,000 connections,
+                    // so the p99 rests on 100 of them.
+                    run_duration: Duration::from_secs(5),
+                }),
+                _ => None,
+            }
+        };
         Self {
             quick,
+            flatness,
             scales,
             systems: [
                 System::Direct,

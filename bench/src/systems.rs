@@ -66,6 +66,9 @@ pub struct Running {
     work: PathBuf,
     binaries: Binaries,
     sync_period: String,
+    /// The agent in `standalone` mode, fed this manifest file instead of the
+    /// API server (Switchyard only).
+    manifests: Option<PathBuf>,
 }
 
 impl Running {
@@ -76,6 +79,29 @@ impl Running {
         binaries: &Binaries,
         work: &Path,
         sync_period: &str,
+    ) -> Result<Self> {
+        Self::start_with(system, binaries, work, sync_period, None)
+    }
+
+    /// Starts Switchyard's agent in `standalone` mode, serving what `manifests`
+    /// holds (Services, EndpointSlices and this node's DataplaneNode): a node with
+    /// a Service count of its own while the API server holds another.
+    pub fn start_standalone(binaries: &Binaries, work: &Path, manifests: &Path) -> Result<Self> {
+        Self::start_with(
+            System::Switchyard,
+            binaries,
+            work,
+            "1h",
+            Some(manifests.to_path_buf()),
+        )
+    }
+
+    fn start_with(
+        system: System,
+        binaries: &Binaries,
+        work: &Path,
+        sync_period: &str,
+        manifests: Option<PathBuf>,
     ) -> Result<Self> {
         let configuration = CONFIGURATION.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mut running = Self {
@@ -92,6 +118,7 @@ impl Running {
             work: work.to_path_buf(),
             binaries: binaries.clone(),
             sync_period: sync_period.to_string(),
+            manifests,
         };
         if system == System::KubeProxyLegacy || system == System::KubeProxyNft {
             write_iptables_wrappers(work, system)?;
@@ -111,8 +138,23 @@ impl Running {
         let process = match self.system {
             System::Direct => None,
             System::Switchyard | System::SwitchyardTc => {
-                let mut arguments: Vec<String> = vec![
-                    "run".into(),
+                let mut arguments: Vec<String> = match &self.manifests {
+                    None => vec![
+                        "run".into(),
+                        "--metrics-address".into(),
+                        "127.0.0.1:9964".into(),
+                    ],
+                    // No masquerade rule: `run` installs one only once a Service
+                    // masquerades (none here), and a nat rule would turn on
+                    // netfilter's connection tracking for every flow.
+                    Some(manifests) => vec![
+                        "standalone".into(),
+                        "--manifests".into(),
+                        manifests.display().to_string(),
+                        "--no-masquerade-rule".into(),
+                    ],
+                };
+                arguments.extend([
                     "--node-name".into(),
                     NODE_NAME.into(),
                     "--pod-interfaces".into(),
@@ -121,13 +163,11 @@ impl Running {
                     "up0".into(),
                     "--bpf-pin-dir".into(),
                     self.pin_directory.display().to_string(),
-                    "--metrics-address".into(),
-                    "127.0.0.1:9964".into(),
                     // 30,000 Services x 10 endpoints need 300,000 backend slots
                     // (the default is 262,144).
                     "--backends-map-size".into(),
                     "524288".into(),
-                ];
+                ]);
                 arguments.extend(socket_hook_arguments(self.system));
                 Some(Process::start(
                     "switchyard-agent",

@@ -56,15 +56,8 @@ pub struct RunArguments {
     /// (it keeps waiting after that).
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub gate_timeout: Duration,
-    #[arg(long, default_value_t = crate::loader::MapSizes::default().frontends)]
-    pub frontends_map_size: u32,
-    #[arg(long, default_value_t = crate::loader::MapSizes::default().backend_slots)]
-    pub backends_map_size: u32,
-    #[arg(long, default_value_t = crate::loader::MapSizes::default().conntrack)]
-    pub conntrack_map_size: u32,
-    /// Entries of the LRU that takes new flows while the conntrack hash is full.
-    #[arg(long, default_value_t = crate::loader::MapSizes::default().conntrack_overflow)]
-    pub conntrack_overflow_map_size: u32,
+    #[command(flatten)]
+    pub map_sizes: MapSizeArguments,
     /// The agent pod's `controller-revision-hash`, reported in status.
     #[arg(long, env = "AGENT_REVISION")]
     pub agent_revision: Option<String>,
@@ -104,6 +97,34 @@ pub struct RunArguments {
     pub replacement_healthz_port: u16,
 }
 
+/// Entries of the maps the agent creates (maps pinned by an earlier process are
+/// reused as they are). Both commands take them: a node with more Services or
+/// flows than the defaults hold needs larger maps in either.
+#[derive(Debug, Args)]
+pub struct MapSizeArguments {
+    #[arg(long, default_value_t = crate::loader::MapSizes::default().frontends)]
+    pub frontends_map_size: u32,
+    #[arg(long, default_value_t = crate::loader::MapSizes::default().backend_slots)]
+    pub backends_map_size: u32,
+    #[arg(long, default_value_t = crate::loader::MapSizes::default().conntrack)]
+    pub conntrack_map_size: u32,
+    /// Entries of the LRU that takes new flows while the conntrack hash is full.
+    #[arg(long, default_value_t = crate::loader::MapSizes::default().conntrack_overflow)]
+    pub conntrack_overflow_map_size: u32,
+}
+
+impl MapSizeArguments {
+    pub fn map_sizes(&self) -> crate::loader::MapSizes {
+        crate::loader::MapSizes {
+            frontends: self.frontends_map_size,
+            backend_slots: self.backends_map_size,
+            conntrack: self.conntrack_map_size,
+            conntrack_overflow: self.conntrack_overflow_map_size,
+            ..crate::loader::MapSizes::default()
+        }
+    }
+}
+
 /// `1s`, `500ms`, `2m`, or a plain number of seconds.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
@@ -127,13 +148,7 @@ impl RunArguments {
         crate::cluster::ClusterOptions {
             node_name: self.node_name.clone(),
             pin_directory: self.bpf_pin_dir.clone(),
-            map_sizes: crate::loader::MapSizes {
-                frontends: self.frontends_map_size,
-                backend_slots: self.backends_map_size,
-                conntrack: self.conntrack_map_size,
-                conntrack_overflow: self.conntrack_overflow_map_size,
-                ..crate::loader::MapSizes::default()
-            },
+            map_sizes: self.map_sizes.map_sizes(),
             pod_interfaces: Globs::parse(&self.pod_interfaces),
             host_interfaces: self
                 .host_interfaces
@@ -216,6 +231,8 @@ pub struct StandaloneArguments {
     /// masquerading and Services without endpoints always use the TC programs.
     #[arg(long, value_enum, default_value_t = PodConnectBalancing::Tcp)]
     pub pod_connect_time_load_balancing: PodConnectBalancing,
+    #[command(flatten)]
+    pub map_sizes: MapSizeArguments,
 }
 
 #[derive(Debug, Args)]
@@ -246,6 +263,7 @@ impl StandaloneArguments {
             gate_timeout: Duration::from_secs(30),
             masquerade_mark: self.masquerade_mark,
             manage_masquerade_rule: !self.no_masquerade_rule,
+            map_sizes: self.map_sizes.map_sizes(),
             socket_hook_cgroup: if self.no_socket_hooks {
                 SocketHookCgroup::None
             } else {
@@ -354,6 +372,30 @@ mod tests {
         assert!(options.node_ips.is_empty());
         assert_eq!(options.pin_directory, PathBuf::from(DEFAULT_PIN_DIRECTORY));
         assert!(!options.detach_on_exit);
+        assert_eq!(options.map_sizes, crate::loader::MapSizes::default());
+    }
+
+    #[test]
+    fn standalone_takes_the_map_sizes_the_run_command_takes() {
+        let cli = Cli::try_parse_from([
+            "switchyard-agent",
+            "standalone",
+            "--manifests",
+            "m.yaml",
+            "--frontends-map-size=131072",
+            "--backends-map-size=524288",
+        ])
+        .expect("parses");
+        let Command::Standalone(arguments) = cli.command else {
+            panic!("expected standalone");
+        };
+        let sizes = arguments.options().map_sizes;
+        assert_eq!(sizes.frontends, 131_072);
+        assert_eq!(sizes.backend_slots, 524_288);
+        assert_eq!(
+            sizes.conntrack,
+            crate::loader::MapSizes::default().conntrack
+        );
     }
 
     #[test]

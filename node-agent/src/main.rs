@@ -61,6 +61,7 @@ fn main() -> std::process::ExitCode {
                 let datapath = KernelDatapath::load(
                     options.pin_directory.clone(),
                     &options.socket_hook_cgroup,
+                    options.map_sizes,
                 )?;
                 standalone::run(options, datapath, IpCommand, shutdown).await
             }

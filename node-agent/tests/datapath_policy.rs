@@ -275,9 +275,15 @@ endpoints:
             let mut agent = start_agent(node);
             let cluster_ip = SocketAddrV4::new(NAMED, 80);
             let node_port = SocketAddrV4::new(NODE_IP, NAMED_NODE_PORT);
+            // Each client the requests below come from: the host's are translated
+            // by the socket hooks, the pod's and the outside client's by TC.
             wait_serving(
                 node,
-                &[(Some("pod3"), cluster_ip), (Some("client"), node_port)],
+                &[
+                    (Some("pod3"), cluster_ip),
+                    (None, cluster_ip),
+                    (Some("client"), node_port),
+                ],
             );
             // Every request succeeds (a wrong port would be refused), and both
             // backends answer, from a pod, the host and outside.

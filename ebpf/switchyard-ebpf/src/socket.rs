@@ -250,10 +250,15 @@ fn reverse(ctx: &SockAddrContext) -> i32 {
             core::ptr::read_volatile(&(*address).user_port),
         )
     };
-    if family != ADDRESS_FAMILY_INET {
+    // A translated socket's peer is a backend, whose port the port filter has
+    // marked (before the backend was written, and for good): a server's accepted
+    // socket, whose peer port is a client's, is let through before any hash is
+    // touched. Servers call this hook on every accept.
+    if family != ADDRESS_FAMILY_INET || !port_marked(port_filter::BACKEND_PORTS, port as u16) {
         return ALLOW;
     }
     let key = SocketReverseKey {
+        // SAFETY: helper on the context the kernel passed in.
         socket_cookie: unsafe { bpf_get_socket_cookie(ctx.as_ptr()) },
         backend_address: ipv4_mapped(ipv4.to_ne_bytes()),
         backend_port_big_endian: port as u16,

@@ -71,10 +71,15 @@ pub struct KernelDatapath {
 }
 
 impl KernelDatapath {
-    pub fn load(pin_directory: PathBuf, cgroup: &SocketHookCgroup) -> Result<Self, Error> {
+    pub fn load(
+        pin_directory: PathBuf,
+        cgroup: &SocketHookCgroup,
+        map_sizes: loader::MapSizes,
+    ) -> Result<Self, Error> {
         let defaults = LoaderSettings::default();
         let settings = LoaderSettings {
             pin_directory: pin_directory.clone(),
+            map_sizes,
             cgroup_path: match cgroup {
                 SocketHookCgroup::Root => defaults.cgroup_path.clone(),
                 SocketHookCgroup::Path(path) => Some(path.clone()),

@@ -56,6 +56,7 @@ pub struct StandaloneOptions {
     pub manage_masquerade_rule: bool,
     pub socket_hook_cgroup: SocketHookCgroup,
     pub pod_connect_balancing: PodConnectBalancing,
+    pub map_sizes: crate::loader::MapSizes,
 }
 
 /// Whether the socket hooks point pods' TCP connects to Services at a backend

@@ -125,6 +125,7 @@ fn options(manifests: &Path) -> StandaloneOptions {
         manage_masquerade_rule: false,
         socket_hook_cgroup: SocketHookCgroup::None,
         pod_connect_balancing: PodConnectBalancing::Tcp,
+        map_sizes: crate::loader::MapSizes::default(),
     }
 }
 
