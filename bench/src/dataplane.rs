@@ -561,11 +561,7 @@ pub fn table(services: u32, latency_rate: f64, rows: &[Row]) -> Table {
             "serving after",
         ],
     );
-    let cell = |samples: &[f64]| {
-        Spread::of(samples)
-            .map(|s| s.display(0))
-            .unwrap_or_else(|| "-".into())
-    };
+    let cell = Spread::cell;
     let direct = rows
         .iter()
         .find(|row| row.system.starts_with(System::Direct.label()) && row.error.is_none());

@@ -278,11 +278,7 @@ pub fn table(measured: &Measured, settings: &FlatnessSettings, latency_rate: f64
             "failed",
         ],
     );
-    let cell = |samples: &[f64]| {
-        Spread::of(samples)
-            .map(|spread| spread.display(0))
-            .unwrap_or_else(|| "-".into())
-    };
+    let cell = Spread::cell;
     let changes = Spread::of(&same_round_changes(
         &measured.fewest.p99,
         &measured.most.p99,

@@ -355,12 +355,7 @@ mod tests {
             "1/s",
         );
         let text = table(&summary, &[100, 10_000], 2_000.0, &[100]).render();
-        let line = |goal: &str| {
-            text.lines()
-                .find(|line| line.contains(goal))
-                .unwrap_or_default()
-                .to_string()
-        };
+        let line = |goal: &str| goal_line(&text, goal);
         assert!(line(">= 1.5x kube-proxy").contains("MISSED"), "{text}");
         assert!(
             line(">= 1.5x kube-proxy").contains("kube-proxy-iptables-legacy"),
@@ -410,6 +405,14 @@ mod tests {
         assert!(line.contains("MISSED"), "{text}");
     }
 
+    /// The goals table's line that names `goal`.
+    fn goal_line(text: &str, goal: &str) -> String {
+        text.lines()
+            .find(|line| line.contains(goal))
+            .unwrap_or_default()
+            .to_string()
+    }
+
     #[test]
     fn latency_flatness_is_judged_at_the_fixed_rate_and_the_full_load_row_is_reported_beside_it() {
         let mut summary = Summary::default();
@@ -432,12 +435,7 @@ mod tests {
             );
         }
         let text = table(&summary, &[100, 30_000], 2_000.0, &[100]).render();
-        let line = |goal: &str| {
-            text.lines()
-                .find(|line| line.contains(goal))
-                .unwrap_or_default()
-                .to_string()
-        };
+        let line = |goal: &str| goal_line(&text, goal);
         let fixed_rate = line("from each scale's own data plane rounds");
         assert!(
             fixed_rate.contains("330 µs at 100, 355 µs at 30,000 (+8%)"),
@@ -505,12 +503,7 @@ mod tests {
             "percent",
         );
         let text = table(&summary, &[100, 30_000], 2_000.0, &[100]).render();
-        let line = |goal: &str| {
-            text.lines()
-                .find(|line| line.contains(goal))
-                .unwrap_or_default()
-                .to_string()
-        };
+        let line = |goal: &str| goal_line(&text, goal);
         let same_rounds = line("both in the same rounds");
         assert!(
             same_rounds.contains(

@@ -101,6 +101,13 @@ pub struct Spread {
 }
 
 impl Spread {
+    /// A table cell: the median and (min-max) of `samples`, or "-" without any.
+    pub fn cell(samples: &[f64]) -> String {
+        Self::of(samples)
+            .map(|spread| spread.display(0))
+            .unwrap_or_else(|| "-".into())
+    }
+
     pub fn of(samples: &[f64]) -> Option<Self> {
         let mut sorted: Vec<f64> = samples.iter().copied().filter(|v| v.is_finite()).collect();
         if sorted.is_empty() {
