@@ -22,14 +22,19 @@ while [ $# -gt 0 ]; do
 done
 # The latency flatness rounds measure switchyard at the fewest and the most
 # Services: they run when switchyard is measured at more than one scale.
+systems=${systems// /}
+distinct_scales=2
+if [ "$scales" != several ]; then
+  distinct_scales=$(tr ', ' '\n\n' <<<"$scales" | grep -E '^[0-9]+$' | sort -u | wc -l)
+fi
 flatness=()
-if [[ ",$systems," == *,switchyard,* ]] && [[ $scales == several || $scales == *,* ]]; then
+if [[ ",$systems," == *,switchyard,* ]] && [ "$distinct_scales" -ge 2 ]; then
   flatness=(latency-flatness)
 fi
 names=()
 for part in ${parts//,/ }; do
   case $part in
-    dataplane) names+=(dataplane "${flatness[@]}") ;;
+    dataplane) names+=(dataplane ${flatness[@]+"${flatness[@]}"}) ;;
     control) names+=(programming-latency agent-cold-start restart-disruption) ;;
     operator) names+=(operator-transition) ;;
     *) echo "check-summary: failed: unknown part '$part' (dataplane, control, operator)" >&2; exit 1 ;;

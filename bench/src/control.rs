@@ -114,6 +114,14 @@ pub async fn data_and_control_plane(
                 .find(|(system, _)| *system == System::Switchyard)
             {
                 println!("latency flatness: not measured: switchyard failed at {scale} Services");
+                summary.record(
+                    flatness::NAME,
+                    System::Switchyard.label(),
+                    u64::from(settings.most),
+                    "failed-to-measure",
+                    1.0,
+                    "configurations",
+                );
             } else {
                 let measured = tokio::task::block_in_place(|| {
                     flatness::measure_in_rounds(binaries, work, &plan.dataplane, settings, summary)

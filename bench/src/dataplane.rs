@@ -365,12 +365,7 @@ fn measure_round(
     // Whether netfilter's connection tracking was on in the node's namespace
     // (any nat rule or conntrack match turns it on for every forwarded flow):
     // the flows it holds right after the runs (closed ones linger 2 s).
-    let tracked = crate::topology::sh(&format!(
-        "ip netns exec {NODE_NAMESPACE} cat /proc/sys/net/netfilter/nf_conntrack_count 2>/dev/null || echo 0"
-    ))
-    .ok()
-    .and_then(|count| count.trim().parse::<u64>().ok())
-    .unwrap_or(0);
+    let tracked = netfilter_tracked_flows();
     eprintln!(
         "bench: {label} at {services} Services: netfilter tracks {tracked} flows in the node's namespace{}",
         if tracked == 0 { " (its connection tracking is off there)" } else { "" }
@@ -470,7 +465,18 @@ const COUNTER_NAMES: [&str; 8] = [
 
 /// The programs' per-CPU counters, summed over CPUs, read with bpftool from the
 /// agent's pins (the bench does not link the agent's map code).
-fn datapath_counters(pin_directory: &Path) -> Result<Vec<(&'static str, u64)>> {
+/// Flows netfilter tracks in the node's namespace (zero when its connection
+/// tracking is off there).
+pub fn netfilter_tracked_flows() -> u64 {
+    crate::topology::sh(&format!(
+        "ip netns exec {NODE_NAMESPACE} cat /proc/sys/net/netfilter/nf_conntrack_count 2>/dev/null || echo 0"
+    ))
+    .ok()
+    .and_then(|count| count.trim().parse::<u64>().ok())
+    .unwrap_or(0)
+}
+
+pub fn datapath_counters(pin_directory: &Path) -> Result<Vec<(&'static str, u64)>> {
     let pattern = format!("{}/v*/SY_COUNTERS", pin_directory.display());
     let output = crate::topology::sh(&format!(
         "for map in {pattern}; do bpftool --json map dump pinned \"$map\"; done"
@@ -612,7 +618,7 @@ pub fn table(services: u32, latency_rate: f64, rows: &[Row]) -> Table {
 
 /// CPU time of process `pid` and of the children it waited for (utime, stime,
 /// cutime, cstime of `/proc/PID/stat`), in seconds.
-fn cpu_seconds(pid: u32) -> Option<f64> {
+pub fn cpu_seconds(pid: u32) -> Option<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name may hold spaces; the fields after it are plain.
     let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();

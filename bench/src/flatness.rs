@@ -19,7 +19,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::apiserver::{backend_addresses, endpoint_slice_object, service_object};
-use crate::dataplane::{round_order, run_load, targets, DataplaneSettings, BACKENDS};
+use crate::dataplane::{
+    cpu_seconds, datapath_counters, netfilter_tracked_flows, round_order, run_load, targets,
+    DataplaneSettings, BACKENDS,
+};
 use crate::error::{Error, Result};
 use crate::load::{LoadOptions, Workload};
 use crate::report::{number, percentile, Spread, Summary, Table};
@@ -44,7 +47,18 @@ pub struct FlatnessSettings {
 pub struct Samples {
     pub p50: Vec<f64>,
     pub p99: Vec<f64>,
+    /// Connects that failed (they have no latency, so the p99 leaves them out).
     pub failures: u64,
+    /// Share of one core the agent used during each round's runs.
+    pub agent_cpu: Vec<f64>,
+    /// The most flows netfilter tracked in the node's namespace after a round
+    /// (zero: its connection tracking stayed off, as in the data plane's rounds).
+    pub netfilter_tracked_flows: u64,
+    /// The programs' counters, summed over the rounds.
+    pub translated: u64,
+    pub datapath_errors: u64,
+    /// Backend servers found dead (and restarted) before a run.
+    pub servers_restarted: usize,
 }
 
 /// What the rounds measured: the samples of the fewest and the most Services,
@@ -75,7 +89,8 @@ pub fn manifest(count: u32) -> Result<serde_json::Value> {
 }
 
 fn write_manifest(work: &Path, count: u32) -> Result<PathBuf> {
-    let path = work.join(format!("flatness-{count}-services.yaml"));
+    // JSON, which the agent's YAML reader takes as it is.
+    let path = work.join(format!("flatness-{count}-services.json"));
     let text = serde_json::to_string(&manifest(count)?)
         .map_err(|error| Error::Populate(format!("failed to write the manifest: {error}")))?;
     std::fs::write(&path, text)
@@ -167,7 +182,7 @@ fn measure_round(
     settings: &FlatnessSettings,
     samples: &mut Samples,
 ) -> Result<()> {
-    let topology = Topology::build(work, BACKENDS, &binaries.bench)?;
+    let mut topology = Topology::build(work, BACKENDS, &binaries.bench)?;
     let prober = Prober::new(CLIENT_NAMESPACE)?;
     let mut running = Running::start_standalone(binaries, work, manifest)?;
     running.wait_serving(&prober, &probe_targets(count), dataplane.serve_timeout)?;
@@ -182,8 +197,12 @@ fn measure_round(
         timeout: Duration::from_secs(2),
         timeline: false,
     };
+    let agent_pid = running.process.as_ref().and_then(|process| process.pid());
+    let cpu_before = agent_pid.and_then(cpu_seconds);
+    let measuring_since = std::time::Instant::now();
     // Warm-up, as the data plane's rounds do: caches, the first connections' slow paths.
     run_load(&binaries.bench, work, &load(None, dataplane.warm_up))?;
+    samples.servers_restarted += topology.revive_servers()?;
     let report = run_load(
         &binaries.bench,
         work,
@@ -208,6 +227,26 @@ fn measure_round(
     samples
         .p99
         .push(percentile(&report.latencies_us, 0.99).unwrap_or(0) as f64);
+    if let (Some(before), Some(after)) = (cpu_before, agent_pid.and_then(cpu_seconds)) {
+        samples
+            .agent_cpu
+            .push((after - before) / measuring_since.elapsed().as_secs_f64() * 100.0);
+    }
+    samples.netfilter_tracked_flows = samples
+        .netfilter_tracked_flows
+        .max(netfilter_tracked_flows());
+    match datapath_counters(&running.pin_directory) {
+        Ok(counters) => {
+            for (name, value) in counters {
+                match name {
+                    "translated" => samples.translated += value,
+                    "error" => samples.datapath_errors += value,
+                    _ => {}
+                }
+            }
+        }
+        Err(error) => eprintln!("bench: latency flatness: datapath counters: {error}"),
+    }
     println!(
         "latency flatness: {count} Services: p99 {} µs at {}/s",
         samples.p99.last().copied().unwrap_or(0.0),
@@ -240,6 +279,30 @@ fn record(measured: &Measured, settings: &FlatnessSettings, summary: &mut Summar
             samples.failures as f64,
             "connections",
         );
+        summary.record_runs(
+            NAME,
+            SYSTEM,
+            count as u64,
+            "process-cpu",
+            &samples.agent_cpu,
+            "percent-of-a-core",
+        );
+        for (metric, value, unit) in [
+            (
+                "netfilter-tracked-flows-max",
+                samples.netfilter_tracked_flows as f64,
+                "flows",
+            ),
+            ("datapath-translated", samples.translated as f64, "flows"),
+            ("datapath-errors", samples.datapath_errors as f64, "packets"),
+            (
+                "backend-servers-restarted",
+                samples.servers_restarted as f64,
+                "servers",
+            ),
+        ] {
+            summary.record(NAME, SYSTEM, count as u64, metric, value, unit);
+        }
     }
     summary.record_runs(
         NAME,
@@ -306,6 +369,23 @@ pub fn table(measured: &Measured, settings: &FlatnessSettings, latency_rate: f64
         "Both nodes run the agent in standalone mode with the data plane's map sizes; \
          each round builds both afresh, in alternating order.",
     );
+    for (count, samples) in [
+        (settings.fewest, &measured.fewest),
+        (settings.most, &measured.most),
+    ] {
+        table.note(&format!(
+            "{} Services: the agent used {} of a core; netfilter tracked at most {} flows; \
+             the programs translated {} connections with {} errors; {} backend servers restarted.",
+            number(count as f64, 0),
+            Spread::of(&samples.agent_cpu)
+                .map(|spread| format!("{:.1}%", spread.median))
+                .unwrap_or_else(|| "-".into()),
+            samples.netfilter_tracked_flows,
+            number(samples.translated as f64, 0),
+            samples.datapath_errors,
+            samples.servers_restarted,
+        ));
+    }
     if let Some(error) = &measured.error {
         table.note(&format!("FAILED: {error}"));
     }
@@ -370,12 +450,14 @@ mod tests {
             fewest: Samples {
                 p50: vec![60.0, 70.0, 65.0],
                 p99: vec![300.0, 400.0, 350.0],
-                failures: 0,
+                ..Samples::default()
             },
             most: Samples {
                 p50: vec![61.0, 69.0, 66.0],
                 p99: vec![315.0, 380.0, 364.0],
                 failures: 1,
+                translated: 30_000,
+                ..Samples::default()
             },
             error: None,
         };
@@ -391,7 +473,15 @@ mod tests {
             .find(NAME, SYSTEM, 30_000, CHANGE_SAME_ROUND)
             .expect("median change");
         assert!((change - 4.0).abs() < 1e-9, "{change}");
+        assert_eq!(
+            summary.find(NAME, SYSTEM, 30_000, "datapath-translated"),
+            Some(30_000.0)
+        );
         let rendered = table(&measured, &settings, 2_000.0).render();
         assert!(rendered.contains("+4% (-5% to +5%)"), "{rendered}");
+        assert!(
+            rendered.contains("the programs translated 30,000 connections with 0 errors"),
+            "{rendered}"
+        );
     }
 }

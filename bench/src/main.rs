@@ -306,7 +306,9 @@ pub struct Plan {
     pub systems: Vec<System>,
     pub dataplane: dataplane::DataplaneSettings,
     /// Latency flatness in rounds of its own (`flatness`): the fewest and the
-    /// most Services of the data plane's scales (none when there is one scale).
+    /// most Services of the data plane's scales (none when there is one scale);
+    /// with `--quick`, 100 and 1,000 Services whatever the scales, so the rounds
+    /// run end to end (the goal, at 100 and 30,000, is not judged then).
     pub flatness: Option<flatness::FlatnessSettings>,
     /// Services present during the control-plane measurements.
     pub control_scale: u32,

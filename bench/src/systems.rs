@@ -91,6 +91,7 @@ impl Running {
             System::Switchyard,
             binaries,
             work,
+            // kube-proxy's sync period: unused by the agent.
             "1h",
             Some(manifests.to_path_buf()),
         )
@@ -147,11 +148,16 @@ impl Running {
                     // No masquerade rule: `run` installs one only once a Service
                     // masquerades (none here), and a nat rule would turn on
                     // netfilter's connection tracking for every flow.
+                    // Manifests and interfaces checked every 2 s rather than every
+                    // 200 ms: each check runs `ip addr`, work `run` does only on
+                    // netlink events, which would otherwise add to the latencies.
                     Some(manifests) => vec![
                         "standalone".into(),
                         "--manifests".into(),
                         manifests.display().to_string(),
                         "--no-masquerade-rule".into(),
+                        "--poll-interval-ms".into(),
+                        "2000".into(),
                     ],
                 };
                 arguments.extend([

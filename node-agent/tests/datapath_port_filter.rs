@@ -111,3 +111,78 @@ fn a_new_port_filter_lets_through_the_connections_of_a_service_deleted_before_th
         },
     );
 }
+
+/// A pod's connection the connect hook pointed at a backend has no conntrack
+/// entry: only its reverse entry (socket -> Service) names the backend's port.
+/// A port filter built after its Service was deleted marks that port too, so
+/// the socket's `getpeername` still finds its entry and shows the Service.
+#[test]
+#[ignore = "privileged netns test: run by make datapath-test"]
+fn a_new_port_filter_keeps_the_service_address_of_a_socket_the_connect_hook_translated() {
+    run_isolated(
+        "a_new_port_filter_keeps_the_service_address_of_a_socket_the_connect_hook_translated",
+        |node| {
+            let pods = standard_topology(2);
+            start_tcp_server(&pods[0], DELETED_BACKEND_PORT);
+            let (datapath, mut maps) = start_datapath(node, &pods);
+            drop(datapath);
+            maps.write_config(&switchyard_common::DatapathConfig {
+                pod_connect_balancing: switchyard_common::POD_CONNECT_BALANCING_TCP,
+                ..active_config()
+            })
+            .expect("write config");
+            let mut deleted =
+                ServiceEntry::cluster_ip(2, DELETED_CLUSTER_IP, DELETED_SERVICE_PORT, PROTOCOL_TCP);
+            deleted.backends = vec![(pods[0].ip, DELETED_BACKEND_PORT, true)];
+            write_service(&mut maps, &deleted);
+            let service = SocketAddrV4::new(DELETED_CLUSTER_IP, DELETED_SERVICE_PORT);
+
+            // A socket connected through the hook, kept open across the restart.
+            let (connected_sender, connected) = std::sync::mpsc::channel();
+            let (restarted, restarted_receiver) = std::sync::mpsc::channel::<()>();
+            let client = in_namespace(Some("pod2"), move || {
+                let stream =
+                    std::net::TcpStream::connect_timeout(&service.into(), Duration::from_secs(2))
+                        .expect("connect");
+                let _ = connected_sender.send(stream.peer_addr().expect("peer before"));
+                let _ = restarted_receiver.recv();
+                stream.peer_addr().expect("peer after")
+            });
+            let before = connected.recv().expect("the client connected");
+            assert_eq!(before, std::net::SocketAddr::V4(service));
+
+            // The Service goes, then a process finds no port filter and builds one.
+            maps.delete_frontend(&FrontendKey {
+                address: ipv4_mapped(DELETED_CLUSTER_IP.octets()),
+                port_big_endian: DELETED_SERVICE_PORT.to_be(),
+                protocol: PROTOCOL_TCP,
+                scope: SCOPE_INTERNAL,
+            })
+            .expect("delete the frontend");
+            maps.delete_backend_slot(&BackendSlotKey {
+                group_id: 2,
+                ordinal: 0,
+            })
+            .expect("delete the backend slot");
+            drop(maps);
+            let filter_pin = loader::version_directory(&node.pin_directory, SCHEMA_VERSION)
+                .join(map_names::PORT_FILTER);
+            std::fs::remove_file(&filter_pin).expect("remove the port filter's pin");
+            let (_datapath, mut maps) = start_datapath(node, &pods);
+            assert!(maps.port_filter_built().expect("read the port filter"));
+            maps.write_config(&switchyard_common::DatapathConfig {
+                pod_connect_balancing: switchyard_common::POD_CONNECT_BALANCING_TCP,
+                ..active_config()
+            })
+            .expect("write config");
+
+            let _ = restarted.send(());
+            let after = client.join().expect("client");
+            assert_eq!(
+                after,
+                std::net::SocketAddr::V4(service),
+                "the socket still shows the Service it connected to"
+            );
+        },
+    );
+}

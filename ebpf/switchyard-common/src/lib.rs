@@ -81,8 +81,10 @@ pub mod map_names {
 /// Entries are only ever set: a port stays marked after its last frontend or
 /// backend goes, because flows opened through it may still be alive, and a marked
 /// port costs only a lookup. The agent marks a port before it writes the entry
-/// that uses it, and marks every port the maps and live flows hold when it loads a
-/// filter that is not yet built.
+/// that uses it, and marks every port the maps, live flows and the socket hooks'
+/// reverse entries hold when it loads a filter that is not yet built. The socket
+/// hooks' `getpeername4` and `recvmsg4` use the backend ports too: a translated
+/// socket's peer is a backend.
 pub mod port_filter {
     /// First entry of the frontend ports (packets' destination ports at ingress).
     pub const FRONTEND_PORTS: u32 = 0;

@@ -251,7 +251,8 @@ fn reverse(ctx: &SockAddrContext) -> i32 {
         )
     };
     // A translated socket's peer is a backend, whose port the port filter has
-    // marked (before the backend was written, and for good): a server's accepted
+    // marked (before the backend was written, and again from the reverse
+    // entries whenever a load builds a new filter): a server's accepted
     // socket, whose peer port is a client's, is let through before any hash is
     // touched. Servers call this hook on every accept.
     if family != ADDRESS_FAMILY_INET || !port_marked(port_filter::BACKEND_PORTS, port as u16) {

@@ -359,6 +359,7 @@ impl Datapath {
         } else {
             system::monotonic_nanoseconds()
         };
+        let mut merged_any = false;
         for name in schema::FLOW_STATE_MAPS {
             let merged = migrate::merge_flow_state(
                 self.settings.schema,
@@ -368,8 +369,14 @@ impl Datapath {
                 self.converted_at_nanoseconds,
             )?;
             if merged > 0 {
+                merged_any = true;
                 tracing::info!(map = %name, from_version = newest, entries = merged, "merged flow state written by the old programs {when}");
             }
+        }
+        if merged_any {
+            // The merged flows and sockets may use ports of backends gone since the
+            // port filter was built: mark theirs too, or their lookups would skip them.
+            PinnedServiceMaps::open(&self.settings.pin_directory)?.mark_ports_in_use()?;
         }
         self.converted_at_nanoseconds = started;
         Ok(())

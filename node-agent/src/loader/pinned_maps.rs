@@ -9,9 +9,9 @@ use std::{
 use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray};
 use switchyard_common::{
     counter, map_names, port_filter, BackendSlotKey, BackendValue, ConntrackKey, ConntrackValue,
-    DatapathConfig, FrontendKey, FrontendValue, CONNTRACK_FLAG_REPLY,
-    DEFAULT_TCP_IDLE_TIMEOUT_SECONDS, PROTOCOL_TCP, SCHEMA_VERSION, TCP_STATE_FIN_FROM_BACKEND,
-    TCP_STATE_FIN_FROM_CLIENT, TCP_STATE_RESET,
+    DatapathConfig, FrontendKey, FrontendValue, SocketReverseKey, SocketReverseValue,
+    CONNTRACK_FLAG_REPLY, DEFAULT_TCP_IDLE_TIMEOUT_SECONDS, PROTOCOL_TCP, SCHEMA_VERSION,
+    TCP_STATE_FIN_FROM_BACKEND, TCP_STATE_FIN_FROM_CLIENT, TCP_STATE_RESET,
 };
 
 use super::{schema, system, version_directory};
@@ -125,8 +125,9 @@ impl PinnedServiceMaps {
         Ok(())
     }
 
-    /// Marks every port the frontends, backend slots and conntrack entries hold
-    /// (see `port_filter::ports_in_use`): a port filter that is new (the first
+    /// Marks every port the frontends, backend slots, conntrack entries and the
+    /// socket hooks' reverse entries hold (see `port_filter::ports_in_use`): a
+    /// port filter that is new (the first
     /// start of an agent that has one, or a schema migration) must let through
     /// every flow the maps already serve before a program that reads it is
     /// attached. Read in batches: about 0.1 s at 10,000 Services x 10 endpoints.
@@ -134,8 +135,16 @@ impl PinnedServiceMaps {
         let frontends = self.frontends()?;
         let backend_slots = self.backend_slots()?;
         let conntrack = self.conntrack_entries()?;
-        let indexes =
-            super::port_filter::ports_in_use(frontends.keys(), backend_slots.values(), &conntrack);
+        let translated_sockets: Vec<(SocketReverseKey, SocketReverseValue)> = entries_in_batches(
+            std::os::fd::AsFd::as_fd(&open_pin(&self.directory, map_names::SOCKET_REVERSE)?),
+            map_names::SOCKET_REVERSE,
+        )?;
+        let indexes = super::port_filter::ports_in_use(
+            frontends.keys(),
+            backend_slots.values(),
+            &conntrack,
+            translated_sockets.iter().map(|(key, _)| key),
+        );
         for index in &indexes {
             self.mark_port(*index)?;
         }

@@ -5,18 +5,22 @@ use std::collections::BTreeSet;
 
 use switchyard_common::{
     port_filter::{index, BACKEND_PORTS, FRONTEND_PORTS},
-    BackendValue, ConntrackKey, ConntrackValue, FrontendKey, CONNTRACK_FLAG_REPLY,
+    BackendValue, ConntrackKey, ConntrackValue, FrontendKey, SocketReverseKey,
+    CONNTRACK_FLAG_REPLY,
 };
 
-/// The port filter entries that frontends, backend slots and conntrack entries
-/// need marked: each frontend's port and each backend's port, and for a flow
-/// whose frontend or backend is gone already, the ports its own entries are found
-/// by (a client-direction entry's destination port, which was its frontend's; a
-/// reply entry's source port, which was its backend's).
+/// The port filter entries that frontends, backend slots, conntrack entries and
+/// the socket hooks' reverse entries need marked: each frontend's port and each
+/// backend's port, and for a flow whose frontend or backend is gone already, the
+/// ports its own entries are found by (a client-direction entry's destination
+/// port, which was its frontend's; a reply entry's source port, which was its
+/// backend's; a translated socket's peer port, which is its backend's: its
+/// `getpeername` and `recvmsg` look their entry up only on a marked port).
 pub fn ports_in_use<'a>(
     frontends: impl IntoIterator<Item = &'a FrontendKey>,
     backend_slots: impl IntoIterator<Item = &'a BackendValue>,
     conntrack: &[(ConntrackKey, ConntrackValue)],
+    translated_sockets: impl IntoIterator<Item = &'a SocketReverseKey>,
 ) -> BTreeSet<u32> {
     let mut indexes: BTreeSet<u32> = frontends
         .into_iter()
@@ -34,6 +38,11 @@ pub fn ports_in_use<'a>(
             index(BACKEND_PORTS, key.source_port_big_endian)
         }
     }));
+    indexes.extend(
+        translated_sockets
+            .into_iter()
+            .map(|key| index(BACKEND_PORTS, key.backend_port_big_endian)),
+    );
     indexes
 }
 
@@ -90,7 +99,7 @@ mod tests {
     fn frontend_ports_are_marked_as_frontend_ports_and_backend_ports_as_backend_ports() {
         let frontends = [frontend(80), frontend(30080)];
         let backends = [backend(8080), backend(8080), backend(9090)];
-        let marked = ports_in_use(&frontends, &backends, &[]);
+        let marked = ports_in_use(&frontends, &backends, &[], []);
         let expected: BTreeSet<u32> = [
             index(FRONTEND_PORTS, 80u16.to_be()),
             index(FRONTEND_PORTS, 30080u16.to_be()),
@@ -109,7 +118,7 @@ mod tests {
             // ...and its reply entry, from the backend's port 5353.
             flow_entry(5353, 40000, CONNTRACK_FLAG_REPLY),
         ];
-        let marked = ports_in_use([], [], &flows);
+        let marked = ports_in_use([], [], &flows, []);
         let expected: BTreeSet<u32> = [
             index(FRONTEND_PORTS, 53u16.to_be()),
             index(BACKEND_PORTS, 5353u16.to_be()),
@@ -119,7 +128,22 @@ mod tests {
     }
 
     #[test]
+    fn a_socket_translated_to_a_backend_that_is_gone_keeps_its_port_marked() {
+        // A pod's connection the connect hook pointed at 10.244.0.5:8443, whose
+        // Service has since gone: only the reverse entry still names the port.
+        let socket = SocketReverseKey {
+            socket_cookie: 7,
+            backend_address: ipv4_mapped([10, 244, 0, 5]),
+            backend_port_big_endian: 8443u16.to_be(),
+            reserved: [0; 6],
+        };
+        let marked = ports_in_use([], [], &[], [&socket]);
+        let expected: BTreeSet<u32> = [index(BACKEND_PORTS, 8443u16.to_be())].into();
+        assert_eq!(marked, expected);
+    }
+
+    #[test]
     fn nothing_in_the_maps_marks_nothing() {
-        assert!(ports_in_use([], [], &[]).is_empty());
+        assert!(ports_in_use([], [], &[], []).is_empty());
     }
 }
