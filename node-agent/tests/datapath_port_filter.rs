@@ -25,6 +25,22 @@ const DELETED_CLUSTER_IP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 20);
 const DELETED_SERVICE_PORT: u16 = 7777;
 const DELETED_BACKEND_PORT: u16 = 9797;
 
+/// Removes the deleted Service's frontend and its one backend slot (group 2).
+fn delete_the_deleted_service(maps: &mut loader::PinnedServiceMaps) {
+    maps.delete_frontend(&FrontendKey {
+        address: ipv4_mapped(DELETED_CLUSTER_IP.octets()),
+        port_big_endian: DELETED_SERVICE_PORT.to_be(),
+        protocol: PROTOCOL_TCP,
+        scope: SCOPE_INTERNAL,
+    })
+    .expect("delete the frontend");
+    maps.delete_backend_slot(&BackendSlotKey {
+        group_id: 2,
+        ordinal: 0,
+    })
+    .expect("delete the backend slot");
+}
+
 #[test]
 #[ignore = "privileged netns test: run by make datapath-test"]
 fn a_new_port_filter_lets_through_the_connections_of_a_service_deleted_before_the_start() {
@@ -61,18 +77,7 @@ fn a_new_port_filter_lets_through_the_connections_of_a_service_deleted_before_th
             let to_kept = open(KEPT_CLUSTER_IP, 80);
 
             // The Service goes; its connections stay in conntrack only.
-            maps.delete_frontend(&FrontendKey {
-                address: ipv4_mapped(DELETED_CLUSTER_IP.octets()),
-                port_big_endian: DELETED_SERVICE_PORT.to_be(),
-                protocol: PROTOCOL_TCP,
-                scope: SCOPE_INTERNAL,
-            })
-            .expect("delete the frontend");
-            maps.delete_backend_slot(&BackendSlotKey {
-                group_id: 2,
-                ordinal: 0,
-            })
-            .expect("delete the backend slot");
+            delete_the_deleted_service(&mut maps);
             drop(maps);
             std::thread::sleep(Duration::from_millis(300));
 
@@ -152,18 +157,7 @@ fn a_new_port_filter_keeps_the_service_address_of_a_socket_the_connect_hook_tran
             assert_eq!(before, std::net::SocketAddr::V4(service));
 
             // The Service goes, then a process finds no port filter and builds one.
-            maps.delete_frontend(&FrontendKey {
-                address: ipv4_mapped(DELETED_CLUSTER_IP.octets()),
-                port_big_endian: DELETED_SERVICE_PORT.to_be(),
-                protocol: PROTOCOL_TCP,
-                scope: SCOPE_INTERNAL,
-            })
-            .expect("delete the frontend");
-            maps.delete_backend_slot(&BackendSlotKey {
-                group_id: 2,
-                ordinal: 0,
-            })
-            .expect("delete the backend slot");
+            delete_the_deleted_service(&mut maps);
             drop(maps);
             let filter_pin = loader::version_directory(&node.pin_directory, SCHEMA_VERSION)
                 .join(map_names::PORT_FILTER);
