@@ -525,7 +525,7 @@ fn json_number(value: &serde_json::Value) -> Option<u64> {
 
 /// Adds a run's median and 99th percentile latency to a row's samples; a run
 /// in which nothing succeeded adds none (it would read as zero latency).
-fn push_median_and_p99(report: &LoadReport, medians: &mut Vec<f64>, p99s: &mut Vec<f64>) {
+pub fn push_median_and_p99(report: &LoadReport, medians: &mut Vec<f64>, p99s: &mut Vec<f64>) {
     if report.latencies_us.is_empty() {
         return;
     }
@@ -533,7 +533,7 @@ fn push_median_and_p99(report: &LoadReport, medians: &mut Vec<f64>, p99s: &mut V
     p99s.push(percentile(&report.latencies_us, 0.99).unwrap_or(0) as f64);
 }
 
-fn report_failure(system: System, workload: &str, report: &LoadReport) {
+pub fn report_failure(system: System, workload: &str, report: &LoadReport) {
     if let Some(failure) = &report.first_failure {
         eprintln!(
             "bench: {} {workload}: {} of {} failed; first: {failure}",

@@ -20,12 +20,12 @@ use std::time::Duration;
 
 use crate::apiserver::{backend_addresses, endpoint_slice_object, service_object};
 use crate::dataplane::{
-    cpu_seconds, datapath_counters, netfilter_tracked_flows, round_order, run_load, targets,
-    DataplaneSettings, BACKENDS,
+    cpu_seconds, datapath_counters, netfilter_tracked_flows, push_median_and_p99, report_failure,
+    round_order, run_load, targets, DataplaneSettings, BACKENDS,
 };
 use crate::error::{Error, Result};
 use crate::load::{LoadOptions, Workload};
-use crate::report::{number, percentile, Spread, Summary, Table};
+use crate::report::{number, Spread, Summary, Table};
 use crate::systems::{probe_targets, Binaries, Running, System, NODE_NAME};
 use crate::topology::{Prober, Topology, CLIENT_NAMESPACE};
 
@@ -209,24 +209,17 @@ fn measure_round(
         &load(Some(dataplane.latency_rate), settings.run_duration),
     )?;
     samples.failures += report.failures;
-    if let Some(failure) = &report.first_failure {
-        eprintln!(
-            "bench: latency flatness at {count} Services: {} of {} failed; first: {failure}",
-            report.failures,
-            report.operations + report.failures
-        );
-    }
+    report_failure(
+        System::Switchyard,
+        &format!("latency flatness at {count} Services"),
+        &report,
+    );
     if report.latencies_us.is_empty() {
         return Err(Error::System(format!(
             "no connection succeeded at {count} Services"
         )));
     }
-    samples
-        .p50
-        .push(percentile(&report.latencies_us, 0.5).unwrap_or(0) as f64);
-    samples
-        .p99
-        .push(percentile(&report.latencies_us, 0.99).unwrap_or(0) as f64);
+    push_median_and_p99(&report, &mut samples.p50, &mut samples.p99);
     if let (Some(before), Some(after)) = (cpu_before, agent_pid.and_then(cpu_seconds)) {
         samples
             .agent_cpu
