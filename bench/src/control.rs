@@ -10,8 +10,9 @@ use crate::apiserver::{self, ControlPlane};
 use crate::dataplane::{self, BACKENDS};
 use crate::error::{Error, Result};
 use crate::flatness;
-use crate::load::{self, LoadOptions, LoadReport, Workload};
+use crate::load;
 use crate::report::{number, percentile, Summary, Table};
+use crate::restart;
 use crate::systems::{probe_targets, Binaries, Running, System, NODE_NAME};
 use crate::topology::{
     observe_in_background, service_address, Prober, Topology, CLIENT_NAMESPACE, MARKER_ADDRESS,
@@ -370,119 +371,18 @@ async fn control_plane_suite(
     print!("{}", cold_table.render());
     tables.push(cold_table);
 
-    // Restart disruption.
-    let mut restart_table = Table::new(
-        &format!(
-            "Restart disruption at {} new connections/s, {} Services",
-            number(plan.restart_rate, 0),
-            number(scale as f64, 0)
-        ),
-        &[
-            "system",
-            "connections",
-            "failed",
-            "failed during restart",
-            "p99 steady ms",
-            "p99 during restart ms",
-            "ratio",
-        ],
-    );
-    for system in [System::Switchyard, System::KubeProxyLegacy] {
-        if !plan.systems.contains(&system) {
-            continue;
-        }
-        println!("restart disruption: {}", system.label());
-        // The control plane stands in for one on other machines (see the note).
-        control_plane.set_nice(RESTART_CONTROL_PLANE_NICE)?;
-        let figures =
-            tokio::task::block_in_place(|| restart_disruption(system, scale, plan, binaries, work));
-        control_plane.set_nice(0)?;
-        let name = "restart-disruption";
-        let figures = match figures {
-            Ok(figures) => figures,
-            Err(error) => {
-                eprintln!("bench: restart disruption of {}: {error}", system.label());
-                failed(summary, name, system.label(), scale);
-                restart_table.row(vec![
-                    system.label().to_string(),
-                    format!("FAILED: {}", error.first_line()),
-                ]);
-                continue;
-            }
-        };
-        let label = system.label();
-        summary.record(
-            name,
-            label,
-            scale as u64,
-            "connections",
-            figures.connections as f64,
-            "connections",
-        );
-        summary.record(
-            name,
-            label,
-            scale as u64,
-            "failed",
-            figures.failed as f64,
-            "connections",
-        );
-        summary.record(
-            name,
-            label,
-            scale as u64,
-            "failed-during-restart",
-            figures.failed_during as f64,
-            "connections",
-        );
-        summary.record(
-            name,
-            label,
-            scale as u64,
-            "p99-steady",
-            figures.p99_steady_ms,
-            "ms",
-        );
-        summary.record(
-            name,
-            label,
-            scale as u64,
-            "p99-during-restart",
-            figures.p99_during_ms,
-            "ms",
-        );
-        summary.record(
-            name,
-            label,
-            scale as u64,
-            "achieved-rate",
-            figures.achieved_rate,
-            "1/s",
-        );
-        restart_table.row(vec![
-            label.into(),
-            figures.connections.to_string(),
-            figures.failed.to_string(),
-            figures.failed_during.to_string(),
-            number(figures.p99_steady_ms, 2),
-            number(figures.p99_during_ms, 2),
-            number(figures.p99_during_ms / figures.p99_steady_ms, 2),
-        ]);
-    }
-    restart_table.note(&format!(
-        "Open loop: one new connection every {:.2} ms whatever the earlier ones do; the process gets SIGTERM \
-         {} s in and a new one is started at once; \"during restart\" is the {:.1} s after the signal. \
-         etcd and the API server run at nice {RESTART_CONTROL_PLANE_NICE} during these runs, standing in for \
-         a control plane on other machines: on this one VM, serving the restarted process's lists of {} \
-         Services and EndpointSlices would otherwise take the CPU from the very connections measured \
-         (bench/README.md \"Where the restart p99 goes\": 3.9-6.6x with them at nice 0, the agent unchanged).",
-        1000.0 / plan.restart_rate,
-        restart_kill_offset(plan).as_secs_f64(),
-        restart_window(plan).as_secs_f64(),
-        number(scale as f64, 0)
-    ));
-    print!("{}", restart_table.render());
-    tables.push(restart_table);
+    tokio::task::block_in_place(|| {
+        restart::measure_in_rounds(
+            plan,
+            scale,
+            binaries,
+            work,
+            control_plane,
+            unservable,
+            summary,
+            tables,
+        )
+    })?;
     Ok(())
 }
 
@@ -663,116 +563,9 @@ fn cold_start(scale: u32, binaries: &Binaries, work: &Path) -> Result<ColdStart>
     })
 }
 
-struct RestartFigures {
-    connections: u64,
-    failed: u64,
-    failed_during: u64,
-    p99_steady_ms: f64,
-    p99_during_ms: f64,
-    achieved_rate: f64,
-}
-
-/// The nice value of etcd and the API server while a restart is measured.
-const RESTART_CONTROL_PLANE_NICE: i32 = 19;
-
-fn restart_kill_offset(plan: &Plan) -> Duration {
-    plan.restart_duration / 3
-}
-
-fn restart_window(plan: &Plan) -> Duration {
-    if plan.quick {
-        Duration::from_millis(1500)
-    } else {
-        Duration::from_secs(5)
-    }
-}
-
-fn restart_disruption(
-    system: System,
-    scale: u32,
-    plan: &Plan,
-    binaries: &Binaries,
-    work: &Path,
-) -> Result<RestartFigures> {
-    let topology = Topology::build(work, BACKENDS, &binaries.bench)?;
-    let prober = Prober::new(CLIENT_NAMESPACE)?;
-    let mut running = Running::start(system, binaries, work, "30s")?;
-    running.wait_serving(&prober, &probe_targets(scale), plan.dataplane.serve_timeout)?;
-    let (tcp, _) = dataplane::targets(system, scale);
-    let options = LoadOptions {
-        workload: Workload::Connect,
-        targets: tcp,
-        concurrency: 1024,
-        duration: plan.restart_duration,
-        max_operations: 5_000_000,
-        rate: Some(plan.restart_rate),
-        timeout: Duration::from_secs(3),
-        timeline: true,
-    };
-    let bench = binaries.bench.clone();
-    let load_work = work.to_path_buf();
-    let load = std::thread::spawn(move || dataplane::run_load(&bench, &load_work, &options));
-    std::thread::sleep(restart_kill_offset(plan));
-    let signalled_unix_us = load::unix_micros();
-    running.restart()?;
-    let report = load
-        .join()
-        .map_err(|_| Error::Load("failed to join the load generator thread".into()))??;
-    running.stop();
-    drop(topology);
-    Ok(restart_figures(
-        &report,
-        signalled_unix_us,
-        restart_window(plan),
-    ))
-}
-
-fn restart_figures(
-    report: &LoadReport,
-    signalled_unix_us: u64,
-    window: Duration,
-) -> RestartFigures {
-    let restart_at = signalled_unix_us.saturating_sub(report.started_unix_us);
-    let window_end = restart_at + window.as_micros() as u64;
-    let mut steady = Vec::new();
-    let mut during = Vec::new();
-    let mut failed_during = 0;
-    for event in &report.timeline {
-        let in_window = event.start_us >= restart_at && event.start_us < window_end;
-        if !event.ok {
-            if in_window {
-                failed_during += 1;
-            }
-            continue;
-        }
-        if event.start_us < restart_at {
-            steady.push(event.latency_us);
-        } else if in_window {
-            during.push(event.latency_us);
-        }
-    }
-    steady.sort_unstable();
-    during.sort_unstable();
-    let ms = |sorted: &[u32]| {
-        percentile(sorted, 0.99)
-            .map(|us| us as f64 / 1000.0)
-            .unwrap_or(f64::NAN)
-    };
-    RestartFigures {
-        connections: report.operations + report.failures,
-        failed: report.failures,
-        failed_during,
-        p99_steady_ms: ms(&steady),
-        p99_during_ms: ms(&during),
-        achieved_rate: report.rate(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::load::Event;
-
     #[test]
     fn changes_go_to_distinct_tcp_services() {
         let mut counter = ChangeCounter::default();
@@ -782,32 +575,5 @@ mod tests {
         unique.dedup();
         assert_eq!(unique.len(), picked.len());
         assert!(picked.iter().all(|index| index % 2 == 0 && *index < 10_000));
-    }
-
-    #[test]
-    fn restart_figures_split_the_timeline_at_the_signal() {
-        let event = |start_us, latency_us, ok| Event {
-            start_us,
-            latency_us,
-            ok,
-        };
-        let report = LoadReport {
-            operations: 4,
-            failures: 1,
-            started_unix_us: 1_000_000,
-            timeline: vec![
-                event(100, 1_000, true),
-                event(200, 2_000, true),
-                event(1_000_100, 9_000, true),
-                event(1_000_200, 0, false),
-                event(9_000_000, 50_000, true),
-            ],
-            ..LoadReport::default()
-        };
-        let figures = restart_figures(&report, 2_000_000, Duration::from_secs(2));
-        assert_eq!(figures.failed_during, 1);
-        assert_eq!(figures.p99_steady_ms, 2.0);
-        assert_eq!(figures.p99_during_ms, 9.0);
-        assert_eq!(figures.connections, 5);
     }
 }

@@ -13,6 +13,7 @@ mod goals;
 mod load;
 mod operator_scale;
 mod report;
+mod restart;
 mod systems;
 mod topology;
 
@@ -317,6 +318,8 @@ pub struct Plan {
     pub change_spacing: Duration,
     pub restart_rate: f64,
     pub restart_duration: Duration,
+    /// Restarts measured per system (`restart`): the goal uses their median.
+    pub restart_runs: usize,
     pub node_counts: Vec<u32>,
 }
 
@@ -415,6 +418,7 @@ impl Plan {
             } else {
                 Duration::from_secs(12)
             },
+            restart_runs: if quick { 3 } else { 5 },
             node_counts: list(
                 &arguments.nodes,
                 if quick {
@@ -423,6 +427,23 @@ impl Plan {
                     vec![100, 1_000, 5_000]
                 },
             ),
+        }
+    }
+}
+
+#[cfg(test)]
+impl Plan {
+    /// The plan `switchyard-bench run ARGUMENTS` makes (the binaries' paths
+    /// are given: they do not change the plan).
+    pub fn from_arguments(arguments: &[&str]) -> Self {
+        let binaries = ["--agent", "a", "--operator", "o", "--kubernetes-bin", "k"];
+        let command_line = ["switchyard-bench", "run"]
+            .iter()
+            .chain(&binaries)
+            .chain(arguments);
+        match Cli::parse_from(command_line).command {
+            CommandLine::Run(arguments) => Plan::new(&arguments),
+            other => panic!("parsed as another command: {other:?}"),
         }
     }
 }

@@ -87,6 +87,15 @@ impl Summary {
             .map(|m| m.value)
     }
 
+    /// The median and spread `record_runs` recorded as `metric`.
+    pub fn find_runs(&self, name: &str, system: &str, scale: u64, metric: &str) -> Option<Spread> {
+        Some(Spread {
+            median: self.find(name, system, scale, metric)?,
+            min: self.find(name, system, scale, &format!("{metric}-min"))?,
+            max: self.find(name, system, scale, &format!("{metric}-max"))?,
+        })
+    }
+
     pub fn to_json(&self) -> Result<String, serde_json::Error> {
         serde_json::to_string_pretty(&self.measurements)
     }

@@ -1,0 +1,508 @@
+//! Restart disruption: connections at a fixed rate while the agent (or
+//! kube-proxy) is restarted, in several runs per system, each on a fresh
+//! topology. The systems alternate within a round and swap their order from
+//! one round to the next, so a slow minute of this VM does not land on one
+//! system only. The summary and the goal use the runs' medians, with their
+//! spread beside them.
+
+use std::path::Path;
+use std::time::Duration;
+
+use crate::apiserver::ControlPlane;
+use crate::dataplane::{self, BACKENDS};
+use crate::error::{Error, Result};
+use crate::load::{self, LoadOptions, LoadReport, Workload};
+use crate::report::{number, percentile, Spread, Summary, Table};
+use crate::systems::{probe_targets, Binaries, Running, System};
+use crate::topology::{Prober, Topology, CLIENT_NAMESPACE};
+use crate::Plan;
+
+pub const NAME: &str = "restart-disruption";
+/// The p99 during the restart over the p99 before it, per run.
+pub const RATIO: &str = "p99-during-over-steady";
+
+/// The nice value of etcd and the API server while a restart is measured.
+const CONTROL_PLANE_NICE: i32 = 19;
+
+/// What one run measured.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RestartFigures {
+    pub connections: u64,
+    pub failed: u64,
+    pub failed_during: u64,
+    pub p99_steady_ms: f64,
+    pub p99_during_ms: f64,
+    pub achieved_rate: f64,
+}
+
+impl RestartFigures {
+    fn ratio(&self) -> f64 {
+        self.p99_during_ms / self.p99_steady_ms
+    }
+}
+
+/// The runs of one system, in the order they ran; a run that could not be
+/// measured keeps its error's first line.
+#[derive(Default)]
+struct Runs {
+    runs: Vec<std::result::Result<RestartFigures, String>>,
+}
+
+impl Runs {
+    fn measured(&self) -> impl Iterator<Item = &RestartFigures> {
+        self.runs.iter().filter_map(|run| run.as_ref().ok())
+    }
+
+    fn samples(&self, figure: impl Fn(&RestartFigures) -> f64) -> Vec<f64> {
+        self.measured().map(figure).collect()
+    }
+
+    fn failed_to_measure(&self) -> usize {
+        self.runs.iter().filter(|run| run.is_err()).count()
+    }
+}
+
+/// The systems in the order round `round` measures them.
+fn order_in_round(systems: &[System], round: usize) -> Vec<System> {
+    let mut order = systems.to_vec();
+    if round % 2 == 1 {
+        order.reverse();
+    }
+    order
+}
+
+#[allow(clippy::too_many_arguments)]
+pub fn measure_in_rounds(
+    plan: &Plan,
+    scale: u32,
+    binaries: &Binaries,
+    work: &Path,
+    control_plane: &ControlPlane,
+    unservable: &[System],
+    summary: &mut Summary,
+    tables: &mut Vec<Table>,
+) -> Result<()> {
+    let systems: Vec<System> = [System::Switchyard, System::KubeProxyLegacy]
+        .into_iter()
+        .filter(|system| plan.systems.contains(system) && !unservable.contains(system))
+        .collect();
+    let mut runs: Vec<Runs> = systems.iter().map(|_| Runs::default()).collect();
+    for round in 0..plan.restart_runs {
+        for system in order_in_round(&systems, round) {
+            println!(
+                "restart disruption: {} (run {} of {})",
+                system.label(),
+                round + 1,
+                plan.restart_runs
+            );
+            // The control plane stands in for one on other machines (see the note).
+            control_plane.set_nice(CONTROL_PLANE_NICE)?;
+            let measured = restart_disruption(system, scale, plan, binaries, work);
+            control_plane.set_nice(0)?;
+            let measured = measured.map_err(|error| {
+                eprintln!("bench: restart disruption of {}: {error}", system.label());
+                error.first_line()
+            });
+            let index = systems
+                .iter()
+                .position(|candidate| *candidate == system)
+                .unwrap_or_default();
+            runs[index].runs.push(measured);
+        }
+    }
+    for (system, runs) in systems.iter().zip(&runs) {
+        record(summary, system.label(), scale, runs);
+    }
+    let table = table(plan, scale, &systems, &runs, unservable);
+    print!("{}", table.render());
+    tables.push(table);
+    Ok(())
+}
+
+/// Totals of the counts over the runs; medians (with `-min` and `-max`) of the
+/// rest; `failed-to-measure` when a run could not be measured.
+fn record(summary: &mut Summary, system: &str, scale: u32, runs: &Runs) {
+    let scale = u64::from(scale);
+    let failed_to_measure = runs.failed_to_measure();
+    if failed_to_measure > 0 {
+        summary.record(
+            NAME,
+            system,
+            scale,
+            "failed-to-measure",
+            failed_to_measure as f64,
+            "runs",
+        );
+    }
+    let measured = runs.measured().count();
+    if measured == 0 {
+        return;
+    }
+    summary.record(NAME, system, scale, "runs", measured as f64, "runs");
+    let total =
+        |figure: fn(&RestartFigures) -> u64| runs.measured().map(figure).sum::<u64>() as f64;
+    summary.record(
+        NAME,
+        system,
+        scale,
+        "connections",
+        total(|run| run.connections),
+        "connections",
+    );
+    summary.record(
+        NAME,
+        system,
+        scale,
+        "failed",
+        total(|run| run.failed),
+        "connections",
+    );
+    summary.record(
+        NAME,
+        system,
+        scale,
+        "failed-during-restart",
+        total(|run| run.failed_during),
+        "connections",
+    );
+    summary.record_runs(
+        NAME,
+        system,
+        scale,
+        "p99-steady",
+        &runs.samples(|run| run.p99_steady_ms),
+        "ms",
+    );
+    summary.record_runs(
+        NAME,
+        system,
+        scale,
+        "p99-during-restart",
+        &runs.samples(|run| run.p99_during_ms),
+        "ms",
+    );
+    summary.record_runs(
+        NAME,
+        system,
+        scale,
+        RATIO,
+        &runs.samples(RestartFigures::ratio),
+        "ratio",
+    );
+    summary.record_runs(
+        NAME,
+        system,
+        scale,
+        "achieved-rate",
+        &runs.samples(|run| run.achieved_rate),
+        "1/s",
+    );
+}
+
+fn table(
+    plan: &Plan,
+    scale: u32,
+    systems: &[System],
+    runs: &[Runs],
+    unservable: &[System],
+) -> Table {
+    let mut table = Table::new(
+        &format!(
+            "Restart disruption at {} new connections/s, {} Services, {} runs per system",
+            number(plan.restart_rate, 0),
+            number(scale as f64, 0),
+            plan.restart_runs
+        ),
+        &[
+            "system",
+            "run",
+            "connections",
+            "failed",
+            "failed during restart",
+            "p99 steady ms",
+            "p99 during restart ms",
+            "ratio",
+        ],
+    );
+    for system in [System::Switchyard, System::KubeProxyLegacy] {
+        if plan.systems.contains(&system) && unservable.contains(&system) {
+            table.row(vec![
+                system.label().to_string(),
+                "not tried: could not serve this many Services in the data plane run".into(),
+            ]);
+        }
+    }
+    for (system, runs) in systems.iter().zip(runs) {
+        for (index, run) in runs.runs.iter().enumerate() {
+            let mut cells = vec![system.label().to_string(), (index + 1).to_string()];
+            match run {
+                Ok(run) => cells.extend([
+                    count(run.connections),
+                    count(run.failed),
+                    count(run.failed_during),
+                    number(run.p99_steady_ms, 2),
+                    number(run.p99_during_ms, 2),
+                    number(run.ratio(), 2),
+                ]),
+                Err(error) => cells.push(format!("FAILED: {error}")),
+            }
+            table.row(cells);
+        }
+        let spread = |figure: fn(&RestartFigures) -> f64| {
+            Spread::of(&runs.samples(figure))
+                .map(|spread| spread.display(2))
+                .unwrap_or_else(|| "-".into())
+        };
+        let total = |figure: fn(&RestartFigures) -> u64| count(runs.measured().map(figure).sum());
+        table.row(vec![
+            system.label().to_string(),
+            "all".into(),
+            total(|run| run.connections),
+            total(|run| run.failed),
+            total(|run| run.failed_during),
+            spread(|run| run.p99_steady_ms),
+            spread(|run| run.p99_during_ms),
+            spread(RestartFigures::ratio),
+        ]);
+    }
+    table.note(&format!(
+        "Open loop: one new connection every {:.2} ms whatever the earlier ones do; the process gets SIGTERM \
+         {} s in and a new one is started at once; \"during restart\" is the {:.1} s after the signal. Each run \
+         has a fresh topology; the systems alternate, in the other order every round. A system's \"all\" row \
+         adds up the counts of its runs and gives the median (min-max) of the rest. \
+         etcd and the API server run at nice {CONTROL_PLANE_NICE} during these runs, standing in for \
+         a control plane on other machines: on this one VM, serving the restarted process's lists of {} \
+         Services and EndpointSlices would otherwise take the CPU from the very connections measured \
+         (bench/README.md \"Where the restart p99 goes\": 3.9-6.6x with them at nice 0, the agent unchanged).",
+        1000.0 / plan.restart_rate,
+        kill_offset(plan).as_secs_f64(),
+        window(plan).as_secs_f64(),
+        number(scale as f64, 0)
+    ));
+    table
+}
+
+fn count(value: u64) -> String {
+    number(value as f64, 0)
+}
+
+fn kill_offset(plan: &Plan) -> Duration {
+    plan.restart_duration / 3
+}
+
+fn window(plan: &Plan) -> Duration {
+    if plan.quick {
+        Duration::from_millis(1500)
+    } else {
+        Duration::from_secs(5)
+    }
+}
+
+fn restart_disruption(
+    system: System,
+    scale: u32,
+    plan: &Plan,
+    binaries: &Binaries,
+    work: &Path,
+) -> Result<RestartFigures> {
+    let topology = Topology::build(work, BACKENDS, &binaries.bench)?;
+    let prober = Prober::new(CLIENT_NAMESPACE)?;
+    let mut running = Running::start(system, binaries, work, "30s")?;
+    running.wait_serving(&prober, &probe_targets(scale), plan.dataplane.serve_timeout)?;
+    let (tcp, _) = dataplane::targets(system, scale);
+    let options = LoadOptions {
+        workload: Workload::Connect,
+        targets: tcp,
+        concurrency: 1024,
+        duration: plan.restart_duration,
+        max_operations: 5_000_000,
+        rate: Some(plan.restart_rate),
+        timeout: Duration::from_secs(3),
+        timeline: true,
+    };
+    let bench = binaries.bench.clone();
+    let load_work = work.to_path_buf();
+    let load = std::thread::spawn(move || dataplane::run_load(&bench, &load_work, &options));
+    std::thread::sleep(kill_offset(plan));
+    let signalled_unix_us = load::unix_micros();
+    running.restart()?;
+    let report = load
+        .join()
+        .map_err(|_| Error::Load("failed to join the load generator thread".into()))??;
+    running.stop();
+    drop(topology);
+    Ok(restart_figures(&report, signalled_unix_us, window(plan)))
+}
+
+fn restart_figures(
+    report: &LoadReport,
+    signalled_unix_us: u64,
+    window: Duration,
+) -> RestartFigures {
+    let restart_at = signalled_unix_us.saturating_sub(report.started_unix_us);
+    let window_end = restart_at + window.as_micros() as u64;
+    let mut steady = Vec::new();
+    let mut during = Vec::new();
+    let mut failed_during = 0;
+    for event in &report.timeline {
+        let in_window = event.start_us >= restart_at && event.start_us < window_end;
+        if !event.ok {
+            if in_window {
+                failed_during += 1;
+            }
+            continue;
+        }
+        if event.start_us < restart_at {
+            steady.push(event.latency_us);
+        } else if in_window {
+            during.push(event.latency_us);
+        }
+    }
+    steady.sort_unstable();
+    during.sort_unstable();
+    let ms = |sorted: &[u32]| {
+        percentile(sorted, 0.99)
+            .map(|us| us as f64 / 1000.0)
+            .unwrap_or(f64::NAN)
+    };
+    RestartFigures {
+        connections: report.operations + report.failures,
+        failed: report.failures,
+        failed_during,
+        p99_steady_ms: ms(&steady),
+        p99_during_ms: ms(&during),
+        achieved_rate: report.rate(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::load::Event;
+
+    fn figures(failed: u64, steady: f64, during: f64) -> RestartFigures {
+        RestartFigures {
+            connections: 1_000,
+            failed,
+            failed_during: failed,
+            p99_steady_ms: steady,
+            p99_during_ms: during,
+            achieved_rate: 2_000.0,
+        }
+    }
+
+    #[test]
+    fn restart_figures_split_the_timeline_at_the_signal() {
+        let event = |start_us, latency_us, ok| Event {
+            start_us,
+            latency_us,
+            ok,
+        };
+        let report = LoadReport {
+            operations: 4,
+            failures: 1,
+            started_unix_us: 1_000_000,
+            timeline: vec![
+                event(100, 1_000, true),
+                event(200, 2_000, true),
+                event(1_000_100, 9_000, true),
+                event(1_000_200, 0, false),
+                event(9_000_000, 50_000, true),
+            ],
+            ..LoadReport::default()
+        };
+        let figures = restart_figures(&report, 2_000_000, Duration::from_secs(2));
+        assert_eq!(figures.failed_during, 1);
+        assert_eq!(figures.p99_steady_ms, 2.0);
+        assert_eq!(figures.p99_during_ms, 9.0);
+        assert_eq!(figures.connections, 5);
+    }
+
+    #[test]
+    fn every_other_round_measures_the_systems_in_the_other_order() {
+        let systems = [System::Switchyard, System::KubeProxyLegacy];
+        assert_eq!(order_in_round(&systems, 0), systems.to_vec());
+        assert_eq!(
+            order_in_round(&systems, 1),
+            vec![System::KubeProxyLegacy, System::Switchyard]
+        );
+        assert_eq!(order_in_round(&systems, 2), systems.to_vec());
+    }
+
+    #[test]
+    fn the_summary_totals_the_failures_and_takes_the_median_ratio_of_the_runs() {
+        let runs = Runs {
+            runs: vec![
+                Ok(figures(0, 0.25, 0.5)),
+                Ok(figures(2, 0.25, 0.25)),
+                Err("failed to start".into()),
+                Ok(figures(0, 0.5, 1.5)),
+            ],
+        };
+        let mut summary = Summary::default();
+        record(&mut summary, "switchyard", 10_000, &runs);
+        let find = |metric: &str| summary.find(NAME, "switchyard", 10_000, metric);
+        assert_eq!(find("runs"), Some(3.0));
+        assert_eq!(find("failed-to-measure"), Some(1.0));
+        assert_eq!(find("connections"), Some(3_000.0));
+        assert_eq!(find("failed"), Some(2.0));
+        assert_eq!(find(RATIO), Some(2.0));
+        assert_eq!(find(&format!("{RATIO}-min")), Some(1.0));
+        assert_eq!(find(&format!("{RATIO}-max")), Some(3.0));
+        assert_eq!(find("p99-steady"), Some(0.25));
+        assert_eq!(find("p99-during-restart"), Some(0.5));
+    }
+
+    #[test]
+    fn a_system_with_no_measured_run_records_only_that_it_failed() {
+        let runs = Runs {
+            runs: vec![Err("failed to serve".into()), Err("failed to serve".into())],
+        };
+        let mut summary = Summary::default();
+        record(&mut summary, "kube-proxy-iptables-legacy", 10_000, &runs);
+        assert_eq!(summary.measurements.len(), 1);
+        assert_eq!(
+            summary.find(
+                NAME,
+                "kube-proxy-iptables-legacy",
+                10_000,
+                "failed-to-measure"
+            ),
+            Some(2.0)
+        );
+    }
+
+    #[test]
+    fn the_table_shows_every_run_and_a_row_of_totals_and_medians_per_system() {
+        let plan = Plan::from_arguments(&["--quick"]);
+        let systems = [System::Switchyard];
+        let runs = [Runs {
+            runs: vec![
+                Ok(figures(0, 0.25, 0.5)),
+                Err("failed to start the agent".into()),
+                Ok(figures(3, 0.5, 0.75)),
+            ],
+        }];
+        let text = table(&plan, 10_000, &systems, &runs, &[System::KubeProxyLegacy]).render();
+        let lines: Vec<&str> = text
+            .lines()
+            .filter(|line| line.starts_with("| switchyard"))
+            .collect();
+        assert_eq!(lines.len(), 4, "{text}");
+        assert!(lines[0].contains(" 1,000 |"), "{text}");
+        assert!(
+            lines[1].contains("FAILED: failed to start the agent"),
+            "{text}"
+        );
+        let all = lines[3];
+        assert!(all.contains("| all "), "{text}");
+        assert!(all.contains(" 2,000 |"), "{text}");
+        assert!(all.contains(" 3 |"), "{text}");
+        assert!(all.contains("1.75 (1.50-2.00)"), "{text}");
+        // The plan's systems include kube-proxy; it could not serve, so it was not tried.
+        assert!(
+            text.contains("kube-proxy-iptables-legacy | not tried"),
+            "{text}"
+        );
+    }
+}
