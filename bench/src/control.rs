@@ -7,6 +7,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crate::apiserver::{self, ControlPlane};
+use crate::cold_start;
 use crate::dataplane::{self, BACKENDS};
 use crate::error::{Error, Result};
 use crate::flatness;
@@ -115,14 +116,7 @@ pub async fn data_and_control_plane(
                 .find(|(system, _)| *system == System::Switchyard)
             {
                 println!("latency flatness: not measured: switchyard failed at {scale} Services");
-                summary.record(
-                    flatness::NAME,
-                    System::Switchyard.label(),
-                    u64::from(settings.most),
-                    "failed-to-measure",
-                    1.0,
-                    "configurations",
-                );
+                flatness::record_failed_to_measure(settings, summary);
             } else {
                 let measured = tokio::task::block_in_place(|| {
                     flatness::measure_in_rounds(binaries, work, &plan.dataplane, settings, summary)
@@ -282,95 +276,9 @@ async fn control_plane_suite(
     print!("{}", latency_table.render());
     tables.push(latency_table);
 
-    // Cold start.
-    println!("agent cold start with {scale} Services");
-    let cold = tokio::task::block_in_place(|| cold_start(scale, binaries, work));
-    let name = "agent-cold-start";
-    let cold = match cold {
-        Ok(cold) => cold,
-        Err(error) => {
-            eprintln!("bench: agent cold start: {error}");
-            failed(summary, name, "switchyard", scale);
-            ColdStart {
-                gate_open: f64::NAN,
-                programmed: f64::NAN,
-                serving: f64::NAN,
-                rss_mib: f64::NAN,
-                peak_rss_mib: f64::NAN,
-            }
-        }
-    };
-    summary.record(
-        name,
-        "switchyard",
-        scale as u64,
-        "gate-open",
-        cold.gate_open,
-        "s",
-    );
-    summary.record(
-        name,
-        "switchyard",
-        scale as u64,
-        "all-programmed",
-        cold.programmed,
-        "s",
-    );
-    summary.record(
-        name,
-        "switchyard",
-        scale as u64,
-        "programmed-after-gate",
-        cold.programmed - cold.gate_open,
-        "s",
-    );
-    summary.record(
-        name,
-        "switchyard",
-        scale as u64,
-        "serving",
-        cold.serving,
-        "s",
-    );
-    summary.record(name, "switchyard", scale as u64, "rss", cold.rss_mib, "MiB");
-    summary.record(
-        name,
-        "switchyard",
-        scale as u64,
-        "peak-rss",
-        cold.peak_rss_mib,
-        "MiB",
-    );
-    let mut cold_table = Table::new(
-        &format!(
-            "Agent cold start, {} Services (time from process start)",
-            number(scale as f64, 0)
-        ),
-        &[
-            "gate open",
-            "all programmed",
-            "programmed after gate",
-            "first probe answered",
-            "RSS",
-            "peak RSS",
-        ],
-    );
-    cold_table.row(vec![
-        format!("{:.3} s", cold.gate_open),
-        format!("{:.3} s", cold.programmed),
-        format!("{:.3} s", cold.programmed - cold.gate_open),
-        format!("{:.3} s", cold.serving),
-        format!("{:.1} MiB", cold.rss_mib),
-        format!("{:.1} MiB", cold.peak_rss_mib),
-    ]);
-    cold_table.note(
-        "`switchyard-agent run`: \"gate open\" is when the agent logs its start-of-day gate open (Services, \
-         EndpointSlices, its Node and DataplaneNode listed, pinned maps restored); \"all programmed\" is \
-         the end of its first sync (\"synced the maps\").",
-    );
-    print!("{}", cold_table.render());
-    tables.push(cold_table);
-
+    tokio::task::block_in_place(|| {
+        cold_start::measure_in_runs(plan, scale, binaries, work, summary, tables)
+    });
     tokio::task::block_in_place(|| {
         restart::measure_in_rounds(
             plan,
@@ -502,65 +410,6 @@ fn keep_for_diagnosis(system: System, running: &Running, record: &str) {
             directory.display()
         );
     }
-}
-
-struct ColdStart {
-    gate_open: f64,
-    programmed: f64,
-    serving: f64,
-    rss_mib: f64,
-    peak_rss_mib: f64,
-}
-
-fn cold_start(scale: u32, binaries: &Binaries, work: &Path) -> Result<ColdStart> {
-    let topology = Topology::build(work, BACKENDS, &binaries.bench)?;
-    let prober = Prober::new(CLIENT_NAMESPACE)?;
-    let mut running = Running::start(System::Switchyard, binaries, work, "30s")?;
-    let (process_started, log) = match &running.process {
-        Some(process) => (process.started, process.log.clone()),
-        None => return Err(Error::System("failed to start the agent".into())),
-    };
-    let mut gate_open = None;
-    let mut programmed = None;
-    let deadline = process_started + Duration::from_secs(300);
-    while programmed.is_none() && Instant::now() < deadline {
-        let exited = running
-            .process
-            .as_mut()
-            .is_some_and(|process| !process.is_running());
-        if exited {
-            break;
-        }
-        let text = std::fs::read_to_string(&log).unwrap_or_default();
-        if gate_open.is_none() && text.contains("start-of-day gate open") {
-            gate_open = Some(process_started.elapsed());
-        }
-        if text.contains("synced the maps") {
-            programmed = Some(process_started.elapsed());
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    let (Some(gate_open), Some(programmed)) = (gate_open, programmed) else {
-        return Err(Error::System(format!(
-            "failed to see the agent open its gate and sync within 300 s:\n{}",
-            std::fs::read_to_string(&log).unwrap_or_default()
-        )));
-    };
-    let serving = running.wait_serving(&prober, &probe_targets(scale), Duration::from_secs(300))?;
-    let (rss_mib, peak_rss_mib) = running
-        .process
-        .as_ref()
-        .and_then(|process| process.memory_mib())
-        .unwrap_or((f64::NAN, f64::NAN));
-    running.stop();
-    drop(topology);
-    Ok(ColdStart {
-        gate_open: gate_open.as_secs_f64(),
-        programmed: programmed.as_secs_f64(),
-        serving: serving.as_secs_f64(),
-        rss_mib,
-        peak_rss_mib,
-    })
 }
 
 #[cfg(test)]

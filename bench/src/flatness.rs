@@ -129,6 +129,7 @@ pub fn measure_in_rounds(
         Ok(manifests) => manifests,
         Err(error) => {
             measured.error = Some(error.first_line());
+            record_failed_to_measure(settings, summary);
             return measured;
         }
     };
@@ -306,15 +307,20 @@ fn record(measured: &Measured, settings: &FlatnessSettings, summary: &mut Summar
         "percent",
     );
     if measured.error.is_some() {
-        summary.record(
-            NAME,
-            SYSTEM,
-            settings.most as u64,
-            "failed-to-measure",
-            1.0,
-            "configurations",
-        );
+        record_failed_to_measure(settings, summary);
     }
+}
+
+/// The mark the flatness goal reads as "not judged".
+pub fn record_failed_to_measure(settings: &FlatnessSettings, summary: &mut Summary) {
+    summary.record(
+        NAME,
+        SYSTEM,
+        settings.most as u64,
+        "failed-to-measure",
+        1.0,
+        "configurations",
+    );
 }
 
 pub fn table(measured: &Measured, settings: &FlatnessSettings, latency_rate: f64) -> Table {

@@ -5,6 +5,7 @@
 //! writes `target/bench/summary.json`. See bench/README.md.
 
 mod apiserver;
+mod cold_start;
 mod control;
 mod dataplane;
 mod error;
@@ -318,9 +319,14 @@ pub struct Plan {
     pub change_spacing: Duration,
     pub restart_rate: f64,
     pub restart_duration: Duration,
+    /// Agent cold starts measured (`cold_start`): the goals use the worst.
+    pub cold_start_runs: usize,
     /// Restarts measured per system (`restart`): the goal uses their median.
     pub restart_runs: usize,
     pub node_counts: Vec<u32>,
+    /// Transitions measured per node count (`operator_scale`): the goals use
+    /// the worst run and the median requests per node.
+    pub operator_runs: usize,
 }
 
 impl Plan {
@@ -418,6 +424,8 @@ impl Plan {
             } else {
                 Duration::from_secs(12)
             },
+            cold_start_runs: 3,
+            operator_runs: 3,
             restart_runs: if quick { 3 } else { 5 },
             node_counts: list(
                 &arguments.nodes,

@@ -25,12 +25,12 @@ use switchyard_crds::{
 use crate::apiserver::{kubeconfig_path, ControlPlane};
 use crate::error::{Error, Result};
 use crate::load::{unix_micros, Picker};
-use crate::report::{number, Summary, Table};
+use crate::report::{measured, number, spread_cells, Figure, RunResult, Spread, Summary, Table};
 use crate::systems::Binaries;
 use crate::topology::Process;
 use crate::Plan;
 
-const NAME: &str = "operator-transition";
+pub const NAME: &str = "operator-transition";
 const OPERATOR_NAMESPACE: &str = "switchyard-system";
 const METRICS_ADDRESS: &str = "127.0.0.1:18080";
 
@@ -42,155 +42,44 @@ pub async fn run(
     tables: &mut Vec<Table>,
 ) -> Result<()> {
     let mut table = Table::new(
-        "Operator: KubeProxy -> Ebpf with maxUnavailable 10%, simulated agents answering after 50-500 ms",
-        &[
-            "nodes",
-            "total",
-            "waiting on agents",
-            "operator time",
-            "reconciles",
-            "reconcile p50",
-            "reconcile p99",
-            "operator API requests",
-            "per node",
-            "operator RSS (peak)",
-        ],
+        &format!(
+            "Operator: KubeProxy -> Ebpf with maxUnavailable 10%, simulated agents answering after 50-500 ms, \
+             {} runs per node count",
+            plan.operator_runs
+        ),
+        &COLUMNS,
     );
     let mut requests_table = Table::new(
-        "Operator API requests during the transition, by verb and resource",
-        &["nodes", "request", "count", "per node"],
+        "Operator API requests during the transition, by verb and resource (median of the runs, (min-max))",
+        &REQUEST_COLUMNS,
     );
-    for (round, nodes) in plan.node_counts.iter().copied().enumerate() {
-        println!("operator scale: {nodes} nodes");
-        let scale = nodes as u64;
-        let system = "switchyard-operator";
-        let figures = match transition(nodes, round, binaries, work).await {
-            Ok(figures) => figures,
-            Err(error) => {
-                eprintln!("bench: operator transition with {nodes} nodes: {error}");
-                summary.record(
-                    NAME,
-                    system,
-                    scale,
-                    "failed-to-measure",
-                    1.0,
-                    "configurations",
-                );
-                table.row(vec![
-                    number(nodes as f64, 0),
-                    format!(
-                        "FAILED: {}",
-                        error.to_string().lines().next().unwrap_or_default()
-                    ),
-                ]);
-                continue;
-            }
-        };
-        summary.record(NAME, system, scale, "total-time", figures.total, "s");
-        summary.record(
-            NAME,
-            system,
-            scale,
-            "waiting-on-agents",
-            figures.waiting_on_agents,
-            "s",
-        );
-        summary.record(
-            NAME,
-            system,
-            scale,
-            "operator-time",
-            figures.total - figures.waiting_on_agents,
-            "s",
-        );
-        summary.record(
-            NAME,
-            system,
-            scale,
-            "reconciles",
-            figures.reconciles,
-            "reconciles",
-        );
-        summary.record(
-            NAME,
-            system,
-            scale,
-            "reconcile-p50",
-            figures.reconcile_p50 * 1000.0,
-            "ms",
-        );
-        summary.record(
-            NAME,
-            system,
-            scale,
-            "reconcile-p99",
-            figures.reconcile_p99 * 1000.0,
-            "ms",
-        );
-        summary.record(
-            NAME,
-            system,
-            scale,
-            "api-requests",
-            figures.requests as f64,
-            "requests",
-        );
-        summary.record(
-            NAME,
-            system,
-            scale,
-            "api-requests-per-node",
-            figures.requests as f64 / nodes as f64,
-            "requests",
-        );
-        summary.record(NAME, system, scale, "rss", figures.rss_mib, "MiB");
-        summary.record(NAME, system, scale, "peak-rss", figures.peak_rss_mib, "MiB");
-        for (verb, count) in &figures.requests_by_verb {
-            summary.record(
-                NAME,
-                system,
-                scale,
-                &format!("api-requests-per-node-{verb}"),
-                *count as f64 / nodes as f64,
-                "requests",
+    // Each run gets a control plane, seed and log names of its own.
+    let mut run_number = 0;
+    for nodes in plan.node_counts.iter().copied() {
+        let mut runs = Vec::new();
+        for run in 0..plan.operator_runs {
+            println!(
+                "operator scale: {nodes} nodes (run {} of {})",
+                run + 1,
+                plan.operator_runs
             );
+            let measured = transition(nodes, run_number, binaries, work).await;
+            run_number += 1;
+            runs.push(measured.map_err(|error| {
+                eprintln!("bench: operator transition with {nodes} nodes: {error}");
+                error.first_line()
+            }));
         }
-        for (request, count) in &figures.requests_by_verb_and_resource {
-            requests_table.row(vec![
-                number(nodes as f64, 0),
-                request.clone(),
-                number(*count as f64, 0),
-                number(*count as f64 / nodes as f64, 3),
-            ]);
-        }
-        let mut verbs: Vec<String> = figures
-            .requests_by_verb
-            .iter()
-            .map(|(verb, count)| format!("{verb} {count}"))
-            .collect();
-        verbs.sort();
-        table.row(vec![
-            number(nodes as f64, 0),
-            format!("{:.1} s", figures.total),
-            format!("{:.1} s", figures.waiting_on_agents),
-            format!("{:.1} s", figures.total - figures.waiting_on_agents),
-            number(figures.reconciles, 0),
-            format!("{:.0} ms", figures.reconcile_p50 * 1000.0),
-            format!("{:.0} ms", figures.reconcile_p99 * 1000.0),
-            format!("{} ({})", figures.requests, verbs.join(", ")),
-            number(figures.requests as f64 / nodes as f64, 2),
-            format!(
-                "{:.0} MiB ({:.0} MiB)",
-                figures.rss_mib, figures.peak_rss_mib
-            ),
-        ]);
+        record(summary, nodes, &runs);
+        rows(&mut table, &mut requests_table, nodes, &runs);
     }
     table.note(
         "\"waiting on agents\": time during which at least one simulated agent was still sitting on its \
          random 50-500 ms delay; \"operator time\" is the rest. Reconcile quantiles are interpolated \
          from the operator's `switchyard_operator_reconcile_duration_seconds` histogram buckets. API \
          requests: the operator's own requests in the API server's audit log from the DataplaneConfig's \
-         creation to Ready (watches count once, when opened).",
+         creation to Ready (watches count once, when opened). Each run has a fresh API server; a node \
+         count's \"all\" row gives the median (min-max) of its runs.",
     );
     print!("{}", table.render());
     tables.push(table);
@@ -203,6 +92,126 @@ pub async fn run(
     Ok(())
 }
 
+const COLUMNS: [&str; 12] = [
+    "nodes",
+    "run",
+    "total s",
+    "waiting on agents s",
+    "operator time s",
+    "reconciles",
+    "reconcile p50 ms",
+    "reconcile p99 ms",
+    "operator API requests",
+    "per node",
+    "operator RSS MiB",
+    "peak RSS MiB",
+];
+const REQUEST_COLUMNS: [&str; 4] = ["nodes", "request", "count", "per node"];
+
+type Run = RunResult<TransitionFigures>;
+
+const SYSTEM: &str = "switchyard-operator";
+
+/// Every figure's median, `-min` and `-max` over the measured runs (the
+/// per-verb requests per node too); the number of runs; `failed-to-measure`
+/// when a run could not be measured.
+fn record(summary: &mut Summary, nodes: u32, runs: &[Run]) {
+    let scale = u64::from(nodes);
+    let measured =
+        summary.record_measured_runs(NAME, SYSTEM, scale, runs, |run| run.figures(nodes));
+    for verb in keys(&measured, |run| &run.requests_by_verb) {
+        let samples: Vec<f64> = measured
+            .iter()
+            .map(|run| run.requests_by_verb.get(&verb).copied().unwrap_or(0) as f64 / nodes as f64)
+            .collect();
+        summary.record_runs(
+            NAME,
+            SYSTEM,
+            scale,
+            &format!("api-requests-per-node-{verb}"),
+            &samples,
+            "requests",
+        );
+    }
+}
+
+/// Every key any run has in the map `of` picks.
+fn keys(
+    runs: &[&TransitionFigures],
+    of: impl Fn(&TransitionFigures) -> &BTreeMap<String, u64>,
+) -> Vec<String> {
+    let mut keys: Vec<String> = runs
+        .iter()
+        .flat_map(|run| of(run).keys().cloned())
+        .collect();
+    keys.sort();
+    keys.dedup();
+    keys
+}
+
+fn rows(table: &mut Table, requests_table: &mut Table, nodes: u32, runs: &[Run]) {
+    let count = number(nodes as f64, 0);
+    let decimals = |metric: &str| match metric {
+        "api-requests-per-node" => 2,
+        "reconciles" | "api-requests" | "reconcile-p50" | "reconcile-p99" | "rss" | "peak-rss" => 0,
+        _ => 1,
+    };
+    for (index, run) in runs.iter().enumerate() {
+        let mut cells = vec![count.clone(), (index + 1).to_string()];
+        match run {
+            Ok(run) => cells.extend(run.figures(nodes).iter().map(|(metric, value, _)| {
+                let mut cell = number(*value, decimals(metric));
+                if *metric == "api-requests" {
+                    let mut verbs: Vec<String> = run
+                        .requests_by_verb
+                        .iter()
+                        .map(|(verb, count)| format!("{verb} {count}"))
+                        .collect();
+                    verbs.sort();
+                    cell = format!("{cell} ({})", verbs.join(", "));
+                }
+                cell
+            })),
+            Err(error) => cells.push(format!("FAILED: {error}")),
+        }
+        table.row(cells);
+    }
+    let measured = measured(runs);
+    if measured.is_empty() {
+        return;
+    }
+    let mut cells = vec![count.clone(), "all".to_string()];
+    cells.extend(spread_cells(
+        &measured,
+        |run| run.figures(nodes),
+        |metric, _| decimals(metric),
+    ));
+    table.row(cells);
+    for request in keys(&measured, |run| &run.requests_by_verb_and_resource) {
+        let samples: Vec<f64> = measured
+            .iter()
+            .map(|run| {
+                run.requests_by_verb_and_resource
+                    .get(&request)
+                    .copied()
+                    .unwrap_or(0) as f64
+            })
+            .collect();
+        let per_node: Vec<f64> = samples.iter().map(|count| count / nodes as f64).collect();
+        requests_table.row(vec![
+            count.clone(),
+            request,
+            Spread::of(&samples)
+                .map(|spread| spread.display(0))
+                .unwrap_or_else(|| "-".into()),
+            Spread::of(&per_node)
+                .map(|spread| spread.display(3))
+                .unwrap_or_else(|| "-".into()),
+        ]);
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
 struct TransitionFigures {
     total: f64,
     waiting_on_agents: f64,
@@ -214,6 +223,29 @@ struct TransitionFigures {
     requests_by_verb_and_resource: BTreeMap<String, u64>,
     rss_mib: f64,
     peak_rss_mib: f64,
+}
+
+impl TransitionFigures {
+    /// The figures of a run with `nodes` nodes, as (summary metric, value,
+    /// unit), in table order.
+    fn figures(&self, nodes: u32) -> Vec<Figure> {
+        vec![
+            ("total-time", self.total, "s"),
+            ("waiting-on-agents", self.waiting_on_agents, "s"),
+            ("operator-time", self.total - self.waiting_on_agents, "s"),
+            ("reconciles", self.reconciles, "reconciles"),
+            ("reconcile-p50", self.reconcile_p50 * 1000.0, "ms"),
+            ("reconcile-p99", self.reconcile_p99 * 1000.0, "ms"),
+            ("api-requests", self.requests as f64, "requests"),
+            (
+                "api-requests-per-node",
+                self.requests as f64 / nodes as f64,
+                "requests",
+            ),
+            ("rss", self.rss_mib, "MiB"),
+            ("peak-rss", self.peak_rss_mib, "MiB"),
+        ]
+    }
 }
 
 async fn transition(
@@ -363,10 +395,13 @@ async fn transition(
     );
     let waiting_on_agents = waiting_on_agents(&answers, started_unix_us, ended_unix_us);
     keep_logs(&[
-        (&control_plane.audit_log, format!("audit-{nodes}.log")),
+        (
+            &control_plane.audit_log,
+            format!("audit-{nodes}-{round}.log"),
+        ),
         (
             &work.join(format!("operator-{round}.log")),
-            format!("operator-{nodes}.log"),
+            format!("operator-{nodes}-{round}.log"),
         ),
     ]);
     operator.stop(Duration::from_secs(5));
@@ -811,6 +846,90 @@ pub async fn simulated_agents(seed: u64) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn transition_figures(
+        total: f64,
+        reconcile_p99: f64,
+        requests_by_verb: &[(&str, u64)],
+    ) -> TransitionFigures {
+        let requests_by_verb: BTreeMap<String, u64> = requests_by_verb
+            .iter()
+            .map(|(verb, count)| (verb.to_string(), *count))
+            .collect();
+        TransitionFigures {
+            total,
+            waiting_on_agents: total / 2.0,
+            reconciles: 10.0,
+            reconcile_p50: reconcile_p99 / 2.0,
+            reconcile_p99,
+            requests: requests_by_verb.values().sum(),
+            requests_by_verb_and_resource: requests_by_verb
+                .iter()
+                .map(|(verb, count)| (format!("{verb} dataplanenodes"), *count))
+                .collect(),
+            requests_by_verb,
+            rss_mib: 20.0,
+            peak_rss_mib: 21.0,
+        }
+    }
+
+    #[test]
+    fn the_summary_keeps_each_figure_over_the_runs_and_every_verb_any_run_made() {
+        let runs: Vec<Run> = vec![
+            Ok(transition_figures(
+                10.0,
+                0.1,
+                &[("patch", 200), ("update", 4)],
+            )),
+            Err("failed to start the operator".into()),
+            Ok(transition_figures(20.0, 0.3, &[("patch", 220)])),
+        ];
+        let mut summary = Summary::default();
+        record(&mut summary, 100, &runs);
+        let find = |metric: &str| summary.find(NAME, SYSTEM, 100, metric);
+        assert_eq!(find("runs"), Some(2.0));
+        assert_eq!(find("failed-to-measure"), Some(1.0));
+        assert_eq!(find("total-time"), Some(15.0));
+        assert_eq!(find("operator-time-max"), Some(10.0));
+        assert_eq!(find("reconcile-p99-max"), Some(300.0));
+        assert_eq!(find("api-requests-per-node"), Some(2.12));
+        assert_eq!(find("api-requests-per-node-update-min"), Some(0.0));
+        assert_eq!(find("api-requests-per-node-update-max"), Some(0.04));
+    }
+
+    #[test]
+    fn the_tables_show_every_run_and_the_medians_of_a_node_count() {
+        let runs: Vec<Run> = vec![
+            Ok(transition_figures(10.0, 0.1, &[("patch", 200)])),
+            Err("failed to start the operator".into()),
+            Ok(transition_figures(
+                20.0,
+                0.3,
+                &[("patch", 220), ("update", 4)],
+            )),
+        ];
+        let mut table = Table::new("operator", &COLUMNS);
+        let mut requests = Table::new("requests", &REQUEST_COLUMNS);
+        rows(&mut table, &mut requests, 100, &runs);
+        let text = table.render();
+        assert!(text.contains("patch 200"), "{text}");
+        assert!(
+            text.contains("FAILED: failed to start the operator"),
+            "{text}"
+        );
+        let all = text
+            .lines()
+            .find(|line| line.contains("| all"))
+            .unwrap_or_default();
+        assert!(all.contains("15.0 (10.0-20.0)"), "{text}");
+        assert!(all.contains("200 (100-300)"), "{text}");
+        let requests = requests.render();
+        let update = requests
+            .lines()
+            .find(|line| line.contains("update dataplanenodes"))
+            .unwrap_or_default();
+        assert!(update.contains("2 (0-4)"), "{requests}");
+    }
 
     #[test]
     fn quantiles_are_interpolated_within_the_bucket_holding_the_rank() {

@@ -87,6 +87,41 @@ impl Summary {
             .map(|m| m.value)
     }
 
+    /// For a measurement taken in several runs: how many were measured
+    /// (`runs`), how many could not be (`failed-to-measure`, when any), and
+    /// the median and spread (`record_runs`) of each of `figures` over the
+    /// measured ones. Returns the measured runs.
+    pub fn record_measured_runs<'a, T>(
+        &mut self,
+        name: &str,
+        system: &str,
+        scale: u64,
+        runs: &'a [RunResult<T>],
+        figures: impl Fn(&T) -> Vec<Figure>,
+    ) -> Vec<&'a T> {
+        let measured = measured(runs);
+        let failed = runs.len() - measured.len();
+        if failed > 0 {
+            self.record(
+                name,
+                system,
+                scale,
+                "failed-to-measure",
+                failed as f64,
+                "runs",
+            );
+        }
+        if measured.is_empty() {
+            return measured;
+        }
+        self.record(name, system, scale, "runs", measured.len() as f64, "runs");
+        for (index, (metric, _, unit)) in figures(measured[0]).into_iter().enumerate() {
+            let samples: Vec<f64> = measured.iter().map(|run| figures(run)[index].1).collect();
+            self.record_runs(name, system, scale, metric, &samples, unit);
+        }
+        measured
+    }
+
     /// The median and spread `record_runs` recorded as `metric`.
     pub fn find_runs(&self, name: &str, system: &str, scale: u64, metric: &str) -> Option<Spread> {
         Some(Spread {
@@ -99,6 +134,40 @@ impl Summary {
     pub fn to_json(&self) -> Result<String, serde_json::Error> {
         serde_json::to_string_pretty(&self.measurements)
     }
+}
+
+/// One run of a measurement: its figures, or the first line of the error
+/// that stopped it.
+pub type RunResult<T> = Result<T, String>;
+
+/// One figure of a run: (summary metric, value, unit).
+pub type Figure = (&'static str, f64, &'static str);
+
+/// The runs that were measured.
+pub fn measured<T>(runs: &[RunResult<T>]) -> Vec<&T> {
+    runs.iter().filter_map(|run| run.as_ref().ok()).collect()
+}
+
+/// Table cells with the median (min-max) of each of `figures` over
+/// `measured`, each with the decimals `decimals` gives its metric and unit.
+pub fn spread_cells<T>(
+    measured: &[&T],
+    figures: impl Fn(&T) -> Vec<Figure>,
+    decimals: impl Fn(&str, &str) -> usize,
+) -> Vec<String> {
+    let Some(first) = measured.first() else {
+        return Vec::new();
+    };
+    figures(first)
+        .into_iter()
+        .enumerate()
+        .map(|(index, (metric, _, unit))| {
+            let samples: Vec<f64> = measured.iter().map(|run| figures(run)[index].1).collect();
+            Spread::of(&samples)
+                .map(|spread| spread.display(decimals(metric, unit)))
+                .unwrap_or_else(|| "-".into())
+        })
+        .collect()
 }
 
 /// Median, minimum and maximum of a few runs.
@@ -321,5 +390,35 @@ mod tests {
         let text = table.render();
         assert!(text.contains("| direct     | 40,000 |"), "{text}");
         assert!(text.contains("| kube-proxy |      9 |"), "{text}");
+    }
+
+    #[test]
+    fn runs_that_failed_are_counted_apart_and_the_rest_summarised_figure_by_figure() {
+        let runs: Vec<RunResult<(f64, f64)>> = vec![
+            Ok((1.0, 10.0)),
+            Err("failed".into()),
+            Ok((3.0, 30.0)),
+            Ok((2.0, 20.0)),
+        ];
+        let figures = |run: &(f64, f64)| vec![("first", run.0, "s"), ("second", run.1, "MiB")];
+        let mut summary = Summary::default();
+        let measured = summary.record_measured_runs("name", "system", 1, &runs, figures);
+        assert_eq!(measured.len(), 3);
+        let find = |metric: &str| summary.find("name", "system", 1, metric);
+        assert_eq!(find("runs"), Some(3.0));
+        assert_eq!(find("failed-to-measure"), Some(1.0));
+        assert_eq!(find("first"), Some(2.0));
+        assert_eq!(find("second-max"), Some(30.0));
+        assert_eq!(
+            summary.find_runs("name", "system", 1, "second"),
+            Some(Spread {
+                median: 20.0,
+                min: 10.0,
+                max: 30.0
+            })
+        );
+        let cells = spread_cells(&measured, figures, |_, unit| usize::from(unit == "s"));
+        assert_eq!(cells, vec!["2.0 (1.0-3.0)", "20 (10-30)"]);
+        assert!(spread_cells(&[], figures, |_, _| 0).is_empty());
     }
 }

@@ -12,7 +12,9 @@ use crate::apiserver::ControlPlane;
 use crate::dataplane::{self, BACKENDS};
 use crate::error::{Error, Result};
 use crate::load::{self, LoadOptions, LoadReport, Workload};
-use crate::report::{number, percentile, Spread, Summary, Table};
+use crate::report::{
+    measured, number, percentile, spread_cells, Figure, RunResult, Summary, Table,
+};
 use crate::systems::{probe_targets, Binaries, Running, System};
 use crate::topology::{Prober, Topology, CLIENT_NAMESPACE};
 use crate::Plan;
@@ -41,26 +43,8 @@ impl RestartFigures {
     }
 }
 
-/// The runs of one system, in the order they ran; a run that could not be
-/// measured keeps its error's first line.
-#[derive(Default)]
-struct Runs {
-    runs: Vec<std::result::Result<RestartFigures, String>>,
-}
-
-impl Runs {
-    fn measured(&self) -> impl Iterator<Item = &RestartFigures> {
-        self.runs.iter().filter_map(|run| run.as_ref().ok())
-    }
-
-    fn samples(&self, figure: impl Fn(&RestartFigures) -> f64) -> Vec<f64> {
-        self.measured().map(figure).collect()
-    }
-
-    fn failed_to_measure(&self) -> usize {
-        self.runs.iter().filter(|run| run.is_err()).count()
-    }
-}
+/// The runs of one system, in the order they ran.
+type Runs = Vec<RunResult<RestartFigures>>;
 
 /// The systems in the order round `round` measures them.
 fn order_in_round(systems: &[System], round: usize) -> Vec<System> {
@@ -86,7 +70,7 @@ pub fn measure_in_rounds(
         .into_iter()
         .filter(|system| plan.systems.contains(system) && !unservable.contains(system))
         .collect();
-    let mut runs: Vec<Runs> = systems.iter().map(|_| Runs::default()).collect();
+    let mut runs: Vec<Runs> = systems.iter().map(|_| Runs::new()).collect();
     for round in 0..plan.restart_runs {
         for system in order_in_round(&systems, round) {
             println!(
@@ -107,7 +91,7 @@ pub fn measure_in_rounds(
                 .iter()
                 .position(|candidate| *candidate == system)
                 .unwrap_or_default();
-            runs[index].runs.push(measured);
+            runs[index].push(measured);
         }
     }
     for (system, runs) in systems.iter().zip(&runs) {
@@ -123,80 +107,33 @@ pub fn measure_in_rounds(
 /// rest; `failed-to-measure` when a run could not be measured.
 fn record(summary: &mut Summary, system: &str, scale: u32, runs: &Runs) {
     let scale = u64::from(scale);
-    let failed_to_measure = runs.failed_to_measure();
-    if failed_to_measure > 0 {
-        summary.record(
-            NAME,
-            system,
-            scale,
-            "failed-to-measure",
-            failed_to_measure as f64,
-            "runs",
-        );
-    }
-    let measured = runs.measured().count();
-    if measured == 0 {
+    let measured = summary.record_measured_runs(NAME, system, scale, runs, medians);
+    if measured.is_empty() {
         return;
     }
-    summary.record(NAME, system, scale, "runs", measured as f64, "runs");
-    let total =
-        |figure: fn(&RestartFigures) -> u64| runs.measured().map(figure).sum::<u64>() as f64;
-    summary.record(
-        NAME,
-        system,
-        scale,
-        "connections",
-        total(|run| run.connections),
-        "connections",
-    );
-    summary.record(
-        NAME,
-        system,
-        scale,
-        "failed",
-        total(|run| run.failed),
-        "connections",
-    );
-    summary.record(
-        NAME,
-        system,
-        scale,
-        "failed-during-restart",
-        total(|run| run.failed_during),
-        "connections",
-    );
-    summary.record_runs(
-        NAME,
-        system,
-        scale,
-        "p99-steady",
-        &runs.samples(|run| run.p99_steady_ms),
-        "ms",
-    );
-    summary.record_runs(
-        NAME,
-        system,
-        scale,
-        "p99-during-restart",
-        &runs.samples(|run| run.p99_during_ms),
-        "ms",
-    );
-    summary.record_runs(
-        NAME,
-        system,
-        scale,
-        RATIO,
-        &runs.samples(RestartFigures::ratio),
-        "ratio",
-    );
-    summary.record_runs(
-        NAME,
-        system,
-        scale,
-        "achieved-rate",
-        &runs.samples(|run| run.achieved_rate),
-        "1/s",
-    );
+    for (metric, total) in totals(&measured) {
+        summary.record(NAME, system, scale, metric, total as f64, "connections");
+    }
+}
+
+/// The figures whose median (min-max) over the runs is kept, in table order.
+fn medians(run: &RestartFigures) -> Vec<Figure> {
+    vec![
+        ("p99-steady", run.p99_steady_ms, "ms"),
+        ("p99-during-restart", run.p99_during_ms, "ms"),
+        (RATIO, run.ratio(), "ratio"),
+        ("achieved-rate", run.achieved_rate, "1/s"),
+    ]
+}
+
+/// The counts, added up over the runs, in table order.
+fn totals(measured: &[&RestartFigures]) -> [(&'static str, u64); 3] {
+    let total = |figure: fn(&RestartFigures) -> u64| measured.iter().map(|run| figure(run)).sum();
+    [
+        ("connections", total(|run| run.connections)),
+        ("failed", total(|run| run.failed)),
+        ("failed-during-restart", total(|run| run.failed_during)),
+    ]
 }
 
 fn table(
@@ -222,6 +159,7 @@ fn table(
             "p99 steady ms",
             "p99 during restart ms",
             "ratio",
+            "achieved rate /s",
         ],
     );
     for system in [System::Switchyard, System::KubeProxyLegacy] {
@@ -233,37 +171,29 @@ fn table(
         }
     }
     for (system, runs) in systems.iter().zip(runs) {
-        for (index, run) in runs.runs.iter().enumerate() {
+        for (index, run) in runs.iter().enumerate() {
             let mut cells = vec![system.label().to_string(), (index + 1).to_string()];
             match run {
-                Ok(run) => cells.extend([
-                    count(run.connections),
-                    count(run.failed),
-                    count(run.failed_during),
-                    number(run.p99_steady_ms, 2),
-                    number(run.p99_during_ms, 2),
-                    number(run.ratio(), 2),
-                ]),
+                Ok(run) => {
+                    cells.extend(totals(&[run]).map(|(_, total)| count(total)));
+                    cells.extend(
+                        medians(run)
+                            .iter()
+                            .map(|(metric, value, unit)| number(*value, decimals(metric, unit))),
+                    );
+                }
                 Err(error) => cells.push(format!("FAILED: {error}")),
             }
             table.row(cells);
         }
-        let spread = |figure: fn(&RestartFigures) -> f64| {
-            Spread::of(&runs.samples(figure))
-                .map(|spread| spread.display(2))
-                .unwrap_or_else(|| "-".into())
-        };
-        let total = |figure: fn(&RestartFigures) -> u64| count(runs.measured().map(figure).sum());
-        table.row(vec![
-            system.label().to_string(),
-            "all".into(),
-            total(|run| run.connections),
-            total(|run| run.failed),
-            total(|run| run.failed_during),
-            spread(|run| run.p99_steady_ms),
-            spread(|run| run.p99_during_ms),
-            spread(RestartFigures::ratio),
-        ]);
+        let measured = measured(runs);
+        if measured.is_empty() {
+            continue;
+        }
+        let mut cells = vec![system.label().to_string(), "all".to_string()];
+        cells.extend(totals(&measured).map(|(_, total)| count(total)));
+        cells.extend(spread_cells(&measured, medians, decimals));
+        table.row(cells);
     }
     table.note(&format!(
         "Open loop: one new connection every {:.2} ms whatever the earlier ones do; the process gets SIGTERM \
@@ -280,6 +210,14 @@ fn table(
         number(scale as f64, 0)
     ));
     table
+}
+
+fn decimals(_metric: &str, unit: &str) -> usize {
+    if unit == "1/s" {
+        0
+    } else {
+        2
+    }
 }
 
 fn count(value: u64) -> String {
@@ -431,14 +369,12 @@ mod tests {
 
     #[test]
     fn the_summary_totals_the_failures_and_takes_the_median_ratio_of_the_runs() {
-        let runs = Runs {
-            runs: vec![
-                Ok(figures(0, 0.25, 0.5)),
-                Ok(figures(2, 0.25, 0.25)),
-                Err("failed to start".into()),
-                Ok(figures(0, 0.5, 1.5)),
-            ],
-        };
+        let runs = vec![
+            Ok(figures(0, 0.25, 0.5)),
+            Ok(figures(2, 0.25, 0.25)),
+            Err("failed to start".into()),
+            Ok(figures(0, 0.5, 1.5)),
+        ];
         let mut summary = Summary::default();
         record(&mut summary, "switchyard", 10_000, &runs);
         let find = |metric: &str| summary.find(NAME, "switchyard", 10_000, metric);
@@ -455,9 +391,7 @@ mod tests {
 
     #[test]
     fn a_system_with_no_measured_run_records_only_that_it_failed() {
-        let runs = Runs {
-            runs: vec![Err("failed to serve".into()), Err("failed to serve".into())],
-        };
+        let runs = vec![Err("failed to serve".into()), Err("failed to serve".into())];
         let mut summary = Summary::default();
         record(&mut summary, "kube-proxy-iptables-legacy", 10_000, &runs);
         assert_eq!(summary.measurements.len(), 1);
@@ -476,13 +410,11 @@ mod tests {
     fn the_table_shows_every_run_and_a_row_of_totals_and_medians_per_system() {
         let plan = Plan::from_arguments(&["--quick"]);
         let systems = [System::Switchyard];
-        let runs = [Runs {
-            runs: vec![
-                Ok(figures(0, 0.25, 0.5)),
-                Err("failed to start the agent".into()),
-                Ok(figures(3, 0.5, 0.75)),
-            ],
-        }];
+        let runs = [vec![
+            Ok(figures(0, 0.25, 0.5)),
+            Err("failed to start the agent".into()),
+            Ok(figures(3, 0.5, 0.75)),
+        ]];
         let text = table(&plan, 10_000, &systems, &runs, &[System::KubeProxyLegacy]).render();
         let lines: Vec<&str> = text
             .lines()
