@@ -13,6 +13,7 @@ mod flatness;
 mod goals;
 mod load;
 mod operator_scale;
+mod programming;
 mod report;
 mod restart;
 mod systems;
@@ -319,6 +320,8 @@ pub struct Plan {
     pub change_spacing: Duration,
     pub restart_rate: f64,
     pub restart_duration: Duration,
+    /// Programming-latency runs per system (`programming`), each of `changes`.
+    pub programming_runs: usize,
     /// Agent cold starts measured (`cold_start`): the goals use the worst.
     pub cold_start_runs: usize,
     /// Restarts measured per system (`restart`): the goal uses their median.
@@ -424,6 +427,7 @@ impl Plan {
             } else {
                 Duration::from_secs(12)
             },
+            programming_runs: 3,
             cold_start_runs: 3,
             operator_runs: 3,
             restart_runs: if quick { 3 } else { 5 },

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::apiserver::ControlPlane;
-use crate::dataplane::{self, BACKENDS};
+use crate::dataplane::{self, round_order, BACKENDS};
 use crate::error::{Error, Result};
 use crate::load::{self, LoadOptions, LoadReport, Workload};
 use crate::report::{
@@ -46,15 +46,6 @@ impl RestartFigures {
 /// The runs of one system, in the order they ran.
 type Runs = Vec<RunResult<RestartFigures>>;
 
-/// The systems in the order round `round` measures them.
-fn order_in_round(systems: &[System], round: usize) -> Vec<System> {
-    let mut order = systems.to_vec();
-    if round % 2 == 1 {
-        order.reverse();
-    }
-    order
-}
-
 #[allow(clippy::too_many_arguments)]
 pub fn measure_in_rounds(
     plan: &Plan,
@@ -72,7 +63,8 @@ pub fn measure_in_rounds(
         .collect();
     let mut runs: Vec<Runs> = systems.iter().map(|_| Runs::new()).collect();
     for round in 0..plan.restart_runs {
-        for system in order_in_round(&systems, round) {
+        for index in round_order(systems.len(), round) {
+            let system = systems[index];
             println!(
                 "restart disruption: {} (run {} of {})",
                 system.label(),
@@ -87,10 +79,6 @@ pub fn measure_in_rounds(
                 eprintln!("bench: restart disruption of {}: {error}", system.label());
                 error.first_line()
             });
-            let index = systems
-                .iter()
-                .position(|candidate| *candidate == system)
-                .unwrap_or_default();
             runs[index].push(measured);
         }
     }
@@ -354,17 +342,6 @@ mod tests {
         assert_eq!(figures.p99_steady_ms, 2.0);
         assert_eq!(figures.p99_during_ms, 9.0);
         assert_eq!(figures.connections, 5);
-    }
-
-    #[test]
-    fn every_other_round_measures_the_systems_in_the_other_order() {
-        let systems = [System::Switchyard, System::KubeProxyLegacy];
-        assert_eq!(order_in_round(&systems, 0), systems.to_vec());
-        assert_eq!(
-            order_in_round(&systems, 1),
-            vec![System::KubeProxyLegacy, System::Switchyard]
-        );
-        assert_eq!(order_in_round(&systems, 2), systems.to_vec());
     }
 
     #[test]
