@@ -6,12 +6,12 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use crate::control::ControlSuite;
 use crate::dataplane::BACKENDS;
 use crate::error::{Error, Result};
-use crate::report::{measured, number, spread_cells, Figure, RunResult, Summary, Table};
+use crate::report::{add_run_rows, number, spread_cells, Figure, RunResult, Summary, Table};
 use crate::systems::{probe_targets, Binaries, Running, System};
 use crate::topology::{Prober, Topology, CLIENT_NAMESPACE};
-use crate::Plan;
 
 pub const NAME: &str = "agent-cold-start";
 const SYSTEM: &str = "switchyard";
@@ -52,14 +52,14 @@ fn decimals(_metric: &str, unit: &str) -> usize {
     }
 }
 
-pub fn measure_in_runs(
-    plan: &Plan,
-    scale: u32,
-    binaries: &Binaries,
-    work: &Path,
-    summary: &mut Summary,
-    tables: &mut Vec<Table>,
-) {
+pub fn measure_in_runs(suite: &ControlSuite<'_>, summary: &mut Summary, tables: &mut Vec<Table>) {
+    let ControlSuite {
+        plan,
+        scale,
+        binaries,
+        work,
+        ..
+    } = *suite;
     let mut runs = Vec::new();
     for run in 0..plan.cold_start_runs {
         println!(
@@ -101,24 +101,18 @@ fn table(scale: u32, runs: &[RunResult<ColdStart>]) -> Table {
             "peak RSS MiB",
         ],
     );
-    for (index, run) in runs.iter().enumerate() {
-        let mut cells = vec![(index + 1).to_string()];
-        match run {
-            Ok(run) => cells.extend(
-                figures(run)
-                    .iter()
-                    .map(|(metric, value, unit)| number(*value, decimals(metric, unit))),
-            ),
-            Err(error) => cells.push(format!("FAILED: {error}")),
-        }
-        table.row(cells);
-    }
-    let measured = measured(runs);
-    if !measured.is_empty() {
-        let mut cells = vec!["all".to_string()];
-        cells.extend(spread_cells(&measured, figures, decimals));
-        table.row(cells);
-    }
+    add_run_rows(
+        &mut table,
+        &[],
+        runs,
+        |run| {
+            figures(run)
+                .into_iter()
+                .map(|(metric, value, unit)| number(value, decimals(metric, unit)))
+                .collect()
+        },
+        |measured| spread_cells(measured, figures, decimals),
+    );
     table.note(
         "`switchyard-agent run` on a fresh node each run: \"gate open\" is when the agent logs its \
          start-of-day gate open (Services, EndpointSlices, its Node and DataplaneNode listed, pinned maps \

@@ -91,16 +91,15 @@ pub async fn data_and_control_plane(
         }
         if parts.contains(&"control") && scale == plan.control_scale {
             let unservable: Vec<System> = failed_at.iter().map(|(system, _)| *system).collect();
-            control_plane_suite(
+            let suite = ControlSuite {
                 plan,
+                scale,
                 binaries,
                 work,
-                &control_plane,
-                &unservable,
-                summary,
-                tables,
-            )
-            .await?;
+                control_plane: &control_plane,
+                unservable: &unservable,
+            };
+            control_plane_suite(&suite, summary, tables).await?;
         }
     }
     if parts.contains(&"dataplane") && plan.systems.contains(&System::Switchyard) {
@@ -125,42 +124,48 @@ pub async fn data_and_control_plane(
     Ok(())
 }
 
-#[allow(clippy::too_many_arguments)]
+/// What each control-plane measurement at the control scale works with.
+pub struct ControlSuite<'a> {
+    pub plan: &'a Plan,
+    /// Services present (the plan's control scale).
+    pub scale: u32,
+    pub binaries: &'a Binaries,
+    pub work: &'a Path,
+    pub control_plane: &'a ControlPlane,
+    /// Systems that could not serve this many Services in the data plane run:
+    /// listed as not tried.
+    pub unservable: &'a [System],
+}
+
+impl ControlSuite<'_> {
+    /// The `candidates` the plan asks for that could serve this many Services.
+    pub fn systems_to_try(&self, candidates: &[System]) -> Vec<System> {
+        self.wanted(candidates)
+            .filter(|system| !self.unservable.contains(system))
+            .collect()
+    }
+
+    /// The `candidates` the plan asks for that could not.
+    pub fn systems_not_tried(&self, candidates: &[System]) -> Vec<System> {
+        self.wanted(candidates)
+            .filter(|system| self.unservable.contains(system))
+            .collect()
+    }
+
+    fn wanted<'s>(&'s self, candidates: &'s [System]) -> impl Iterator<Item = System> + 's {
+        candidates
+            .iter()
+            .copied()
+            .filter(|system| self.plan.systems.contains(system))
+    }
+}
+
 async fn control_plane_suite(
-    plan: &Plan,
-    binaries: &Binaries,
-    work: &Path,
-    control_plane: &ControlPlane,
-    unservable: &[System],
+    suite: &ControlSuite<'_>,
     summary: &mut Summary,
     tables: &mut Vec<Table>,
 ) -> Result<()> {
-    let scale = plan.control_scale;
-    programming::measure_in_rounds(
-        plan,
-        scale,
-        binaries,
-        work,
-        &control_plane.client,
-        unservable,
-        summary,
-        tables,
-    )
-    .await;
-    tokio::task::block_in_place(|| {
-        cold_start::measure_in_runs(plan, scale, binaries, work, summary, tables)
-    });
-    tokio::task::block_in_place(|| {
-        restart::measure_in_rounds(
-            plan,
-            scale,
-            binaries,
-            work,
-            control_plane,
-            unservable,
-            summary,
-            tables,
-        )
-    })?;
-    Ok(())
+    programming::measure_in_rounds(suite, summary, tables).await;
+    tokio::task::block_in_place(|| cold_start::measure_in_runs(suite, summary, tables));
+    tokio::task::block_in_place(|| restart::measure_in_rounds(suite, summary, tables))
 }

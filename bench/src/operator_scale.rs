@@ -25,7 +25,9 @@ use switchyard_crds::{
 use crate::apiserver::{kubeconfig_path, ControlPlane};
 use crate::error::{Error, Result};
 use crate::load::{unix_micros, Picker};
-use crate::report::{measured, number, spread_cells, Figure, RunResult, Spread, Summary, Table};
+use crate::report::{
+    add_run_rows, measured, number, spread_cells, Figure, RunResult, Spread, Summary, Table,
+};
 use crate::systems::Binaries;
 use crate::topology::Process;
 use crate::Plan;
@@ -156,37 +158,37 @@ fn rows(table: &mut Table, requests_table: &mut Table, nodes: u32, runs: &[Run])
         "reconciles" | "api-requests" | "reconcile-p50" | "reconcile-p99" | "rss" | "peak-rss" => 0,
         _ => 1,
     };
-    for (index, run) in runs.iter().enumerate() {
-        let mut cells = vec![count.clone(), (index + 1).to_string()];
-        match run {
-            Ok(run) => cells.extend(run.figures(nodes).iter().map(|(metric, value, _)| {
-                let mut cell = number(*value, decimals(metric));
-                if *metric == "api-requests" {
+    add_run_rows(
+        table,
+        std::slice::from_ref(&count),
+        runs,
+        |run| {
+            run.figures(nodes)
+                .into_iter()
+                .map(|(metric, value, _)| {
+                    let cell = number(value, decimals(metric));
+                    if metric != "api-requests" {
+                        return cell;
+                    }
                     let mut verbs: Vec<String> = run
                         .requests_by_verb
                         .iter()
                         .map(|(verb, count)| format!("{verb} {count}"))
                         .collect();
                     verbs.sort();
-                    cell = format!("{cell} ({})", verbs.join(", "));
-                }
-                cell
-            })),
-            Err(error) => cells.push(format!("FAILED: {error}")),
-        }
-        table.row(cells);
-    }
+                    format!("{cell} ({})", verbs.join(", "))
+                })
+                .collect()
+        },
+        |measured| {
+            spread_cells(
+                measured,
+                |run| run.figures(nodes),
+                |metric, _| decimals(metric),
+            )
+        },
+    );
     let measured = measured(runs);
-    if measured.is_empty() {
-        return;
-    }
-    let mut cells = vec![count.clone(), "all".to_string()];
-    cells.extend(spread_cells(
-        &measured,
-        |run| run.figures(nodes),
-        |metric, _| decimals(metric),
-    ));
-    table.row(cells);
     for request in keys(&measured, |run| &run.requests_by_verb_and_resource) {
         let samples: Vec<f64> = measured
             .iter()

@@ -9,13 +9,15 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crate::apiserver;
+use crate::control::ControlSuite;
 use crate::dataplane::{round_order, BACKENDS};
 use crate::error::Result;
 use crate::load;
 use crate::report::{
-    measured, number, percentile, spread_cells, Figure, RunResult, Summary, Table,
+    add_run_rows, number, percentile, spread_cells, Figure, RunResult, Summary, Table,
+    NOT_TRIED_UNSERVABLE,
 };
-use crate::systems::{probe_targets, Binaries, Running, System};
+use crate::systems::{probe_targets, Running, System};
 use crate::topology::{
     observe_in_background, service_address, Prober, Topology, CLIENT_NAMESPACE, MARKER_ADDRESS,
     MARKER_POD, SERVICE_TCP_PORT,
@@ -101,21 +103,13 @@ fn totals(measured: &[&ProgrammingRun]) -> [(&'static str, usize); 3] {
     ]
 }
 
-#[allow(clippy::too_many_arguments)]
 pub async fn measure_in_rounds(
-    plan: &Plan,
-    scale: u32,
-    binaries: &Binaries,
-    work: &Path,
-    client: &kube::Client,
-    unservable: &[System],
+    suite: &ControlSuite<'_>,
     summary: &mut Summary,
     tables: &mut Vec<Table>,
 ) {
-    let systems: Vec<System> = SYSTEMS
-        .into_iter()
-        .filter(|system| plan.systems.contains(system) && !unservable.contains(system))
-        .collect();
+    let plan = suite.plan;
+    let systems = suite.systems_to_try(&SYSTEMS);
     let mut runs: Vec<Vec<RunResult<ProgrammingRun>>> =
         systems.iter().map(|_| Vec::new()).collect();
     let mut counter = ChangeCounter::default();
@@ -133,18 +127,8 @@ pub async fn measure_in_rounds(
                 round + 1,
                 plan.programming_runs
             );
-            let measured = programming_latency(
-                system,
-                scale,
-                changes,
-                plan,
-                binaries,
-                work,
-                client,
-                &mut counter,
-                round + 1,
-            )
-            .await;
+            let measured =
+                programming_latency(system, changes, suite, &mut counter, round + 1).await;
             runs[index].push(measured.map_err(|error| {
                 eprintln!("bench: programming latency of {}: {error}", system.label());
                 error.first_line()
@@ -152,9 +136,10 @@ pub async fn measure_in_rounds(
         }
     }
     for (system, runs) in systems.iter().zip(&runs) {
-        record(summary, system.label(), scale, runs);
+        record(summary, system.label(), suite.scale, runs);
     }
-    let table = table(plan, scale, &systems, &runs, unservable);
+    let not_tried = suite.systems_not_tried(&SYSTEMS);
+    let table = table(plan, suite.scale, &systems, &runs, &not_tried);
     print!("{}", table.render());
     tables.push(table);
 }
@@ -189,7 +174,7 @@ fn table(
     scale: u32,
     systems: &[System],
     runs: &[Vec<RunResult<ProgrammingRun>>],
-    unservable: &[System],
+    not_tried: &[System],
 ) -> Table {
     let mut table = Table::new(
         &format!(
@@ -200,38 +185,30 @@ fn table(
         ),
         &COLUMNS,
     );
-    for system in SYSTEMS {
-        if plan.systems.contains(&system) && unservable.contains(&system) {
-            table.row(vec![
-                system.label().to_string(),
-                "not tried: could not serve this many Services in the data plane run".into(),
-            ]);
-        }
+    for system in not_tried {
+        table.row(vec![
+            system.label().to_string(),
+            NOT_TRIED_UNSERVABLE.into(),
+        ]);
     }
     for (system, runs) in systems.iter().zip(runs) {
-        for (index, run) in runs.iter().enumerate() {
-            let mut cells = vec![system.label().to_string(), (index + 1).to_string()];
-            match run {
-                Ok(run) => {
-                    cells.extend(totals(&[run]).map(|(_, total)| total.to_string()));
-                    cells.extend(
-                        percentiles(run)
-                            .iter()
-                            .map(|(_, value, _)| number(*value, 1)),
-                    );
-                }
-                Err(error) => cells.push(format!("FAILED: {error}")),
-            }
-            table.row(cells);
-        }
-        let measured = measured(runs);
-        if measured.is_empty() {
-            continue;
-        }
-        let mut cells = vec![system.label().to_string(), "all".to_string()];
-        cells.extend(totals(&measured).map(|(_, total)| total.to_string()));
-        cells.extend(spread_cells(&measured, percentiles, |_, _| 1));
-        table.row(cells);
+        add_run_rows(
+            &mut table,
+            &[system.label().to_string()],
+            runs,
+            |run| {
+                let counts = totals(&[run]).map(|(_, total)| total.to_string());
+                let values = percentiles(run)
+                    .into_iter()
+                    .map(|(_, value, _)| number(value, 1));
+                counts.into_iter().chain(values).collect()
+            },
+            |measured| {
+                let counts = totals(measured).map(|(_, total)| total.to_string());
+                let spreads = spread_cells(measured, percentiles, |_, _| 1);
+                counts.into_iter().chain(spreads).collect()
+            },
+        );
     }
     table.note(
         "A change replaces one TCP Service's EndpointSlice endpoints with the marker pod (a patch in the \
@@ -244,18 +221,22 @@ fn table(
     table
 }
 
-#[allow(clippy::too_many_arguments)]
 async fn programming_latency(
     system: System,
-    scale: u32,
     changes: usize,
-    plan: &Plan,
-    binaries: &Binaries,
-    work: &Path,
-    client: &kube::Client,
+    suite: &ControlSuite<'_>,
     counter: &mut ChangeCounter,
     run: usize,
 ) -> Result<ProgrammingRun> {
+    let ControlSuite {
+        plan,
+        scale,
+        binaries,
+        work,
+        control_plane,
+        ..
+    } = *suite;
+    let client = &control_plane.client;
     let spacing = plan.change_spacing;
     let topology =
         tokio::task::block_in_place(|| Topology::build(work, BACKENDS, &binaries.bench))?;

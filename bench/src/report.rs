@@ -170,6 +170,39 @@ pub fn spread_cells<T>(
         .collect()
 }
 
+/// Adds a row for each of `runs` (the `label` cells, the run's number, then
+/// `run_cells` of it, or why it failed) and, if any run was measured, an "all"
+/// row (the `label` cells, "all", then `all_cells` of the measured runs).
+pub fn add_run_rows<T>(
+    table: &mut Table,
+    label: &[String],
+    runs: &[RunResult<T>],
+    run_cells: impl Fn(&T) -> Vec<String>,
+    all_cells: impl Fn(&[&T]) -> Vec<String>,
+) {
+    for (index, run) in runs.iter().enumerate() {
+        let mut cells = label.to_vec();
+        cells.push((index + 1).to_string());
+        match run {
+            Ok(run) => cells.extend(run_cells(run)),
+            Err(error) => cells.push(format!("FAILED: {error}")),
+        }
+        table.row(cells);
+    }
+    let measured = measured(runs);
+    if measured.is_empty() {
+        return;
+    }
+    let mut cells = label.to_vec();
+    cells.push("all".to_string());
+    cells.extend(all_cells(&measured));
+    table.row(cells);
+}
+
+/// Why a system has no runs at a scale its data plane run could not serve.
+pub const NOT_TRIED_UNSERVABLE: &str =
+    "not tried: could not serve this many Services in the data plane run";
+
 /// Median, minimum and maximum of a few runs.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Spread {
@@ -324,6 +357,40 @@ impl Table {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_run_gets_a_row_with_its_number_or_its_failure_and_the_measured_ones_an_all_row() {
+        let mut table = Table::new("runs", &["system", "run", "value"]);
+        let runs: Vec<RunResult<f64>> = vec![Ok(3.0), Err("no answer".into()), Ok(5.0)];
+        add_run_rows(
+            &mut table,
+            &["switchyard".to_string()],
+            &runs,
+            |value| vec![value.to_string()],
+            |measured| vec![measured.iter().copied().sum::<f64>().to_string()],
+        );
+        assert_eq!(
+            table.rows,
+            [
+                ["switchyard", "1", "3"].as_slice(),
+                &["switchyard", "2", "FAILED: no answer"],
+                &["switchyard", "3", "5"],
+                &["switchyard", "all", "8"],
+            ]
+            .map(|row| row.iter().map(|cell| cell.to_string()).collect::<Vec<_>>())
+        );
+
+        let mut none_measured = Table::new("runs", &["run", "value"]);
+        let failed: Vec<RunResult<f64>> = vec![Err("no answer".into())];
+        add_run_rows(
+            &mut none_measured,
+            &[],
+            &failed,
+            |_| unreachable!("no run was measured"),
+            |_| unreachable!("no run was measured"),
+        );
+        assert_eq!(none_measured.rows, [["1", "FAILED: no answer"]]);
+    }
 
     #[test]
     fn the_spread_of_three_runs_is_their_median_minimum_and_maximum() {

@@ -8,12 +8,13 @@
 use std::path::Path;
 use std::time::Duration;
 
-use crate::apiserver::ControlPlane;
+use crate::control::ControlSuite;
 use crate::dataplane::{self, round_order, BACKENDS};
 use crate::error::{Error, Result};
 use crate::load::{self, LoadOptions, LoadReport, Workload};
 use crate::report::{
-    measured, number, percentile, spread_cells, Figure, RunResult, Summary, Table,
+    add_run_rows, number, percentile, spread_cells, Figure, RunResult, Summary, Table,
+    NOT_TRIED_UNSERVABLE,
 };
 use crate::systems::{probe_targets, Binaries, Running, System};
 use crate::topology::{Prober, Topology, CLIENT_NAMESPACE};
@@ -46,21 +47,22 @@ impl RestartFigures {
 /// The runs of one system, in the order they ran.
 type Runs = Vec<RunResult<RestartFigures>>;
 
-#[allow(clippy::too_many_arguments)]
+const SYSTEMS: [System; 2] = [System::Switchyard, System::KubeProxyLegacy];
+
 pub fn measure_in_rounds(
-    plan: &Plan,
-    scale: u32,
-    binaries: &Binaries,
-    work: &Path,
-    control_plane: &ControlPlane,
-    unservable: &[System],
+    suite: &ControlSuite<'_>,
     summary: &mut Summary,
     tables: &mut Vec<Table>,
 ) -> Result<()> {
-    let systems: Vec<System> = [System::Switchyard, System::KubeProxyLegacy]
-        .into_iter()
-        .filter(|system| plan.systems.contains(system) && !unservable.contains(system))
-        .collect();
+    let ControlSuite {
+        plan,
+        scale,
+        binaries,
+        work,
+        control_plane,
+        ..
+    } = *suite;
+    let systems = suite.systems_to_try(&SYSTEMS);
     let mut runs: Vec<Runs> = systems.iter().map(|_| Runs::new()).collect();
     for round in 0..plan.restart_runs {
         for index in round_order(systems.len(), round) {
@@ -85,7 +87,8 @@ pub fn measure_in_rounds(
     for (system, runs) in systems.iter().zip(&runs) {
         record(summary, system.label(), scale, runs);
     }
-    let table = table(plan, scale, &systems, &runs, unservable);
+    let not_tried = suite.systems_not_tried(&SYSTEMS);
+    let table = table(plan, scale, &systems, &runs, &not_tried);
     print!("{}", table.render());
     tables.push(table);
     Ok(())
@@ -129,7 +132,7 @@ fn table(
     scale: u32,
     systems: &[System],
     runs: &[Runs],
-    unservable: &[System],
+    not_tried: &[System],
 ) -> Table {
     let mut table = Table::new(
         &format!(
@@ -150,38 +153,30 @@ fn table(
             "achieved rate /s",
         ],
     );
-    for system in [System::Switchyard, System::KubeProxyLegacy] {
-        if plan.systems.contains(&system) && unservable.contains(&system) {
-            table.row(vec![
-                system.label().to_string(),
-                "not tried: could not serve this many Services in the data plane run".into(),
-            ]);
-        }
+    for system in not_tried {
+        table.row(vec![
+            system.label().to_string(),
+            NOT_TRIED_UNSERVABLE.into(),
+        ]);
     }
     for (system, runs) in systems.iter().zip(runs) {
-        for (index, run) in runs.iter().enumerate() {
-            let mut cells = vec![system.label().to_string(), (index + 1).to_string()];
-            match run {
-                Ok(run) => {
-                    cells.extend(totals(&[run]).map(|(_, total)| count(total)));
-                    cells.extend(
-                        medians(run)
-                            .iter()
-                            .map(|(metric, value, unit)| number(*value, decimals(metric, unit))),
-                    );
-                }
-                Err(error) => cells.push(format!("FAILED: {error}")),
-            }
-            table.row(cells);
-        }
-        let measured = measured(runs);
-        if measured.is_empty() {
-            continue;
-        }
-        let mut cells = vec![system.label().to_string(), "all".to_string()];
-        cells.extend(totals(&measured).map(|(_, total)| count(total)));
-        cells.extend(spread_cells(&measured, medians, decimals));
-        table.row(cells);
+        add_run_rows(
+            &mut table,
+            &[system.label().to_string()],
+            runs,
+            |run| {
+                let counts = totals(&[run]).map(|(_, total)| count(total));
+                let values = medians(run)
+                    .into_iter()
+                    .map(|(metric, value, unit)| number(value, decimals(metric, unit)));
+                counts.into_iter().chain(values).collect()
+            },
+            |measured| {
+                let counts = totals(measured).map(|(_, total)| count(total));
+                let spreads = spread_cells(measured, medians, decimals);
+                counts.into_iter().chain(spreads).collect()
+            },
+        );
     }
     table.note(&format!(
         "Open loop: one new connection every {:.2} ms whatever the earlier ones do; the process gets SIGTERM \
