@@ -55,11 +55,11 @@ fn decimals(_metric: &str, unit: &str) -> usize {
 pub fn measure_in_runs(suite: &ControlSuite<'_>, summary: &mut Summary, tables: &mut Vec<Table>) {
     let ControlSuite {
         plan,
-        scale,
         binaries,
         work,
         ..
     } = *suite;
+    let scale = plan.control_scale;
     let mut runs = Vec::new();
     for run in 0..plan.cold_start_runs {
         println!(

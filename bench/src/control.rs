@@ -93,7 +93,6 @@ pub async fn data_and_control_plane(
             let unservable: Vec<System> = failed_at.iter().map(|(system, _)| *system).collect();
             let suite = ControlSuite {
                 plan,
-                scale,
                 binaries,
                 work,
                 control_plane: &control_plane,
@@ -126,9 +125,8 @@ pub async fn data_and_control_plane(
 
 /// What each control-plane measurement at the control scale works with.
 pub struct ControlSuite<'a> {
+    /// Its control scale is the number of Services present.
     pub plan: &'a Plan,
-    /// Services present (the plan's control scale).
-    pub scale: u32,
     pub binaries: &'a Binaries,
     pub work: &'a Path,
     pub control_plane: &'a ControlPlane,

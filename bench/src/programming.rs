@@ -136,10 +136,10 @@ pub async fn measure_in_rounds(
         }
     }
     for (system, runs) in systems.iter().zip(&runs) {
-        record(summary, system.label(), suite.scale, runs);
+        record(summary, system.label(), plan.control_scale, runs);
     }
     let not_tried = suite.systems_not_tried(&SYSTEMS);
-    let table = table(plan, suite.scale, &systems, &runs, &not_tried);
+    let table = table(plan, plan.control_scale, &systems, &runs, &not_tried);
     print!("{}", table.render());
     tables.push(table);
 }
@@ -230,12 +230,12 @@ async fn programming_latency(
 ) -> Result<ProgrammingRun> {
     let ControlSuite {
         plan,
-        scale,
         binaries,
         work,
         control_plane,
         ..
     } = *suite;
+    let scale = plan.control_scale;
     let client = &control_plane.client;
     let spacing = plan.change_spacing;
     let topology =

@@ -56,12 +56,12 @@ pub fn measure_in_rounds(
 ) -> Result<()> {
     let ControlSuite {
         plan,
-        scale,
         binaries,
         work,
         control_plane,
         ..
     } = *suite;
+    let scale = plan.control_scale;
     let systems = suite.systems_to_try(&SYSTEMS);
     let mut runs: Vec<Runs> = systems.iter().map(|_| Runs::new()).collect();
     for round in 0..plan.restart_runs {
