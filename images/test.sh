@@ -2,7 +2,9 @@
 # The images test (`make images-test`): builds the images twice and checks that
 #  - the two builds give byte-identical archives (the second reuses the first's
 #    binaries but redoes the whole assembly, from unpacking the .debs on);
-#  - skopeo and umoci read them, and each carries the org.opencontainers.image labels;
+#  - skopeo and umoci read them, containerd imports them as `kind load image-archive`
+#    does (under the names the chart expects), and each carries the
+#    org.opencontainers.image labels;
 #  - the operator runs as a numeric non-root user that its /etc/passwd names, and its
 #    image holds no ELF file but its binary and the libraries `ldd` says it needs;
 #  - the agent's image holds iptables and ip6tables of both backends, nft and ip, and
@@ -33,7 +35,7 @@ if [[ "$once" == true && -z "$binaries_dir" ]]; then
     exit 2
 fi
 
-TEST_PACKAGES=(skopeo umoci jq util-linux coreutils)
+TEST_PACKAGES=(skopeo umoci containerd jq util-linux coreutils)
 missing=()
 for package in "${TEST_PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q 'install ok installed' || missing+=("$package")
@@ -236,10 +238,55 @@ run ip -o link show | grep -q '^1: lo:'
 echo "nft and ip: ok"
 EOF
 if output=$(in_image "$agent_root" bash "$test_dir/rules.sh" "$agent_root" 2>&1); then
-    pass "the agent's image adds, saves and restores rules of both backends and families, and nft's and ip's ($(echo $output))"
+    pass "the agent's image adds, saves and restores rules of both backends and families, and nft's and ip's ($(grep -v '^# Warning' <<<"$output" | tr '\n' ' '))"
 else
     fail "the agent's image cannot do what the agent does with the rules: $output"
 fi
+
+# containerd, as `ctr -n k8s.io images import` and `kind load image-archive` use it: a
+# daemon of the test's own (its own root, state and socket, no CRI plugin, in a
+# network namespace of its own), stopped when the test ends.
+containerd_dir="$PWD/$test_dir/containerd"
+mkdir -p "$containerd_dir"
+cat >"$containerd_dir/config.toml" <<CONFIG
+version = 2
+root = "$containerd_dir/root"
+state = "$containerd_dir/state"
+disabled_plugins = ["io.containerd.grpc.v1.cri"]
+[grpc]
+  address = "$containerd_dir/containerd.sock"
+[ttrpc]
+  address = "$containerd_dir/containerd.sock.ttrpc"
+CONFIG
+unshare --net containerd --config "$containerd_dir/config.toml" >"$containerd_dir/containerd.log" 2>&1 &
+containerd_pid=$!
+trap 'kill "$containerd_pid" 2>/dev/null || true' EXIT
+in_containerd() { ctr --address "$containerd_dir/containerd.sock" --namespace k8s.io "$@"; }
+deadline=$((SECONDS + 30))
+until in_containerd version >/dev/null 2>&1; do
+    if [[ $SECONDS -ge $deadline ]] || ! kill -0 "$containerd_pid" 2>/dev/null; then
+        fail "containerd did not start: $(tail -n 5 "$containerd_dir/containerd.log")"
+        break
+    fi
+    sleep 0.2
+done
+registry="${SWITCHYARD_IMAGE_REGISTRY:-ghcr.io/switchyard}"
+for image in agent operator; do
+    name="$registry/switchyard-$image:$expected_version"
+    # kind load image-archive pipes the archive into this very command.
+    if ! output=$(in_containerd images import --all-platforms --digests --snapshotter native - \
+        <"$images_dir/switchyard-$image.oci.tar" 2>&1); then
+        fail "containerd does not import switchyard-$image.oci.tar: $output"
+    elif ! in_containerd images ls --quiet | grep -qxF "$name"; then
+        fail "containerd imported switchyard-$image.oci.tar, but not as $name: $(in_containerd images ls --quiet | tr '\n' ' ')"
+    else
+        pass "containerd imports and unpacks switchyard-$image.oci.tar as $name"
+    fi
+done
+kill "$containerd_pid"
+wait "$containerd_pid" 2>/dev/null || true
+trap - EXIT
+rm -rf "$containerd_dir"
 
 if [[ "$failures" -ne 0 ]]; then
     echo "images-test: $failures failures" >&2
