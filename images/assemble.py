@@ -312,7 +312,8 @@ def layer_tar(entries, epoch):
 
 def gzipped(data):
     buffer = io.BytesIO()
-    with gzip.GzipFile(filename="", mode="wb", compresslevel=9, fileobj=buffer, mtime=0) as compressed:
+    # zlib's default level: level 9 takes twice the time for about 1% less.
+    with gzip.GzipFile(filename="", mode="wb", compresslevel=6, fileobj=buffer, mtime=0) as compressed:
         compressed.write(data)
     return buffer.getvalue()
 
