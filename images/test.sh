@@ -234,14 +234,19 @@ for backend in legacy nft; do
         exit 1
     fi
     grep -q -- '-m statistic' <<<"$saved"
-    run "ip6tables-$backend-save" | grep -q -- '-A POSTROUTING -m mark --mark 0x4000/0x4000 -j MASQUERADE'
+    saved=$(run "ip6tables-$backend-save")
+    grep -q -- '-A POSTROUTING -m mark --mark 0x4000/0x4000 -j MASQUERADE' <<<"$saved"
     echo "$backend: added, saved and restored"
 done
 printf 'add table ip switchyard-test\nadd chain ip switchyard-test postrouting { type nat hook postrouting priority 100; }\nadd rule ip switchyard-test postrouting meta mark 0x4000 masquerade\n' \
     | run nft -f -
-run nft -j list ruleset | grep -q '"name": "switchyard-test"'
-run ip -j addr show | grep -q '"ifname":"lo"'
-run ip -o link show | grep -q '^1: lo:'
+# Captured first: `grep -q` leaving early must not fail the writer with SIGPIPE.
+ruleset=$(run nft -j list ruleset)
+grep -q '"name": "switchyard-test"' <<<"$ruleset"
+addresses=$(run ip -j addr show)
+grep -q '"ifname":"lo"' <<<"$addresses"
+links=$(run ip -o link show)
+grep -q '^1: lo:' <<<"$links"
 echo "nft and ip: ok"
 EOF
 if output=$(in_image "$agent_root" bash "$test_dir/rules.sh" "$agent_root" 2>&1); then
@@ -284,8 +289,8 @@ for image in agent operator; do
     if ! output=$(in_containerd images import --all-platforms --digests --snapshotter native - \
         <"$images_dir/switchyard-$image.oci.tar" 2>&1); then
         fail "containerd does not import switchyard-$image.oci.tar: $output"
-    elif ! in_containerd images ls --quiet | grep -qxF "$name"; then
-        fail "containerd imported switchyard-$image.oci.tar, but not as $name: $(in_containerd images ls --quiet | tr '\n' ' ')"
+    elif ! images=$(in_containerd images ls --quiet) || ! grep -qxF "$name" <<<"$images"; then
+        fail "containerd imported switchyard-$image.oci.tar, but not as $name: $(tr '\n' ' ' <<<"$images")"
     else
         pass "containerd imports and unpacks switchyard-$image.oci.tar as $name"
     fi
