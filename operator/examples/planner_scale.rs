@@ -3,7 +3,8 @@
 //!
 //! Each cluster is in the middle of a transition to eBPF (half the nodes serving, kube-proxy
 //! everywhere, `maxUnavailable: 10%`), the most work a plan does: every node's facts, a batch,
-//! messages and counts.
+//! messages and counts. "nodes written" is what one plan holds: at most
+//! `MAX_NODE_WRITES_PER_RECONCILE`, the rest follow in the next plans.
 
 use std::time::Instant;
 

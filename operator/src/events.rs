@@ -25,6 +25,10 @@ use serde_json::json;
 
 use crate::error::Error;
 
+mod steps;
+
+pub use steps::{bulk_creation, creation, refusal, steps_of, Steps};
+
 /// The component named in every Event (`source.component`, `reportingComponent`).
 pub const REPORTING_COMPONENT: &str = "switchyard-operator";
 

@@ -1728,16 +1728,121 @@ fn without_a_default_config_a_transition_in_the_middle_is_held_where_it_stands()
 
 #[test]
 fn without_a_default_config_cleanup_is_still_withdrawn_where_kube_proxy_came_back() {
+    // kube-proxy came back (its DaemonSet schedules again, a pod already runs on node-1) on a
+    // cluster told to clean its rules: cleaning on would flap the nodes between kube-proxy and
+    // eBPF, so the cleanup is withdrawn even without a DataplaneConfig.
     let mut cluster = cluster(vec![cleaned_node("node-1"), cleaned_node("node-2")]);
     node_mut(&mut cluster, "node-1").kube_proxy_pod =
         Some(pod("kube-proxy-node-1", "kp-2", at(-3)));
+    node_mut(&mut cluster, "node-2")
+        .dataplane_node
+        .as_mut()
+        .map(Arc::make_mut)
+        .expect("node-2's DataplaneNode")
+        .spec
+        .drain_timeout_seconds = 30;
     let plan = plan(None, &cluster);
     assert_eq!(plan.dataplane_nodes.len(), 2);
-    assert!(plan
-        .dataplane_nodes
-        .iter()
-        .all(|write| !write.spec.iptables_cleanup && write.spec.mode == Ebpf));
+    for write in &plan.dataplane_nodes {
+        assert!(!write.create && !write.spec.iptables_cleanup, "{write:?}");
+        assert_eq!(write.spec.mode, Ebpf, "{write:?}: only the cleanup changes");
+        assert_eq!(write.spec.requested_at, Some(at(0)));
+    }
+    assert_eq!(
+        written(&plan, "node-2")
+            .expect("node-2")
+            .spec
+            .drain_timeout_seconds,
+        30,
+        "the node keeps its drain timeout: nothing but the cleanup is written"
+    );
     assert_eq!(plan.kube_proxy, KubeProxyAction::None);
+    assert!(plan.status.is_none() && plan.agent_pods_to_delete.is_empty());
+
+    // Control: while kube-proxy stays gone the cleanup stays as it is.
+    assert!(plan_without_config_writes_nothing(&cluster_on_ebpf()));
+}
+
+fn plan_without_config_writes_nothing(cluster: &ObservedCluster) -> bool {
+    let plan = plan(None, cluster);
+    plan.dataplane_nodes.is_empty()
+        && plan.kube_proxy == KubeProxyAction::None
+        && plan.agent_pods_to_delete.is_empty()
+        && plan.status.is_none()
+}
+
+#[test]
+fn without_a_default_config_nothing_but_creations_and_cleanup_withdrawals_is_planned() {
+    // What a DataplaneConfig would act on here, each case planned without one: an agent
+    // upgrade in Ready, a drain timeout and a missing requestedAt to correct, kube-proxy to
+    // restore, a node serving from eBPF to clean, a node to deactivate.
+    let mut upgrade = cluster(vec![kube_proxy_node("node-1"), kube_proxy_node("node-2")]);
+    upgrade.agent_daemon_set = Some(AgentDaemonSet {
+        update_revision: Some(NEW_REVISION.into()),
+    });
+    let with_config = plan(Some(&config(KubeProxy)), &upgrade);
+    assert!(
+        !with_config.agent_pods_to_delete.is_empty(),
+        "control: a DataplaneConfig upgrades the agents here"
+    );
+    assert!(plan_without_config_writes_nothing(&upgrade));
+
+    let mut stale_specs = cluster(vec![kube_proxy_node("node-1"), kube_proxy_node("node-2")]);
+    for (name, drain_timeout_seconds, requested_at) in
+        [("node-1", 30, Some(at(-40_000))), ("node-2", 600, None)]
+    {
+        let spec = &mut node_mut(&mut stale_specs, name)
+            .dataplane_node
+            .as_mut()
+            .map(Arc::make_mut)
+            .expect("DataplaneNode")
+            .spec;
+        spec.drain_timeout_seconds = drain_timeout_seconds;
+        spec.requested_at = requested_at;
+    }
+    assert_eq!(
+        plan(Some(&config(KubeProxy)), &stale_specs)
+            .dataplane_nodes
+            .len(),
+        2,
+        "control: a DataplaneConfig rewrites both specs"
+    );
+    assert!(plan_without_config_writes_nothing(&stale_specs));
+
+    let mut disabled = cluster(vec![kube_proxy_node("node-1")]);
+    disabled.kube_proxy_daemon_set = Some(disabled_kube_proxy_daemon_set());
+    disabled.nodes[0].kube_proxy_pod = None;
+    assert_eq!(
+        plan(Some(&config(KubeProxy)), &disabled).kube_proxy,
+        KubeProxyAction::Restore,
+        "control: a DataplaneConfig restores kube-proxy here"
+    );
+    assert!(plan_without_config_writes_nothing(&disabled));
+
+    let mut to_clean = cluster_on_ebpf();
+    let mut serving = ebpf_node("node-3");
+    serving.kube_proxy_pod = None;
+    to_clean.nodes.push(serving);
+    assert!(
+        written(&plan(Some(&ebpf_config()), &to_clean), "node-3")
+            .is_some_and(|write| write.spec.iptables_cleanup),
+        "control: a DataplaneConfig cleans node-3"
+    );
+    assert!(plan_without_config_writes_nothing(&to_clean));
+
+    let mut rollback = cluster(vec![ebpf_node("node-1"), kube_proxy_node("node-2")]);
+    for node in &mut rollback.nodes {
+        let mut report_on =
+            Report::following(node.dataplane_node.as_ref().expect("spec").spec.mode);
+        report_on.kube_proxy_healthy = true;
+        report(node, report_on, None, OLD_REVISION);
+    }
+    assert_eq!(
+        written_modes(&plan(Some(&config(KubeProxy)), &rollback)),
+        vec![("node-1", KubeProxy)],
+        "control: a DataplaneConfig deactivates node-1"
+    );
+    assert!(plan_without_config_writes_nothing(&rollback));
 }
 
 #[test]
@@ -2231,4 +2336,119 @@ fn on_an_untouched_cluster_a_default_config_spec_equals_the_no_config_behaviour(
     );
     assert_eq!(without.dataplane_nodes, with.dataplane_nodes);
     assert_eq!(without.kube_proxy, with.kube_proxy);
+}
+
+// ---------------------------------------------------------------------------------------------
+// What the plan holds is what the operator does: the write budget and the requeues
+// ---------------------------------------------------------------------------------------------
+
+/// `count` Nodes without DataplaneNodes, listed in reverse name order.
+fn many_new_nodes(count: usize) -> ObservedCluster {
+    cluster(
+        (0..count)
+            .rev()
+            .map(|index| bare_node(&format!("node-{index:04}")))
+            .collect(),
+    )
+}
+
+#[test]
+fn a_plan_holds_at_most_the_write_budget_in_node_name_order_and_the_next_plan_takes_the_rest() {
+    let extra = 7;
+    let mut cluster = many_new_nodes(MAX_NODE_WRITES_PER_RECONCILE + extra);
+    for config in [None, Some(config(KubeProxy))] {
+        let first = plan(config.as_ref(), &cluster);
+        let names: Vec<&str> = first
+            .dataplane_nodes
+            .iter()
+            .map(|write| write.node_name.as_str())
+            .collect();
+        let expected: Vec<String> = (0..MAX_NODE_WRITES_PER_RECONCILE)
+            .map(|index| format!("node-{index:04}"))
+            .collect();
+        assert_eq!(names, expected, "{config:?}: the first nodes by name");
+        assert_eq!(
+            first.requeue_after,
+            Some(std::time::Duration::ZERO),
+            "{config:?}: writes are left over, plan again at once"
+        );
+    }
+
+    // The operator writes the first batch; the next plan takes exactly the rest.
+    let first = plan(None, &cluster);
+    for write in &first.dataplane_nodes {
+        let node = node_mut(&mut cluster, &write.node_name);
+        set_spec(node, write.spec.mode, write.spec.iptables_cleanup, at(0));
+    }
+    let second = plan(None, &cluster);
+    let rest: Vec<&str> = second
+        .dataplane_nodes
+        .iter()
+        .map(|write| write.node_name.as_str())
+        .collect();
+    let expected: Vec<String> = (MAX_NODE_WRITES_PER_RECONCILE
+        ..MAX_NODE_WRITES_PER_RECONCILE + extra)
+        .map(|index| format!("node-{index:04}"))
+        .collect();
+    assert_eq!(rest, expected);
+    assert_eq!(
+        second.requeue_after, None,
+        "nothing left over: no immediate requeue"
+    );
+}
+
+#[test]
+fn a_plan_within_the_write_budget_is_whole_and_keeps_its_own_requeue() {
+    let cluster = many_new_nodes(MAX_NODE_WRITES_PER_RECONCILE);
+    let plan = plan(None, &cluster);
+    assert_eq!(plan.dataplane_nodes.len(), MAX_NODE_WRITES_PER_RECONCILE);
+    assert_eq!(plan.requeue_after, None);
+}
+
+#[test]
+fn a_refused_patch_permission_is_asked_again_soon_without_waiting_for_a_trigger() {
+    let mut cluster = three_kube_proxy_nodes();
+    let refuse = |cluster: &mut ObservedCluster, allowed| {
+        cluster
+            .kube_proxy_daemon_set
+            .as_mut()
+            .expect("daemon set")
+            .patch_allowed = allowed;
+    };
+    refuse(&mut cluster, Some(false));
+    let refused = plan(Some(&ebpf_config()), &cluster);
+    assert_eq!(phase(&refused), DataplanePhase::Preflight);
+    assert_eq!(refused.requeue_after, Some(PATCH_PERMISSION_RECHECK));
+
+    let mut paused = ebpf_config();
+    paused.spec.paused = true;
+    assert_eq!(
+        plan(Some(&paused), &cluster).requeue_after,
+        Some(PATCH_PERMISSION_RECHECK),
+        "a paused transition still learns of a fixed Role"
+    );
+    for (own, expected) in [(None, 10), (Some(3), 3), (Some(20), 10)] {
+        let mut plan = Plan {
+            requeue_after: own.map(std::time::Duration::from_secs),
+            ..Plan::nothing()
+        };
+        plan.requeue_within(PATCH_PERMISSION_RECHECK);
+        assert_eq!(
+            plan.requeue_after,
+            Some(std::time::Duration::from_secs(expected)),
+            "{own:?}"
+        );
+    }
+
+    // Control: allowed, or not known, the plan keeps its own requeue.
+    for allowed in [Some(true), None] {
+        refuse(&mut cluster, allowed);
+        let plan = plan(Some(&ebpf_config()), &cluster);
+        assert_ne!(phase(&plan), DataplanePhase::Preflight, "{allowed:?}");
+        assert_ne!(
+            plan.requeue_after,
+            Some(PATCH_PERMISSION_RECHECK),
+            "{allowed:?}"
+        );
+    }
 }

@@ -380,9 +380,36 @@ pub(super) fn check_invariants(
             Some(now),
             "every write carries requestedAt"
         );
+        match (config, facts[write.node_name.as_str()].spec) {
+            // Without a DataplaneConfig an existing DataplaneNode only has its cleanup
+            // withdrawn: its mode and drain timeout stay.
+            (None, Some(current)) => {
+                assert!(
+                    current.iptables_cleanup && !write.spec.iptables_cleanup,
+                    "without a DataplaneConfig {} is written for something else than withdrawing its cleanup",
+                    write.node_name
+                );
+                assert_eq!(write.spec.mode, current.mode);
+                assert_eq!(
+                    write.spec.drain_timeout_seconds,
+                    current.drain_timeout_seconds
+                );
+            }
+            _ => assert_eq!(
+                write.spec.drain_timeout_seconds,
+                settings.drain_timeout_seconds
+            ),
+        }
+    }
+    if config.is_none() {
         assert_eq!(
-            write.spec.drain_timeout_seconds,
-            settings.drain_timeout_seconds
+            plan.kube_proxy,
+            KubeProxyAction::None,
+            "without a DataplaneConfig kube-proxy is left as it is"
+        );
+        assert!(
+            plan.agent_pods_to_delete.is_empty() && plan.status.is_none(),
+            "without a DataplaneConfig no agent is upgraded and no status written"
         );
     }
 

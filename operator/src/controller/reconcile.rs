@@ -1,0 +1,463 @@
+//! One reconcile, top to bottom: wait until the stores hold every write this operator made,
+//! observe (a snapshot from the stores), plan ([`plan`] alone decides what is written: the
+//! node-write budget, the requeues and what happens without a DataplaneConfig are the plan's),
+//! apply ([`apply`]), publish the status; each step taken and each refusal recorded as an Event
+//! (worded by [`crate::events`]).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
+};
+use k8s_openapi::api::core::v1::{Node, ObjectReference};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::PostParams;
+use kube::runtime::controller::Action;
+use kube::{Api, Resource, ResourceExt};
+use switchyard_crds::{
+    DataplaneConfig, DataplaneConfigStatus, DataplaneMode, KubeProxyManagement, DEFAULT_CONFIG_NAME,
+};
+
+use super::{apply, Context, KubeProxyLocation};
+use crate::error::Error;
+use crate::error_policy;
+use crate::events::{self, reference_to, Occurrence, Steps};
+use crate::planner::{plan, DataplaneNodeWrite, KubeProxyAction, ObservedCluster, Plan};
+use crate::snapshot::{self, ClusterObjects, SnapshotNames};
+
+/// How often the DataplaneConfig is reconciled when nothing changes and no timeout is pending.
+const RESYNC_PERIOD: Duration = Duration::from_secs(300);
+
+/// When a reconcile that left writes in the background looks again at the latest.
+const BACKGROUND_RECHECK: Duration = Duration::from_secs(1);
+
+/// Above this many DataplaneNodes created in one reconcile without a DataplaneConfig, one Event
+/// about the DataplaneNode CustomResourceDefinition says so instead of one Event per Node (a
+/// fresh install on 5,000 nodes would otherwise write 5,000 Events).
+const PER_NODE_CREATION_EVENTS: usize = 10;
+
+/// The name of the DataplaneNode CustomResourceDefinition (what bulk creation Events are about).
+const DATAPLANE_NODE_CRD: &str = "dataplanenodes.switchyard.dev";
+
+/// Reconciles one DataplaneConfig.
+pub async fn reconcile(
+    config: Arc<DataplaneConfig>,
+    context: Arc<Context>,
+) -> Result<Action, Error> {
+    let timer = context.metrics.reconcile_duration.start_timer();
+    let started = std::time::Instant::now();
+    let name = config.name_any();
+    let waited = context.wait_for_fresh_stores().await;
+    let waited_for_stores = started.elapsed();
+    let outcome = match waited {
+        Err(error) => Err(error),
+        // The object the controller handed over may predate this operator's last status write:
+        // decide from the store, which now holds it.
+        Ok(()) if name == DEFAULT_CONFIG_NAME => match context.stores.config(DEFAULT_CONFIG_NAME) {
+            Some(fresh) => reconcile_default(Some(&fresh), &context).await,
+            None => {
+                context.without_config.notify_one();
+                Ok(None)
+            }
+        },
+        Ok(()) => {
+            let fresh = context.stores.config(&name).unwrap_or(config);
+            reconcile_ignored(&fresh, &context).await
+        }
+    };
+    timer.observe_duration();
+    tracing::debug!(
+        config = %name,
+        took_ms = started.elapsed().as_millis() as u64,
+        waited_for_stores_ms = waited_for_stores.as_millis() as u64,
+        "reconciled"
+    );
+    let requeue_after = outcome?;
+    context.consecutive_failures.store(0, Ordering::SeqCst);
+    Ok(Action::requeue(
+        requeue_after.unwrap_or(RESYNC_PERIOD).min(RESYNC_PERIOD),
+    ))
+}
+
+/// The decision table of [`error_policy`](crate::error_policy) applied to one failure.
+pub fn error_policy(_config: Arc<DataplaneConfig>, error: &Error, context: Arc<Context>) -> Action {
+    let failures = context
+        .consecutive_failures
+        .fetch_add(1, Ordering::SeqCst)
+        .saturating_add(1);
+    context.count_failure(error);
+    let class = error_policy::classify(error);
+    let next = error_policy::retry_after(class, failures);
+    tracing::warn!(error = %crate::error::describe(error), ?class, retry_in = ?next, "reconcile failed");
+    match next {
+        Some(delay) => Action::requeue(delay),
+        None => Action::await_change(),
+    }
+}
+
+/// A DataplaneConfig not named `default`: only a status saying it is ignored.
+async fn reconcile_ignored(
+    config: &DataplaneConfig,
+    context: &Context,
+) -> Result<Option<Duration>, Error> {
+    let observed = ObservedCluster {
+        now: Utc::now(),
+        nodes: Vec::new(),
+        kube_proxy_daemon_set: None,
+        agent_daemon_set: None,
+        api_server_address_configured: context.settings.api_server_address.is_some(),
+    };
+    if let Some(status) = &plan(Some(config), &observed).status {
+        publish_refusals(config, status, context);
+        if config.status.as_ref() != Some(status) {
+            apply::status(config, status, context).await?;
+        }
+    }
+    Ok(None)
+}
+
+/// No DataplaneConfig named `default`: the plan without one (missing DataplaneNodes created,
+/// cleanup withdrawn where kube-proxy came back). Returns whether writes are left for another
+/// round.
+pub(super) async fn reconcile_without_config(context: &Arc<Context>) -> Result<bool, Error> {
+    context.wait_for_fresh_stores().await?;
+    if context.stores.config(DEFAULT_CONFIG_NAME).is_some() {
+        return Ok(false);
+    }
+    let timer = context.metrics.reconcile_duration.start_timer();
+    let outcome = reconcile_default(None, context).await;
+    timer.observe_duration();
+    outcome.map(|requeue_after| requeue_after == Some(Duration::ZERO))
+}
+
+/// The `default` DataplaneConfig (or none): observe -> plan -> apply -> status. Returns when to
+/// reconcile again if nothing changes (`Some(ZERO)` when writes were left for the next round).
+async fn reconcile_default(
+    config: Option<&DataplaneConfig>,
+    context: &Arc<Context>,
+) -> Result<Option<Duration>, Error> {
+    let started = std::time::Instant::now();
+    let (objects, observed) = observe(config, context).await;
+    let mut plan = plan(config, &observed);
+    drop(observed);
+    let planned = started.elapsed();
+
+    // Node writes still in flight when the reconcile stops waiting may finish in the background
+    // only when nothing else in this plan must follow them (a kube-proxy patch or an agent pod
+    // deletion is applied after the node writes it goes with, as the plan orders them).
+    let later_steps_follow =
+        plan.kube_proxy != KubeProxyAction::None || !plan.agent_pods_to_delete.is_empty();
+    let planned_writes = plan.dataplane_nodes.len();
+    let nodes = apply::dataplane_nodes(
+        context,
+        &plan.dataplane_nodes,
+        &objects.nodes,
+        !later_steps_follow,
+    )
+    .await?;
+    // The Events describe what was written (or is being written: see apply::dataplane_nodes).
+    plan.dataplane_nodes.truncate(nodes.started);
+    tracing::debug!(
+        nodes = objects.nodes.len(),
+        writes = plan.dataplane_nodes.len(),
+        more_writes_left = nodes.started < planned_writes,
+        planning_took_ms = planned.as_millis() as u64,
+        writes_took_ms = (started.elapsed() - planned).as_millis() as u64,
+        "applied the plan's DataplaneNode writes"
+    );
+    let steps = events::steps_of(config.and_then(|config| config.status.as_ref()), &plan);
+    let config_reference = config.map(reference_to);
+    match &config_reference {
+        Some(reference) => record(context, [reference], steps.dataplane_nodes.as_ref()),
+        None => publish_creations(context, &plan.dataplane_nodes, &objects.nodes).await,
+    }
+
+    if let (KubeProxyAction::Disable | KubeProxyAction::Restore, Some(daemon_set)) =
+        (plan.kube_proxy, objects.kube_proxy_daemon_set.as_deref())
+    {
+        apply::kube_proxy_action(context, daemon_set, plan.kube_proxy).await?;
+        let daemon_set_reference = reference_to(daemon_set);
+        let references = config_reference.iter().chain([&daemon_set_reference]);
+        record(context, references, steps.kube_proxy.as_ref());
+    }
+
+    apply::delete_agent_pods(
+        context,
+        &plan.agent_pods_to_delete,
+        &objects.agent_namespace_pods,
+    )
+    .await?;
+    record(context, config_reference.iter(), steps.agent_pods.as_ref());
+
+    let mut left_in_background = nodes.left_in_background;
+    if let (Some(config), Some(status)) = (config, &plan.status) {
+        left_in_background |= publish_status(config, status, &steps, context).await?;
+    }
+    Ok(next_reconcile(
+        &plan,
+        nodes.started < planned_writes,
+        left_in_background,
+    ))
+}
+
+/// When to reconcile again if nothing changes: at once when the plan's writes did not all start,
+/// soon when some finish in the background (a write that fails there is no reconcile failure:
+/// it is planned again without waiting for the next trigger), else when the plan says.
+fn next_reconcile(plan: &Plan, writes_left: bool, left_in_background: bool) -> Option<Duration> {
+    if writes_left {
+        Some(Duration::ZERO)
+    } else if left_in_background {
+        Some(
+            plan.requeue_after
+                .map_or(BACKGROUND_RECHECK, |after| after.min(BACKGROUND_RECHECK)),
+        )
+    } else {
+        plan.requeue_after
+    }
+}
+
+/// The snapshot a plan is made from: the stores' objects (kube-proxy where `config` says it is,
+/// which the watch mappers follow from now on) and, where the answer can hold a transition,
+/// whether the operator may patch the kube-proxy DaemonSet.
+async fn observe(
+    config: Option<&DataplaneConfig>,
+    context: &Context,
+) -> (ClusterObjects, ObservedCluster) {
+    let kube_proxy = config
+        .map(|config| config.spec.kube_proxy.clone())
+        .unwrap_or_default();
+    if let Ok(mut location) = context.kube_proxy_location.write() {
+        *location = KubeProxyLocation::of(&kube_proxy);
+    }
+    let settings = &context.settings;
+    let objects = context.stores.objects(
+        &kube_proxy,
+        &settings.agent_namespace,
+        &settings.agent_daemon_set,
+    );
+    let names = SnapshotNames {
+        kube_proxy_daemon_set: kube_proxy.daemon_set_name.clone(),
+        agent_daemon_set: settings.agent_daemon_set.clone(),
+    };
+    let api_server_address_configured = settings.api_server_address.is_some();
+    let mut observed =
+        snapshot::observe(&objects, &names, Utc::now(), api_server_address_configured);
+    if let (Some(config), Some(daemon_set)) = (config, observed.kube_proxy_daemon_set.as_mut()) {
+        if asks_patch_permission(config, daemon_set.disabled_by_switchyard) {
+            daemon_set.patch_allowed = kube_proxy_patch_allowed(
+                context,
+                &kube_proxy.namespace,
+                &kube_proxy.daemon_set_name,
+            )
+            .await;
+        }
+    }
+    (objects, observed)
+}
+
+/// Publishes the `default` DataplaneConfig's status (its phase Event, refusals, metrics, and
+/// the status itself when it changed); whether the write was left to finish in the background.
+async fn publish_status(
+    config: &DataplaneConfig,
+    status: &DataplaneConfigStatus,
+    steps: &Steps,
+    context: &Arc<Context>,
+) -> Result<bool, Error> {
+    record(context, [&reference_to(config)], steps.phase.as_ref());
+    publish_refusals(config, status, context);
+    context.metrics.observe_status(status);
+    if config.status.as_ref() == Some(status) {
+        return Ok(false);
+    }
+    apply::status_within(config, status, context).await
+}
+
+/// Records `occurrence`, if any, about each of `references`.
+fn record<'r>(
+    context: &Context,
+    references: impl IntoIterator<Item = &'r ObjectReference>,
+    occurrence: Option<&Occurrence>,
+) {
+    if let Some(occurrence) = occurrence {
+        for reference in references {
+            context.record(reference, occurrence);
+        }
+    }
+}
+
+/// Whether the operator may patch the DaemonSet `namespace/name`, as a SelfSubjectAccessReview
+/// answers now; `None` when the review itself failed.
+async fn kube_proxy_patch_allowed(context: &Context, namespace: &str, name: &str) -> Option<bool> {
+    let review = daemon_set_patch_review(namespace, name);
+    match Api::<SelfSubjectAccessReview>::all(context.client.clone())
+        .create(&PostParams::default(), &review)
+        .await
+    {
+        Ok(answer) => answer.status.map(|status| status.allowed),
+        Err(error) => {
+            tracing::warn!(%error, %namespace, %name, "failed to ask whether the operator may patch the kube-proxy DaemonSet");
+            None
+        }
+    }
+}
+
+/// Whether a reconcile asks the API server if the operator may patch the kube-proxy DaemonSet:
+/// only where the answer can decide whether a transition to eBPF starts (`Managed`, kube-proxy
+/// not disabled yet, and no transition under way), so that a refusal holds it in Preflight
+/// before any node is switched. Asked afresh each time (RBAC changes trigger no watch), which
+/// costs one request per reconcile in those phases only, never per node.
+fn asks_patch_permission(config: &DataplaneConfig, daemon_set_disabled: bool) -> bool {
+    let transition_under_way = config
+        .status
+        .as_ref()
+        .is_some_and(|status| crate::planner::switches_nodes(status.phase));
+    config.spec.mode == DataplaneMode::Ebpf
+        && config.spec.kube_proxy.management == KubeProxyManagement::Managed
+        && !daemon_set_disabled
+        && !transition_under_way
+}
+
+/// The question "may I patch DaemonSet `namespace/name`?" for the API server.
+fn daemon_set_patch_review(namespace: &str, name: &str) -> SelfSubjectAccessReview {
+    SelfSubjectAccessReview {
+        spec: SelfSubjectAccessReviewSpec {
+            resource_attributes: Some(ResourceAttributes {
+                group: Some("apps".into()),
+                resource: Some("daemonsets".into()),
+                verb: Some("patch".into()),
+                namespace: Some(namespace.to_string()),
+                name: Some(name.to_string()),
+                ..ResourceAttributes::default()
+            }),
+            ..SelfSubjectAccessReviewSpec::default()
+        },
+        ..SelfSubjectAccessReview::default()
+    }
+}
+
+/// Events about DataplaneNodes created without a DataplaneConfig: each Node carries the Event
+/// about its own, unless many were created at once; then one Event about the DataplaneNode
+/// CustomResourceDefinition names them.
+async fn publish_creations(context: &Context, writes: &[DataplaneNodeWrite], nodes: &[Arc<Node>]) {
+    let created: Vec<&DataplaneNodeWrite> = writes.iter().filter(|write| write.create).collect();
+    if created.len() > PER_NODE_CREATION_EVENTS {
+        let reference = dataplane_node_crd_reference(context).await;
+        context.record(&reference, &events::bulk_creation(&created));
+        return;
+    }
+    for write in created {
+        let node = nodes
+            .iter()
+            .find(|node| node.metadata.name.as_deref() == Some(write.node_name.as_str()));
+        if let Some(node) = node {
+            context.record(&reference_to(node.as_ref()), &events::creation(write));
+        }
+    }
+}
+
+/// The DataplaneNode CustomResourceDefinition as an Event's object (read once; without its UID
+/// when it cannot be read).
+async fn dataplane_node_crd_reference(context: &Context) -> ObjectReference {
+    if let Some(reference) = context.dataplane_node_crd.get() {
+        return reference.clone();
+    }
+    match Api::<CustomResourceDefinition>::all(context.client.clone())
+        .get(DATAPLANE_NODE_CRD)
+        .await
+    {
+        Ok(definition) => context
+            .dataplane_node_crd
+            .get_or_init(|| reference_to(&definition))
+            .clone(),
+        Err(error) => {
+            tracing::debug!(%error, "failed to read the DataplaneNode CustomResourceDefinition for an Event");
+            ObjectReference {
+                api_version: Some(CustomResourceDefinition::api_version(&()).into_owned()),
+                kind: Some(CustomResourceDefinition::kind(&()).into_owned()),
+                name: Some(DATAPLANE_NODE_CRD.to_owned()),
+                ..ObjectReference::default()
+            }
+        }
+    }
+}
+
+/// Records the refusal in `status`, if it is new (see [`events::refusal`]).
+fn publish_refusals(config: &DataplaneConfig, status: &DataplaneConfigStatus, context: &Context) {
+    if let Some(occurrence) = events::refusal(config.status.as_ref(), status) {
+        context.record(&reference_to(config), &occurrence);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use switchyard_crds::{DataplaneConfigStatus, DataplanePhase};
+
+    use super::*;
+
+    #[test]
+    fn the_patch_review_asks_for_patch_on_exactly_the_named_daemon_set() {
+        let review = daemon_set_patch_review("kube-system", "kube-proxy");
+        let attributes = review
+            .spec
+            .resource_attributes
+            .expect("resource attributes");
+        assert_eq!(attributes.group.as_deref(), Some("apps"));
+        assert_eq!(attributes.resource.as_deref(), Some("daemonsets"));
+        assert_eq!(attributes.verb.as_deref(), Some("patch"));
+        assert_eq!(attributes.namespace.as_deref(), Some("kube-system"));
+        assert_eq!(attributes.name.as_deref(), Some("kube-proxy"));
+        assert!(review.spec.non_resource_attributes.is_none());
+    }
+
+    #[test]
+    fn the_patch_permission_is_asked_only_where_it_can_hold_a_transition_to_ebpf_in_preflight() {
+        let config = |mode, management, phase: Option<DataplanePhase>| {
+            let mut config = DataplaneConfig::new("default", Default::default());
+            config.spec.mode = mode;
+            config.spec.kube_proxy.management = management;
+            config.status = phase.map(|phase| DataplaneConfigStatus {
+                phase,
+                ..DataplaneConfigStatus::default()
+            });
+            config
+        };
+        let managed = KubeProxyManagement::Managed;
+        for phase in [
+            None,
+            Some(DataplanePhase::Pending),
+            Some(DataplanePhase::Preflight),
+            Some(DataplanePhase::Ready),
+            Some(DataplanePhase::Halted),
+        ] {
+            assert!(
+                asks_patch_permission(&config(DataplaneMode::Ebpf, managed, phase), false),
+                "{phase:?}"
+            );
+        }
+        for phase in [
+            DataplanePhase::ActivatingNodes,
+            DataplanePhase::DisablingKubeProxy,
+            DataplanePhase::CleaningRules,
+        ] {
+            assert!(
+                !asks_patch_permission(&config(DataplaneMode::Ebpf, managed, Some(phase)), false),
+                "{phase:?}"
+            );
+        }
+        assert!(!asks_patch_permission(
+            &config(DataplaneMode::Ebpf, managed, None),
+            true
+        ));
+        assert!(!asks_patch_permission(
+            &config(DataplaneMode::KubeProxy, managed, None),
+            false
+        ));
+        assert!(!asks_patch_permission(
+            &config(DataplaneMode::Ebpf, KubeProxyManagement::External, None),
+            false
+        ));
+    }
+}

@@ -1,0 +1,354 @@
+//! The texts of the Events about a plan's steps and refusals: what the operator did, worded
+//! for `kubectl get events`. Pure: the reconcile records them (see [`crate::controller`]).
+
+use switchyard_crds::{
+    condition_types, find_condition, reasons, ConditionStatus, DataplaneConfigStatus,
+};
+
+use super::Occurrence;
+use crate::kube_proxy;
+use crate::planner::{AgentPodDeletion, DataplaneNodeWrite, KubeProxyAction, Plan};
+
+/// The Events a plan's steps deserve (at most one per kind of step).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Steps {
+    pub dataplane_nodes: Option<Occurrence>,
+    pub kube_proxy: Option<Occurrence>,
+    pub agent_pods: Option<Occurrence>,
+    pub phase: Option<Occurrence>,
+}
+
+/// Describes what the plan does, for Events. Pure.
+pub fn steps_of(previous: Option<&DataplaneConfigStatus>, plan: &Plan) -> Steps {
+    let mut steps = Steps::default();
+    let created: Vec<&DataplaneNodeWrite> = plan
+        .dataplane_nodes
+        .iter()
+        .filter(|write| write.create)
+        .collect();
+    let updated: Vec<&DataplaneNodeWrite> = plan
+        .dataplane_nodes
+        .iter()
+        .filter(|write| !write.create)
+        .collect();
+    let mut parts = Vec::new();
+    if !created.is_empty() {
+        parts.push(format!(
+            "created DataplaneNodes for {}",
+            created
+                .iter()
+                .map(|write| describe_write(write))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    if !updated.is_empty() {
+        parts.push(format!(
+            "told {}",
+            updated
+                .iter()
+                .map(|write| describe_write(write))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    if !parts.is_empty() {
+        let reason = if updated.is_empty() {
+            "DataplaneNodesCreated"
+        } else {
+            "NodesInstructed"
+        };
+        steps.dataplane_nodes = Some(Occurrence::normal(
+            reason,
+            "ApplyDataplaneNode",
+            parts.join("; "),
+        ));
+    }
+
+    let status_message = plan
+        .status
+        .as_ref()
+        .and_then(|status| status.message.clone());
+    let returned = plan.status.as_ref().is_some_and(|status| {
+        status
+            .conditions
+            .iter()
+            .any(|condition| condition.reason == reasons::KUBE_PROXY_RETURNED)
+    });
+    steps.kube_proxy = match plan.kube_proxy {
+        KubeProxyAction::None => None,
+        KubeProxyAction::Disable => Some(Occurrence::normal(
+            if returned { "KubeProxyDisabledAgain" } else { "KubeProxyDisabled" },
+            "DisableKubeProxy",
+            format!(
+                "added nodeSelector {}={} to the kube-proxy DaemonSet (previous selector recorded in {}){}",
+                kube_proxy::DISABLED_SELECTOR_KEY,
+                kube_proxy::DISABLED_SELECTOR_VALUE,
+                kube_proxy::PREVIOUS_SELECTOR_ANNOTATION,
+                status_message.as_deref().map(|message| format!(": {message}")).unwrap_or_default()
+            ),
+        )),
+        KubeProxyAction::Restore => Some(Occurrence::normal(
+            "KubeProxyRestored",
+            "RestoreKubeProxy",
+            "put back the kube-proxy DaemonSet's nodeSelector exactly as it was before Switchyard disabled it",
+        )),
+    };
+
+    if !plan.agent_pods_to_delete.is_empty() {
+        steps.agent_pods = Some(Occurrence::normal(
+            "AgentPodsDeleted",
+            "UpgradeAgents",
+            format!(
+                "deleted agent pods so that the DaemonSet recreates them at its update revision: {}",
+                plan.agent_pods_to_delete
+                    .iter()
+                    .map(|AgentPodDeletion { node_name, pod_name }| format!("{pod_name} on {node_name}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        ));
+    }
+
+    if let Some(status) = &plan.status {
+        let previous_phase = previous.map(|previous| previous.phase);
+        if previous_phase != Some(status.phase) {
+            let from = previous_phase.map_or_else(|| "none".to_owned(), |phase| phase.to_string());
+            steps.phase = Some(Occurrence::normal(
+                "PhaseChanged",
+                "Plan",
+                format!(
+                    "phase {from} -> {}{}",
+                    status.phase,
+                    status
+                        .message
+                        .as_deref()
+                        .map(|message| format!(": {message}"))
+                        .unwrap_or_default()
+                ),
+            ));
+        }
+    }
+    steps
+}
+
+fn describe_write(write: &DataplaneNodeWrite) -> String {
+    format!(
+        "{} (mode {}{})",
+        write.node_name,
+        write.spec.mode,
+        if write.spec.iptables_cleanup {
+            ", clean kube-proxy rules"
+        } else {
+            ""
+        }
+    )
+}
+
+/// A refusal to publish: the `Degraded` condition of `new` when it is `True` and differs (reason
+/// or message) from the one in `previous`. Pure.
+pub fn refusal(
+    previous: Option<&DataplaneConfigStatus>,
+    new: &DataplaneConfigStatus,
+) -> Option<Occurrence> {
+    let degraded = find_condition(&new.conditions, condition_types::DEGRADED)?;
+    if degraded.status != ConditionStatus::True {
+        return None;
+    }
+    let before = previous
+        .and_then(|previous| find_condition(&previous.conditions, condition_types::DEGRADED));
+    let unchanged = before.is_some_and(|before| {
+        before.status == ConditionStatus::True
+            && before.reason == degraded.reason
+            && before.message == degraded.message
+    });
+    (!unchanged).then(|| Occurrence::warning(&degraded.reason, "Refuse", degraded.message.clone()))
+}
+
+/// The Event about one DataplaneNode created without a DataplaneConfig, for its Node. Pure.
+pub fn creation(write: &DataplaneNodeWrite) -> Occurrence {
+    Occurrence::normal(
+        "DataplaneNodeCreated",
+        "ApplyDataplaneNode",
+        format!("created DataplaneNode {}", describe_write(write)),
+    )
+}
+
+/// The Event for many DataplaneNodes created at once (node-name order: first and last named).
+/// Pure.
+pub fn bulk_creation(created: &[&DataplaneNodeWrite]) -> Occurrence {
+    let first = created.first().map(|write| write.node_name.as_str());
+    let last = created.last().map(|write| write.node_name.as_str());
+    let modes: std::collections::BTreeSet<String> = created
+        .iter()
+        .map(|write| write.spec.mode.to_string())
+        .collect();
+    Occurrence::normal(
+        "DataplaneNodesCreated",
+        "ApplyDataplaneNode",
+        format!(
+            "created {} DataplaneNodes (mode {}) for Nodes {} to {}",
+            created.len(),
+            modes.into_iter().collect::<Vec<_>>().join(", "),
+            first.unwrap_or_default(),
+            last.unwrap_or_default()
+        ),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use chrono::{DateTime, Utc};
+    use switchyard_crds::{Condition, DataplaneMode, DataplaneNodeSpec, DataplanePhase};
+
+    use super::*;
+
+    fn now() -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339("2026-11-22T01:00:00Z")
+            .unwrap()
+            .with_timezone(&Utc)
+    }
+
+    fn write(node: &str, create: bool, mode: DataplaneMode, cleanup: bool) -> DataplaneNodeWrite {
+        let mut spec = DataplaneNodeSpec::new(mode);
+        spec.iptables_cleanup = cleanup;
+        spec.requested_at = Some(now());
+        DataplaneNodeWrite {
+            node_name: node.into(),
+            create,
+            spec,
+        }
+    }
+
+    fn empty_plan() -> Plan {
+        Plan {
+            dataplane_nodes: Vec::new(),
+            kube_proxy: KubeProxyAction::None,
+            agent_pods_to_delete: Vec::new(),
+            status: None,
+            requeue_after: None,
+        }
+    }
+
+    fn degraded(reason: &str, message: &str) -> DataplaneConfigStatus {
+        DataplaneConfigStatus {
+            conditions: vec![Condition::new(
+                condition_types::DEGRADED,
+                ConditionStatus::True,
+                reason,
+                message,
+                Some(1),
+                now(),
+            )],
+            ..DataplaneConfigStatus::default()
+        }
+    }
+
+    #[test]
+    fn every_kind_of_step_gets_an_event() {
+        let mut plan = empty_plan();
+        plan.dataplane_nodes = vec![
+            write("a", true, DataplaneMode::KubeProxy, false),
+            write("b", false, DataplaneMode::Ebpf, true),
+        ];
+        plan.kube_proxy = KubeProxyAction::Disable;
+        plan.agent_pods_to_delete = vec![AgentPodDeletion {
+            node_name: "a".into(),
+            pod_name: "agent-x".into(),
+        }];
+        plan.status = Some(DataplaneConfigStatus {
+            phase: DataplanePhase::DisablingKubeProxy,
+            ..DataplaneConfigStatus::default()
+        });
+        let previous = DataplaneConfigStatus {
+            phase: DataplanePhase::ActivatingNodes,
+            ..DataplaneConfigStatus::default()
+        };
+        let steps = steps_of(Some(&previous), &plan);
+        let nodes = steps.dataplane_nodes.unwrap();
+        assert!(
+            nodes
+                .message
+                .contains("created DataplaneNodes for a (mode KubeProxy)"),
+            "{}",
+            nodes.message
+        );
+        assert!(
+            nodes
+                .message
+                .contains("told b (mode Ebpf, clean kube-proxy rules)"),
+            "{}",
+            nodes.message
+        );
+        assert_eq!(steps.kube_proxy.unwrap().reason, "KubeProxyDisabled");
+        assert!(steps.agent_pods.unwrap().message.contains("agent-x on a"));
+        assert!(steps
+            .phase
+            .unwrap()
+            .message
+            .starts_with("phase ActivatingNodes -> DisablingKubeProxy"));
+    }
+
+    #[test]
+    fn disabling_a_kube_proxy_that_came_back_says_so() {
+        let mut plan = empty_plan();
+        plan.kube_proxy = KubeProxyAction::Disable;
+        plan.status = Some(degraded(
+            reasons::KUBE_PROXY_RETURNED,
+            "kube-proxy came back",
+        ));
+        assert_eq!(
+            steps_of(None, &plan).kube_proxy.unwrap().reason,
+            "KubeProxyDisabledAgain"
+        );
+    }
+
+    #[test]
+    fn an_unchanged_plan_is_no_event() {
+        let mut plan = empty_plan();
+        let status = DataplaneConfigStatus {
+            phase: DataplanePhase::Ready,
+            ..DataplaneConfigStatus::default()
+        };
+        plan.status = Some(status.clone());
+        assert_eq!(steps_of(Some(&status), &plan), Steps::default());
+    }
+
+    #[test]
+    fn a_refusal_is_recorded_when_it_first_appears_or_changes() {
+        let refused = degraded(
+            reasons::KUBE_PROXY_MANAGED_EXTERNALLY,
+            "set management: External",
+        );
+        let occurrence = refusal(None, &refused).unwrap();
+        assert_eq!(occurrence.reason, "KubeProxyManagedExternally");
+        assert_eq!(occurrence.type_, crate::events::EventType::Warning);
+        assert_eq!(
+            refusal(Some(&refused), &refused),
+            None,
+            "the same refusal is not repeated every reconcile"
+        );
+        let other = degraded(reasons::API_SERVER_ADDRESS_MISSING, "no address");
+        assert_eq!(
+            refusal(Some(&refused), &other).unwrap().reason,
+            "ApiServerAddressMissing"
+        );
+        assert_eq!(refusal(None, &DataplaneConfigStatus::default()), None);
+    }
+
+    #[test]
+    fn many_creations_make_one_event_naming_the_first_and_last_node() {
+        let writes = [
+            write("node-00000", true, DataplaneMode::KubeProxy, false),
+            write("node-00001", true, DataplaneMode::KubeProxy, false),
+            write("node-00099", true, DataplaneMode::KubeProxy, false),
+        ];
+        let created: Vec<&DataplaneNodeWrite> = writes.iter().collect();
+        let occurrence = bulk_creation(&created);
+        assert_eq!(occurrence.reason, "DataplaneNodesCreated");
+        assert_eq!(
+            occurrence.message,
+            "created 3 DataplaneNodes (mode KubeProxy) for Nodes node-00000 to node-00099"
+        );
+    }
+}
