@@ -129,6 +129,19 @@ for image in agent operator; do
         || fail "switchyard-$image's entrypoint is not /usr/local/bin/switchyard-$image"
     pass "switchyard-$image carries the org.opencontainers.image labels, created $expected_created"
 
+    # Each layer as the build writes it: entries in sorted order, owned by 0:0, no
+    # time after the commit's.
+    for layer in $(skopeo inspect --raw "oci-archive:$archive" | jq -r '.layers[].digest'); do
+        listing=$(tar -xOf "$archive" "blobs/sha256/${layer#sha256:}" | TZ=UTC tar -tzv --numeric-owner --full-time)
+        names=$(awk '{sub(/\/$/, "", $6); print $6}' <<<"$listing")
+        LC_ALL=C sort --check=quiet <<<"$names" || fail "switchyard-$image's layer $layer is not in sorted order"
+        owners=$(awk '$2 != "0/0" {print $6 " " $2}' <<<"$listing")
+        [[ -z "$owners" ]] || fail "switchyard-$image's layer $layer has entries not owned by 0/0: $(head -n 3 <<<"$owners")"
+        latest=$(awk '{print $4 " " $5}' <<<"$listing" | sort | tail -n 1)
+        [[ $(date -u -d "$latest UTC" +%s) -le "$SOURCE_DATE_EPOCH" ]] \
+            || fail "switchyard-$image's layer $layer has an entry from $latest, after SOURCE_DATE_EPOCH"
+    done
+
     # skopeo copy is how users load or push the archive; umoci unpacks what it copied.
     layout="$test_dir/$image-layout"
     skopeo copy -q "oci-archive:$archive" "oci:$layout:test" || { fail "skopeo cannot copy $archive"; continue; }
