@@ -215,6 +215,17 @@ for family in iptables ip6tables; do
         done
     done
 done
+# Every program the agent's code names (`Command::new("...")`, `Tools::run("...")`) is
+# on the image's PATH: a program added to the agent must be added to the image too.
+named_programs=$(grep -rhoE 'Command::new\("[^"]+"\)|\.run\(\s*"[^"]+"' node-agent/src | grep -oE '"[^"]+"' | tr -d '"' | sort -u)
+[[ -n "$named_programs" ]] || fail "found no program named in node-agent/src (has the way it runs programs changed?)"
+for program in $named_programs; do
+    found=false
+    for directory in usr/local/sbin usr/local/bin usr/sbin usr/bin sbin bin; do
+        [[ -x "$agent_root/$directory/$program" ]] && found=true
+    done
+    [[ "$found" == true ]] || fail "the agent runs $program (node-agent/src), which is not on its image's PATH"
+done
 plain=$(in_image "$agent_root" chroot "$agent_root" iptables --version 2>&1 || true)
 [[ "$plain" == *"(nf_tables)"* ]] || fail "plain iptables is not Debian's default nf_tables backend: $plain"
 nft_version=$(in_image "$agent_root" chroot "$agent_root" nft --version 2>&1 || true)
