@@ -111,6 +111,7 @@ for image in agent operator; do
         continue
     fi
     echo "$config" >"$test_dir/$image.config.json"
+    failures_before=$failures
     for key in title description version revision created source licenses; do
         value=$(jq -r --arg key "org.opencontainers.image.$key" '.config.Labels[$key] // ""' <<<"$config")
         [[ -n "$value" ]] || fail "switchyard-$image has no org.opencontainers.image.$key label"
@@ -127,7 +128,8 @@ for image in agent operator; do
         || fail "switchyard-$image's version label is not $expected_version"
     [[ $(jq -r '.config.Entrypoint | join(" ")' <<<"$config") == "/usr/local/bin/switchyard-$image" ]] \
         || fail "switchyard-$image's entrypoint is not /usr/local/bin/switchyard-$image"
-    pass "switchyard-$image carries the org.opencontainers.image labels, created $expected_created"
+    [[ $failures -eq $failures_before ]] \
+        && pass "switchyard-$image carries the org.opencontainers.image labels, created $expected_created"
 
     # Each layer as the build writes it: entries in sorted order, owned by 0:0, no
     # time after the commit's.
@@ -215,6 +217,7 @@ for family in iptables ip6tables; do
         done
     done
 done
+failures_before=$failures
 # Every program the agent's code names (`Command::new("...")`, `Tools::run("...")`) is
 # on the image's PATH: a program added to the agent must be added to the image too.
 named_programs=$(grep -rhoE 'Command::new\("[^"]+"\)|\.run\(\s*"[^"]+"' node-agent/src | grep -oE '"[^"]+"' | tr -d '"' | sort -u)
@@ -232,7 +235,7 @@ nft_version=$(in_image "$agent_root" chroot "$agent_root" nft --version 2>&1 || 
 [[ "$nft_version" == nftables* ]] || fail "nft does not run in the agent's image: $nft_version"
 ip_version=$(in_image "$agent_root" chroot "$agent_root" ip -V 2>&1 || true)
 [[ "$ip_version" == *iproute2* && "$ip_version" != *"Couldn't"* ]] || fail "ip does not run cleanly in the agent's image: $ip_version"
-pass "the agent's image runs iptables and ip6tables (legacy and nf_tables, save and restore), nft ($nft_version) and ip"
+[[ $failures -eq $failures_before ]] && pass "the agent's image runs iptables and ip6tables (legacy and nf_tables, save and restore), nft ($nft_version) and ip"
 
 # Rules as the agent and kube-proxy write them, in the test's own network namespace.
 cat >"$test_dir/rules.sh" <<'EOF'
