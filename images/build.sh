@@ -99,6 +99,9 @@ fi
 packages_list="$work_dir/packages.tsv"
 rm -rf "$work_dir"
 mkdir -p "$work_dir/debs"
+# package, version, architecture, sha256, cached file: one line per package.
+wanted=()
+to_download=()
 for package in "${DEBIAN_IMAGE_PACKAGES[@]}"; do
     IFS=$'\t' read -r _ version architecture sha256 < <(awk -v package="$package" -F'\t' '$1 == package' <<<"$candidate_list") || true
     if [[ -z "${version:-}" || -z "${architecture:-}" || -z "${sha256:-}" ]]; then
@@ -106,16 +109,24 @@ for package in "${DEBIAN_IMAGE_PACKAGES[@]}"; do
         exit 1
     fi
     deb="$deb_cache/${package}_${version//:/%3a}_${architecture}.deb"
+    wanted+=("$package"$'\t'"$version"$'\t'"$architecture"$'\t'"$sha256"$'\t'"$deb")
     if [[ ! -f "$deb" ]] || ! echo "$sha256  $deb" | sha256sum --check --status; then
-        log "downloading $package $version"
-        (cd "$deb_cache" && apt-get download -qq -o APT::Sandbox::User=root "$package=$version")
-        echo "$sha256  $deb" | sha256sum --check --status \
-            || { echo "images: $deb does not match the archive's SHA256 $sha256" >&2; exit 1; }
+        to_download+=("$package=$version")
     fi
+    unset version architecture sha256
+done
+# One apt-get call for all missing packages (each call reads apt's whole cache).
+if [[ ${#to_download[@]} -gt 0 ]]; then
+    log "downloading ${to_download[*]}"
+    (cd "$deb_cache" && apt-get download -qq -o APT::Sandbox::User=root "${to_download[@]}")
+fi
+for line in "${wanted[@]}"; do
+    IFS=$'\t' read -r package version architecture sha256 deb <<<"$line"
+    echo "$sha256  $deb" | sha256sum --check --status \
+        || { echo "images: $deb does not match the archive's SHA256 $sha256" >&2; exit 1; }
     # Each package in a directory of its own, so assemble.py knows each file's package.
     dpkg-deb -x "$deb" "$work_dir/debs/$package"
     printf '%s\t%s\t%s\t%s\n' "$package" "$version" "$architecture" "$deb" >>"$packages_list"
-    unset version architecture sha256
 done
 
 if [[ -z "$binaries_dir" ]]; then
