@@ -36,7 +36,7 @@ if [[ "$once" == true && -z "$binaries_dir" ]]; then
     exit 2
 fi
 
-TEST_PACKAGES=(skopeo umoci containerd jq util-linux coreutils)
+TEST_PACKAGES=(skopeo umoci containerd jq binutils util-linux coreutils)
 missing=()
 for package in "${TEST_PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q 'install ok installed' || missing+=("$package")
