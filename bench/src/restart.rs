@@ -186,7 +186,7 @@ fn table(
          etcd and the API server run at nice {CONTROL_PLANE_NICE} during these runs, standing in for \
          a control plane on other machines: on this one VM, serving the restarted process's lists of {} \
          Services and EndpointSlices would otherwise take the CPU from the very connections measured \
-         (bench/README.md \"Where the restart p99 goes\": 3.9-6.6x with them at nice 0, the agent unchanged).",
+         (bench/results/2026-11-25-0935-restart-p99.md: 3.9-6.6x with them at nice 0, the agent unchanged).",
         1000.0 / plan.restart_rate,
         kill_offset(plan).as_secs_f64(),
         window(plan).as_secs_f64(),
