@@ -6,23 +6,16 @@
 //! messages and counts. "nodes written" is what one plan holds: at most
 //! `MAX_NODE_WRITES_PER_RECONCILE`, the rest follow in the next plans.
 
+mod support;
+
 use std::time::Instant;
 
-use chrono::{DateTime, TimeZone, Utc};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use switchyard_crds::{
-    condition_types, Condition, ConditionStatus, DataplaneConfig, DataplaneConfigSpec,
-    DataplaneMode, DataplaneNode, DataplaneNodeSpec, DataplaneNodeStatus,
-};
+use support::{at, dataplane_node, Report};
+use switchyard_crds::{DataplaneConfig, DataplaneConfigSpec, DataplaneMode, DataplaneNodeSpec};
 use switchyard_operator::planner::{
     plan, AgentDaemonSet, KubeProxyDaemonSet, ObservedCluster, ObservedNode, ObservedPod,
 };
-
-fn at(seconds: i64) -> DateTime<Utc> {
-    Utc.timestamp_opt(1_800_000_000 + seconds, 0)
-        .single()
-        .unwrap_or_default()
-}
 
 fn node(index: usize) -> ObservedNode {
     let name = format!("node-{index:05}");
@@ -31,39 +24,17 @@ fn node(index: usize) -> ObservedNode {
     } else {
         DataplaneMode::KubeProxy
     };
-    let mut dataplane_node = DataplaneNode::new(
-        &name,
-        DataplaneNodeSpec {
-            requested_at: Some(at(-100)),
-            ..DataplaneNodeSpec::new(mode)
-        },
-    );
-    dataplane_node.metadata.generation = Some(2);
-    let condition = |type_: &str, holds: bool| {
-        Condition::new(
-            type_,
-            ConditionStatus::from_bool(holds),
-            "Scale",
-            "",
-            Some(2),
-            at(-50),
-        )
+    let report = Report {
+        observed_generation: 2,
+        agent_revision: "r1",
+        at: at(-50),
+        kube_proxy: true,
     };
-    dataplane_node.status = Some(DataplaneNodeStatus {
-        observed_generation: Some(2),
-        agent_revision: Some("r1".into()),
-        conditions: vec![
-            condition(condition_types::READY, true),
-            condition(
-                condition_types::PROGRAMS_ATTACHED,
-                mode == DataplaneMode::Ebpf,
-            ),
-            condition(condition_types::SERVICES_SYNCED, true),
-            condition(condition_types::KUBE_PROXY_RULES_PRESENT, true),
-            condition(condition_types::KUBE_PROXY_HEALTHY, true),
-        ],
-        ..DataplaneNodeStatus::default()
-    });
+    let spec = DataplaneNodeSpec {
+        requested_at: Some(at(-100)),
+        ..DataplaneNodeSpec::new(mode)
+    };
+    let dataplane_node = dataplane_node(&name, spec, &report);
     let pod = |prefix: &str| ObservedPod {
         name: format!("{prefix}-{name}"),
         ready: true,

@@ -4,21 +4,14 @@
 //! through the status subresource of a real 1.20 API server, proving the planner's output is
 //! valid for the CRD it publishes to.
 
-use chrono::{DateTime, TimeZone, Utc};
+mod support;
+
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use switchyard_crds::{
-    condition_types, Condition, ConditionStatus, DataplaneConfig, DataplaneConfigSpec,
-    DataplaneMode, DataplaneNode, DataplaneNodeSpec, DataplaneNodeStatus,
-};
+use support::{at, dataplane_node, Report};
+use switchyard_crds::{DataplaneConfig, DataplaneConfigSpec, DataplaneMode, DataplaneNodeSpec};
 use switchyard_operator::planner::{
     plan, AgentDaemonSet, KubeProxyDaemonSet, ObservedCluster, ObservedNode, ObservedPod,
 };
-
-fn at(seconds: i64) -> DateTime<Utc> {
-    Utc.timestamp_opt(1_800_000_000 + seconds, 0)
-        .single()
-        .unwrap_or_default()
-}
 
 fn pod(name: &str, revision: &str) -> ObservedPod {
     ObservedPod {
@@ -32,41 +25,19 @@ fn pod(name: &str, revision: &str) -> ObservedPod {
 
 /// A node told `mode`, whose agent reports on it (attached in `Ebpf`, kube-proxy healthy).
 fn node(name: &str, mode: DataplaneMode, reported: bool, kube_proxy: bool) -> ObservedNode {
-    let mut dataplane_node = DataplaneNode::new(
-        name,
-        DataplaneNodeSpec {
-            requested_at: Some(at(-5_000)),
-            // Without kube-proxy on the node, it has been told to clean (and has cleaned).
-            iptables_cleanup: !kube_proxy,
-            ..DataplaneNodeSpec::new(mode)
-        },
-    );
-    dataplane_node.metadata.generation = Some(2);
-    let condition = |type_: &str, holds: bool| {
-        Condition::new(
-            type_,
-            ConditionStatus::from_bool(holds),
-            "Example",
-            "",
-            Some(2),
-            at(-4_000),
-        )
+    let spec = DataplaneNodeSpec {
+        requested_at: Some(at(-5_000)),
+        // Without kube-proxy on the node, it has been told to clean (and has cleaned).
+        iptables_cleanup: !kube_proxy,
+        ..DataplaneNodeSpec::new(mode)
     };
-    dataplane_node.status = Some(DataplaneNodeStatus {
-        observed_generation: Some(if reported { 2 } else { 1 }),
-        agent_revision: Some("old".into()),
-        conditions: vec![
-            condition(condition_types::READY, true),
-            condition(
-                condition_types::PROGRAMS_ATTACHED,
-                mode == DataplaneMode::Ebpf,
-            ),
-            condition(condition_types::SERVICES_SYNCED, true),
-            condition(condition_types::KUBE_PROXY_RULES_PRESENT, kube_proxy),
-            condition(condition_types::KUBE_PROXY_HEALTHY, kube_proxy),
-        ],
-        ..DataplaneNodeStatus::default()
-    });
+    let report = Report {
+        observed_generation: if reported { 2 } else { 1 },
+        agent_revision: "old",
+        at: at(-4_000),
+        kube_proxy,
+    };
+    let dataplane_node = dataplane_node(name, spec, &report);
     ObservedNode {
         name: name.to_owned(),
         ready: true,

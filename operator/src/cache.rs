@@ -40,6 +40,20 @@ pub enum WrittenKind {
     Pod,
 }
 
+impl WrittenKind {
+    /// The kind of the operator's writes that objects of type `K` are; `None` for a kind it
+    /// never writes.
+    pub fn of<K: Resource<DynamicType = ()>>() -> Option<Self> {
+        match (K::group(&()).as_ref(), K::kind(&()).as_ref()) {
+            ("switchyard.dev", "DataplaneConfig") => Some(Self::DataplaneConfig),
+            ("switchyard.dev", "DataplaneNode") => Some(Self::DataplaneNode),
+            ("apps", "DaemonSet") => Some(Self::DaemonSet),
+            ("", "Pod") => Some(Self::Pod),
+            _ => None,
+        }
+    }
+}
+
 /// One object the operator wrote.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct WrittenObject {
@@ -463,6 +477,23 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, OwnerReference};
     use kube::runtime::reflector;
     use switchyard_crds::{DataplaneMode, DataplaneNodeSpec};
+
+    #[test]
+    fn the_watches_of_the_kinds_the_operator_writes_report_its_writes_and_no_other_watch_does() {
+        use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
+        assert_eq!(
+            WrittenKind::of::<DataplaneConfig>(),
+            Some(WrittenKind::DataplaneConfig)
+        );
+        assert_eq!(
+            WrittenKind::of::<DataplaneNode>(),
+            Some(WrittenKind::DataplaneNode)
+        );
+        assert_eq!(WrittenKind::of::<DaemonSet>(), Some(WrittenKind::DaemonSet));
+        assert_eq!(WrittenKind::of::<Pod>(), Some(WrittenKind::Pod));
+        assert_eq!(WrittenKind::of::<Node>(), None);
+        assert_eq!(WrittenKind::of::<ControllerRevision>(), None);
+    }
 
     fn dataplane_node(name: &str, version: &str) -> DataplaneNode {
         let mut node = DataplaneNode::new(name, DataplaneNodeSpec::new(DataplaneMode::Ebpf));

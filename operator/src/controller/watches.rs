@@ -30,45 +30,28 @@ const DEBOUNCE: Duration = Duration::from_millis(200);
 /// has its DataplaneNode (a retry of failed creations; triggers do it at once otherwise).
 const RESYNC_WITHOUT_CONFIG: Duration = Duration::from_secs(30);
 
-/// An object the controller watches: which of the operator's writes its watch reports, and
-/// what of it is kept in the store.
+/// An object the controller watches, trimmed to what decisions read before it is stored.
 trait Watched:
     Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static
 {
-    /// The kind of the operator's writes of such objects; `None` when it writes none.
-    const WRITTEN: Option<WrittenKind>;
-
-    /// Drops what no decision reads, before the object is stored.
+    /// Drops what no decision reads.
     fn trim(&mut self) {
         cache::drop_managed_fields(self);
     }
 }
 
-impl Watched for DataplaneConfig {
-    const WRITTEN: Option<WrittenKind> = Some(WrittenKind::DataplaneConfig);
-}
-
+impl Watched for DataplaneConfig {}
+impl Watched for DataplaneNode {}
+impl Watched for DaemonSet {}
+impl Watched for ControllerRevision {}
 impl Watched for Node {
-    const WRITTEN: Option<WrittenKind> = None;
-
     fn trim(&mut self) {
         cache::trim_node(self);
     }
 }
 
-impl Watched for DataplaneNode {
-    const WRITTEN: Option<WrittenKind> = Some(WrittenKind::DataplaneNode);
-}
-
-impl Watched for ControllerRevision {
-    const WRITTEN: Option<WrittenKind> = None;
-}
-
-impl Watched for DaemonSet {
-    const WRITTEN: Option<WrittenKind> = Some(WrittenKind::DaemonSet);
-}
-
-/// A watch whose events fill `writer`'s store and are then reported to `own_writes`; yields the
+/// A watch whose events fill `writer`'s store and are then reported to `own_writes` (when the
+/// operator writes such objects: [`WrittenKind::of`]); yields the
 /// objects touched (for triggers). Relists read the API server's most recent state (not its
 /// watch cache): [`OwnWrites`] counts on a relist that starts after a write to include it.
 fn watched<K: Watched>(
@@ -77,12 +60,13 @@ fn watched<K: Watched>(
     own_writes: &Arc<OwnWrites>,
 ) -> impl Stream<Item = Result<K, watcher::Error>> + Send + 'static {
     let own_writes = Arc::clone(own_writes);
+    let kind = WrittenKind::of::<K>();
     let events = watcher(api, watcher::Config::default())
         .default_backoff()
         .modify(K::trim);
     reflector::reflector(writer, events)
         .inspect(move |event| {
-            if let (Some(kind), Ok(event)) = (K::WRITTEN, event) {
+            if let (Some(kind), Ok(event)) = (kind, event) {
                 own_writes.observe(kind, event);
             }
         })

@@ -20,62 +20,30 @@ pub struct Steps {
 
 /// Describes what the plan does, for Events. Pure.
 pub fn steps_of(previous: Option<&DataplaneConfigStatus>, plan: &Plan) -> Steps {
-    let mut steps = Steps::default();
-    let created: Vec<&DataplaneNodeWrite> = plan
-        .dataplane_nodes
-        .iter()
-        .filter(|write| write.create)
-        .collect();
-    let updated: Vec<&DataplaneNodeWrite> = plan
-        .dataplane_nodes
-        .iter()
-        .filter(|write| !write.create)
-        .collect();
-    let mut parts = Vec::new();
-    if !created.is_empty() {
-        parts.push(format!(
-            "created DataplaneNodes for {}",
-            created
-                .iter()
-                .map(|write| describe_write(write))
-                .collect::<Vec<_>>()
-                .join(", ")
-        ));
+    Steps {
+        dataplane_nodes: dataplane_nodes_step(&plan.dataplane_nodes),
+        kube_proxy: kube_proxy_step(plan.kube_proxy, plan.status.as_ref()),
+        agent_pods: agent_pods_step(&plan.agent_pods_to_delete),
+        phase: plan
+            .status
+            .as_ref()
+            .and_then(|status| phase_step(previous, status)),
     }
-    if !updated.is_empty() {
-        parts.push(format!(
-            "told {}",
-            updated
-                .iter()
-                .map(|write| describe_write(write))
-                .collect::<Vec<_>>()
-                .join(", ")
-        ));
-    }
-    if !parts.is_empty() {
-        let reason = if updated.is_empty() {
-            "DataplaneNodesCreated"
-        } else {
-            "NodesInstructed"
-        };
-        steps.dataplane_nodes = Some(Occurrence::normal(
-            reason,
-            "ApplyDataplaneNode",
-            parts.join("; "),
-        ));
-    }
+}
 
-    let status_message = plan
-        .status
-        .as_ref()
-        .and_then(|status| status.message.clone());
-    let returned = plan.status.as_ref().is_some_and(|status| {
+/// The Event about the kube-proxy DaemonSet disabled (again, when it came back) or restored.
+fn kube_proxy_step(
+    action: KubeProxyAction,
+    status: Option<&DataplaneConfigStatus>,
+) -> Option<Occurrence> {
+    let status_message = status.and_then(|status| status.message.as_deref());
+    let returned = status.is_some_and(|status| {
         status
             .conditions
             .iter()
             .any(|condition| condition.reason == reasons::KUBE_PROXY_RETURNED)
     });
-    steps.kube_proxy = match plan.kube_proxy {
+    match action {
         KubeProxyAction::None => None,
         KubeProxyAction::Disable => Some(Occurrence::normal(
             if returned { "KubeProxyDisabledAgain" } else { "KubeProxyDisabled" },
@@ -85,7 +53,7 @@ pub fn steps_of(previous: Option<&DataplaneConfigStatus>, plan: &Plan) -> Steps 
                 kube_proxy::DISABLED_SELECTOR_KEY,
                 kube_proxy::DISABLED_SELECTOR_VALUE,
                 kube_proxy::PREVIOUS_SELECTOR_ANNOTATION,
-                status_message.as_deref().map(|message| format!(": {message}")).unwrap_or_default()
+                status_message.map(|message| format!(": {message}")).unwrap_or_default()
             ),
         )),
         KubeProxyAction::Restore => Some(Occurrence::normal(
@@ -93,43 +61,79 @@ pub fn steps_of(previous: Option<&DataplaneConfigStatus>, plan: &Plan) -> Steps 
             "RestoreKubeProxy",
             "put back the kube-proxy DaemonSet's nodeSelector exactly as it was before Switchyard disabled it",
         )),
-    };
+    }
+}
 
-    if !plan.agent_pods_to_delete.is_empty() {
-        steps.agent_pods = Some(Occurrence::normal(
-            "AgentPodsDeleted",
-            "UpgradeAgents",
-            format!(
-                "deleted agent pods so that the DaemonSet recreates them at its update revision: {}",
-                plan.agent_pods_to_delete
-                    .iter()
-                    .map(|AgentPodDeletion { node_name, pod_name }| format!("{pod_name} on {node_name}"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
+/// The Event about agent pods deleted for an upgrade, if any.
+fn agent_pods_step(deletions: &[AgentPodDeletion]) -> Option<Occurrence> {
+    if deletions.is_empty() {
+        return None;
+    }
+    let pods: Vec<String> = deletions
+        .iter()
+        .map(
+            |AgentPodDeletion {
+                 node_name,
+                 pod_name,
+             }| format!("{pod_name} on {node_name}"),
+        )
+        .collect();
+    Some(Occurrence::normal(
+        "AgentPodsDeleted",
+        "UpgradeAgents",
+        format!(
+            "deleted agent pods so that the DaemonSet recreates them at its update revision: {}",
+            pods.join(", ")
+        ),
+    ))
+}
+
+/// The Event about a new phase, if `status` changes it.
+fn phase_step(
+    previous: Option<&DataplaneConfigStatus>,
+    status: &DataplaneConfigStatus,
+) -> Option<Occurrence> {
+    let previous_phase = previous.map(|previous| previous.phase);
+    if previous_phase == Some(status.phase) {
+        return None;
+    }
+    let from = previous_phase.map_or_else(|| "none".to_owned(), |phase| phase.to_string());
+    let message = status
+        .message
+        .as_deref()
+        .map(|message| format!(": {message}"))
+        .unwrap_or_default();
+    Some(Occurrence::normal(
+        "PhaseChanged",
+        "Plan",
+        format!("phase {from} -> {}{message}", status.phase),
+    ))
+}
+
+/// The Event about the DataplaneNodes written, created and told something new, if any.
+fn dataplane_nodes_step(writes: &[DataplaneNodeWrite]) -> Option<Occurrence> {
+    let (created, updated): (Vec<&DataplaneNodeWrite>, Vec<&DataplaneNodeWrite>) =
+        writes.iter().partition(|write| write.create);
+    let described = |writes: &[&DataplaneNodeWrite]| {
+        let described: Vec<String> = writes.iter().map(|write| describe_write(write)).collect();
+        described.join(", ")
+    };
+    let mut parts = Vec::new();
+    if !created.is_empty() {
+        parts.push(format!(
+            "created DataplaneNodes for {}",
+            described(&created)
         ));
     }
-
-    if let Some(status) = &plan.status {
-        let previous_phase = previous.map(|previous| previous.phase);
-        if previous_phase != Some(status.phase) {
-            let from = previous_phase.map_or_else(|| "none".to_owned(), |phase| phase.to_string());
-            steps.phase = Some(Occurrence::normal(
-                "PhaseChanged",
-                "Plan",
-                format!(
-                    "phase {from} -> {}{}",
-                    status.phase,
-                    status
-                        .message
-                        .as_deref()
-                        .map(|message| format!(": {message}"))
-                        .unwrap_or_default()
-                ),
-            ));
-        }
+    if !updated.is_empty() {
+        parts.push(format!("told {}", described(&updated)));
     }
-    steps
+    let reason = if updated.is_empty() {
+        "DataplaneNodesCreated"
+    } else {
+        "NodesInstructed"
+    };
+    (!parts.is_empty()).then(|| Occurrence::normal(reason, "ApplyDataplaneNode", parts.join("; ")))
 }
 
 fn describe_write(write: &DataplaneNodeWrite) -> String {

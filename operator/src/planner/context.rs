@@ -160,6 +160,12 @@ impl<'a> Context<'a> {
         self.failed.iter().filter(|failed| **failed).count()
     }
 
+    /// Whether failed nodes are all a batch flow has left: none of `others` (the nodes it
+    /// switches, waits for or queues) names a node, and some node failed.
+    pub(super) fn only_failed_nodes_left(&self, others: &[&Vec<&str>]) -> bool {
+        others.iter().all(|names| names.is_empty()) && self.failed_count() > 0
+    }
+
     /// Every node keeps its current spec; nodes without a DataplaneNode get `created_mode`.
     pub(super) fn unchanged(&self) -> Vec<DesiredNode> {
         self.facts

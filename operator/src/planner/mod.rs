@@ -313,6 +313,16 @@ pub(crate) fn switches_nodes(phase: DataplanePhase) -> bool {
 /// At most this many node names in a message, so that status stays small on big clusters.
 const NAMES_IN_MESSAGE: usize = 10;
 
+/// The parts of a message that name nodes, in order: each template whose nodes are not none,
+/// its `{}` replaced by them (as [`name_list`] lists them).
+pub(crate) fn naming(lists: &[(&Vec<&str>, &str)]) -> Vec<String> {
+    lists
+        .iter()
+        .filter(|(names, _)| !names.is_empty())
+        .map(|(names, template)| template.replacen("{}", &name_list(names.iter().copied()), 1))
+        .collect()
+}
+
 /// `a, b and c`, or `a, b, ... and 7 more`.
 pub(crate) fn name_list<'n>(names: impl IntoIterator<Item = &'n str>) -> String {
     let names: Vec<&str> = names.into_iter().collect();

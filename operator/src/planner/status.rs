@@ -59,73 +59,39 @@ pub(crate) fn build(
         decision.message.clone()
     };
 
+    // Each condition as (status, reason, message).
     let ready = if decision.mode_in_place {
-        Condition::new(
-            condition_types::READY,
-            ConditionStatus::True,
-            reasons::TRANSITION_COMPLETE,
-            format!("every node is in mode {}", context.settings.mode),
-            generation,
-            now,
-        )
+        let message = format!("every node is in mode {}", context.settings.mode);
+        (ConditionStatus::True, reasons::TRANSITION_COMPLETE, message)
     } else {
-        Condition::new(
-            condition_types::READY,
+        (
             ConditionStatus::False,
             decision.reason,
             decision.message.clone(),
-            generation,
-            now,
         )
     };
     let under_way =
         decision.phase == DataplanePhase::Preflight || super::switches_nodes(decision.phase);
     let progressing = if paused {
-        Condition::new(
-            condition_types::PROGRESSING,
-            ConditionStatus::False,
-            reasons::PAUSED,
-            message.clone(),
-            generation,
-            now,
-        )
-    } else if under_way {
-        Condition::new(
-            condition_types::PROGRESSING,
-            ConditionStatus::True,
-            decision.reason,
-            decision.message.clone(),
-            generation,
-            now,
-        )
+        (ConditionStatus::False, reasons::PAUSED, message.clone())
     } else {
-        Condition::new(
-            condition_types::PROGRESSING,
-            ConditionStatus::False,
-            decision.reason,
-            decision.message.clone(),
-            generation,
-            now,
-        )
+        let status = ConditionStatus::from_bool(under_way);
+        (status, decision.reason, decision.message.clone())
     };
     let degraded = match &decision.degraded {
-        Some((reason, text)) => Condition::new(
-            condition_types::DEGRADED,
-            ConditionStatus::True,
-            reason,
-            text.clone(),
-            generation,
-            now,
-        ),
-        None => Condition::new(
-            condition_types::DEGRADED,
-            ConditionStatus::False,
-            reasons::AS_EXPECTED,
-            "",
-            generation,
-            now,
-        ),
+        Some((reason, text)) => (ConditionStatus::True, *reason, text.clone()),
+        None => (ConditionStatus::False, reasons::AS_EXPECTED, String::new()),
     };
+    let new = [
+        (condition_types::READY, ready),
+        (condition_types::PROGRESSING, progressing),
+        (condition_types::DEGRADED, degraded),
+    ]
+    .into_iter()
+    .map(|(type_, (status, reason, message))| {
+        Condition::new(type_, status, reason, message, generation, now)
+    })
+    .collect();
 
     let facts = context.facts;
     let update_revision = context
@@ -163,7 +129,7 @@ pub(crate) fn build(
     DataplaneConfigStatus {
         observed_generation: generation,
         phase,
-        conditions: conditions(previous, vec![ready, progressing, degraded]),
+        conditions: conditions(previous, new),
         nodes,
         serving_summary: Some(format!("{serving}/{}", facts.len())),
         transition: transition(previous, context, decision.mode_in_place, now),
@@ -211,32 +177,23 @@ pub(crate) fn ignored(config: &DataplaneConfig, now: DateTime<Utc>) -> Dataplane
         "ignored: the operator acts only on the DataplaneConfig named {:?}; delete this one or name it so",
         switchyard_crds::DEFAULT_CONFIG_NAME
     );
-    let new = vec![
+    let new = [
+        (condition_types::READY, ConditionStatus::False),
+        (condition_types::PROGRESSING, ConditionStatus::False),
+        (condition_types::DEGRADED, ConditionStatus::True),
+    ]
+    .into_iter()
+    .map(|(type_, status)| {
         Condition::new(
-            condition_types::READY,
-            ConditionStatus::False,
+            type_,
+            status,
             reasons::NOT_DEFAULT,
             message.clone(),
             generation,
             now,
-        ),
-        Condition::new(
-            condition_types::PROGRESSING,
-            ConditionStatus::False,
-            reasons::NOT_DEFAULT,
-            message.clone(),
-            generation,
-            now,
-        ),
-        Condition::new(
-            condition_types::DEGRADED,
-            ConditionStatus::True,
-            reasons::NOT_DEFAULT,
-            message.clone(),
-            generation,
-            now,
-        ),
-    ];
+        )
+    })
+    .collect();
     DataplaneConfigStatus {
         observed_generation: generation,
         phase: DataplanePhase::Pending,

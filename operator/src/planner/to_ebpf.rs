@@ -7,7 +7,7 @@ use switchyard_crds::{
 
 use super::context::{Context, Decision, DesiredNode};
 use super::facts::NodeFacts;
-use super::{name_list, KubeProxyAction, KubeProxyDaemonSet};
+use super::{name_list, naming, KubeProxyAction, KubeProxyDaemonSet};
 
 impl<'a> Context<'a> {
     /// KubeProxy -> Ebpf, from wherever the cluster stands.
@@ -67,20 +67,12 @@ impl<'a> Context<'a> {
         let mut degraded_reason: Option<&'static str> = None;
 
         let missing = self.names_where(|_, node| node.spec.is_none());
-        if !missing.is_empty() {
-            problems.push(format!(
-                "DataplaneNodes being created for {}",
-                name_list(missing.iter().copied())
-            ));
-        }
         let not_ready = self
             .names_where(|_, node| node.spec.is_some() && !(node.agent_ready() && node.node_ready));
-        if !not_ready.is_empty() {
-            problems.push(format!(
-                "agent or Node not Ready on {}",
-                name_list(not_ready.iter().copied())
-            ));
-        }
+        problems.extend(naming(&[
+            (&missing, "DataplaneNodes being created for {}"),
+            (&not_ready, "agent or Node not Ready on {}"),
+        ]));
         let unsupported = self.names_where(|_, node| node.unsupported_kube_proxy_mode());
         if !unsupported.is_empty() {
             problems.push(format!(
@@ -184,37 +176,13 @@ impl<'a> Context<'a> {
                 && !chosen[index]
         });
         let failed = self.failed_names();
-        if in_flight.is_empty()
-            && activated.is_empty()
-            && created.is_empty()
-            && waiting.is_empty()
-            && !failed.is_empty()
-        {
+        if self.only_failed_nodes_left(&[&in_flight, &activated, &created, &waiting]) {
             return self.halted(
                 desired,
                 "disabling kube-proxy (it needs every node serving from eBPF)",
             );
         }
 
-        let mut parts = Vec::new();
-        if !activated.is_empty() {
-            parts.push(format!(
-                "switching {} to eBPF",
-                name_list(activated.iter().copied())
-            ));
-        }
-        if !created.is_empty() {
-            parts.push(format!(
-                "creating the DataplaneNodes of {} on eBPF (kube-proxy cannot serve them)",
-                name_list(created.iter().copied())
-            ));
-        }
-        if !in_flight.is_empty() {
-            parts.push(format!(
-                "waiting for {} to report programs attached and Services synced",
-                name_list(in_flight.iter().copied())
-            ));
-        }
         let blocked = self.names_where(|index, node| {
             node.mode() != Some(DataplaneMode::Ebpf)
                 && !self.created_on_ebpf(node)
@@ -222,12 +190,21 @@ impl<'a> Context<'a> {
                 && !chosen[index]
                 && !eligible(index, node)
         });
-        if !blocked.is_empty() {
-            parts.push(format!(
+        let mut parts = naming(&[
+            (&activated, "switching {} to eBPF"),
+            (
+                &created,
+                "creating the DataplaneNodes of {} on eBPF (kube-proxy cannot serve them)",
+            ),
+            (
+                &in_flight,
+                "waiting for {} to report programs attached and Services synced",
+            ),
+            (
+                &blocked,
                 "waiting for the agent and the Node to be Ready on {}",
-                name_list(blocked.iter().copied())
-            ));
-        }
+            ),
+        ]);
         let queued = waiting.len() - blocked.len();
         if queued > 0 {
             parts.push(format!(
@@ -235,9 +212,7 @@ impl<'a> Context<'a> {
                 settings.max_unavailable
             ));
         }
-        if !failed.is_empty() {
-            parts.push(format!("failed: {}", name_list(failed.iter().copied())));
-        }
+        parts.extend(naming(&[(&failed, "failed: {}")]));
         if self.observed.kube_proxy_daemon_set.is_none() {
             parts.push("the kube-proxy DaemonSet is not there (already absent)".into());
         }

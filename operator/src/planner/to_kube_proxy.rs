@@ -4,7 +4,7 @@
 use switchyard_crds::{reasons, DataplaneMode, DataplanePhase, KubeProxyManagement};
 
 use super::context::{Context, Decision, DesiredNode};
-use super::{name_list, KubeProxyAction};
+use super::{name_list, naming, KubeProxyAction};
 
 impl<'a> Context<'a> {
     /// Ebpf -> KubeProxy, from wherever the cluster stands.
@@ -128,33 +128,14 @@ impl<'a> Context<'a> {
             node.mode() == Some(DataplaneMode::Ebpf) && !self.failed[index] && !chosen[index]
         });
         let failed = self.failed_names();
-        if in_flight.is_empty()
-            && draining.is_empty()
-            && deactivated.is_empty()
-            && queued.is_empty()
-            && !failed.is_empty()
-        {
+        if self.only_failed_nodes_left(&[&in_flight, &draining, &deactivated, &queued]) {
             return self.halted(decision.desired, "finishing the return to kube-proxy");
         }
-        let mut parts = Vec::new();
-        if !deactivated.is_empty() {
-            parts.push(format!(
-                "switching {} back to kube-proxy",
-                name_list(deactivated.iter().copied())
-            ));
-        }
-        if !in_flight.is_empty() {
-            parts.push(format!(
-                "waiting for {} to detach",
-                name_list(in_flight.iter().copied())
-            ));
-        }
-        if !draining.is_empty() {
-            parts.push(format!(
-                "draining live connections on {}",
-                name_list(draining.iter().copied())
-            ));
-        }
+        let mut parts = naming(&[
+            (&deactivated, "switching {} back to kube-proxy"),
+            (&in_flight, "waiting for {} to detach"),
+            (&draining, "draining live connections on {}"),
+        ]);
         if !queued.is_empty() {
             parts.push(format!(
                 "{} more node(s) queued (rollout.maxUnavailable {})",
