@@ -13,9 +13,12 @@ demo-down:
 # Issue 6's seven scenarios, each with real agents and the helm-installed operator under
 # continuous traffic (1 helm install and KubeProxy -> Ebpf, 2 agent upgrade by helm upgrade,
 # 3 rollback with draining, 4 the operator SIGKILLed in ActivatingNodes and in
-# DisablingKubeProxy, 5 an agent never Ready, 6 kube-proxy owned by Argo CD, 7 kubectl wait
-# and columns), preceded by the operator's own cluster tests, on one cluster. About 3.5
-# minutes warm (cluster up ~20 s, operator tests ~25 s, scenarios ~160 s).
+# DisablingKubeProxy, 4b kube-proxy not patchable, 5 an agent never Ready and the
+# DataplaneConfig deleted, 6 kube-proxy owned by Argo CD, 7 kubectl wait and columns), one
+# test each, in that order on one cluster (a failed one does not stop the rest), preceded by
+# the operator's own cluster tests. About 4 minutes warm (cluster up ~20 s, operator tests
+# ~40 s, scenarios ~170 s). SWITCHYARD_E2E_MIGRATION_TESTS=<filter> runs the matching
+# scenarios (and the ones before them, which they start from).
 .PHONY: e2e-operator
 e2e-operator: setup
 	bash e2e/scripts/migration.sh

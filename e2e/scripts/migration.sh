@@ -25,7 +25,8 @@ ghcr.io/switchyard/switchyard-agent:* $target_directory/debug/switchyard-agent
 ghcr.io/switchyard/switchyard-operator:* $target_directory/debug/switchyard-operator
 IMAGES
 cluster_up
-# SWITCHYARD_E2E_MIGRATION_TESTS=<filter> runs only the migration scenarios matching it.
+# SWITCHYARD_E2E_MIGRATION_TESTS=<filter> runs only the migration scenarios matching it (and the
+# scenarios before them, which they start from).
 if [ -z "${SWITCHYARD_E2E_MIGRATION_TESTS:-}" ]; then
   run_tests switchyard-operator cluster "operator cluster tests"
 fi

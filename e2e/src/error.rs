@@ -27,6 +27,13 @@ pub enum E2eError {
         description: String,
         message: String,
     },
+    #[error("failed to keep {description} for {window:?}: after {after:?}: {violation}")]
+    HoldBroken {
+        description: String,
+        window: Duration,
+        after: Duration,
+        violation: String,
+    },
     #[error("failed to read {path}: {source}")]
     ReadFile {
         path: PathBuf,

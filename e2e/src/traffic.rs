@@ -7,7 +7,7 @@
 //! connection sends a line every interval for as long as the generator runs,
 //! so a connection that a dataplane switch breaks is counted too.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -105,6 +105,9 @@ pub enum FailureCause {
     ReplyTimeout,
     /// An answer that does not echo what was sent.
     WrongReply(String),
+    /// A worker of the generator panicked (or was cancelled): its flow stopped being
+    /// exercised, so the report cannot claim that nothing failed.
+    WorkerDied(String),
     Other(String),
 }
 
@@ -118,6 +121,7 @@ impl fmt::Display for FailureCause {
             FailureCause::ClosedByPeer => write!(formatter, "closed by the peer before answering"),
             FailureCause::ReplyTimeout => write!(formatter, "no answer in time"),
             FailureCause::WrongReply(reply) => write!(formatter, "wrong answer {reply:?}"),
+            FailureCause::WorkerDied(why) => write!(formatter, "the traffic worker died: {why}"),
             FailureCause::Other(message) => write!(formatter, "{message}"),
         }
     }
@@ -286,6 +290,8 @@ pub struct TrafficGenerator {
     report: SharedReport,
     stop: watch::Sender<bool>,
     tasks: JoinSet<()>,
+    /// The flow each worker task exercises, so a worker that dies is charged to its flow.
+    workers: HashMap<tokio::task::Id, String>,
     started: tokio::time::Instant,
 }
 
@@ -304,21 +310,29 @@ impl TrafficGenerator {
                 _ = watchdog.closed() => {}
             }
         });
+        let mut generator = Self {
+            report,
+            stop,
+            tasks,
+            workers: HashMap::new(),
+            started,
+        };
         for flow in flows {
-            if let Ok(mut shared) = report.lock() {
+            if let Ok(mut shared) = generator.report.lock() {
                 shared.flows.entry(flow.name.clone()).or_default();
             }
             match flow.mode {
                 FlowMode::ShortConnections { interval, workers } => {
                     for _ in 0..workers.max(1) {
-                        tasks.spawn(short_connection_loop(
+                        let worker = short_connection_loop(
                             flow.clone(),
                             interval,
                             timeouts,
-                            report.clone(),
+                            generator.report.clone(),
                             stopped.clone(),
                             started,
-                        ));
+                        );
+                        generator.spawn_worker(&flow.name, worker);
                     }
                 }
                 FlowMode::LongLived {
@@ -326,24 +340,30 @@ impl TrafficGenerator {
                     message_interval,
                 } => {
                     for _ in 0..connections.max(1) {
-                        tasks.spawn(long_lived_loop(
+                        let worker = long_lived_loop(
                             flow.clone(),
                             message_interval,
                             timeouts,
-                            report.clone(),
+                            generator.report.clone(),
                             stopped.clone(),
                             started,
-                        ));
+                        );
+                        generator.spawn_worker(&flow.name, worker);
                     }
                 }
             }
         }
-        Self {
-            report,
-            stop,
-            tasks,
-            started,
-        }
+        generator
+    }
+
+    /// Runs one worker of `flow`, remembered so that its death is counted against the flow.
+    fn spawn_worker(
+        &mut self,
+        flow: &str,
+        worker: impl std::future::Future<Output = ()> + Send + 'static,
+    ) {
+        let handle = self.tasks.spawn(worker);
+        self.workers.insert(handle.id(), flow.to_string());
     }
 
     /// The report so far, while traffic goes on.
@@ -358,11 +378,41 @@ impl TrafficGenerator {
     }
 
     /// Stops every flow (long-lived connections are closed cleanly) and
-    /// returns the final report.
+    /// returns the final report. A worker that panicked is a failure of its flow:
+    /// otherwise a generator whose workers all died would report zero failures.
     pub async fn stop(mut self) -> TrafficReport {
         let _ = self.stop.send(true);
-        while self.tasks.join_next().await.is_some() {}
+        while let Some(joined) = self.tasks.join_next().await {
+            if let Err(error) = joined {
+                let flow = self
+                    .workers
+                    .get(&error.id())
+                    .cloned()
+                    .unwrap_or_else(|| "the traffic watchdog".to_string());
+                record(
+                    &self.report,
+                    &flow,
+                    self.started,
+                    Err(FailureCause::WorkerDied(describe_join_error(error))),
+                );
+            }
+        }
         self.snapshot()
+    }
+}
+
+/// Why a worker task ended without finishing: its panic message, or that it was cancelled.
+fn describe_join_error(error: tokio::task::JoinError) -> String {
+    if !error.is_panic() {
+        return error.to_string();
+    }
+    let payload = error.into_panic();
+    if let Some(message) = payload.downcast_ref::<&str>() {
+        format!("panicked: {message}")
+    } else if let Some(message) = payload.downcast_ref::<String>() {
+        format!("panicked: {message}")
+    } else {
+        "panicked".to_string()
     }
 }
 
@@ -641,6 +691,40 @@ mod tests {
         assert!(flow.attempts >= 10, "{report}");
         assert_eq!(report.failure_count(), 0, "{report}");
         assert_eq!(flow.backends.keys().collect::<Vec<_>>(), vec!["backend-a"]);
+    }
+
+    #[tokio::test]
+    async fn a_worker_that_panicked_is_counted_as_a_failure_of_its_flow() {
+        let (thread, server) = loopback_server("backend-a").await;
+        let mut generator = TrafficGenerator::start(
+            vec![Flow {
+                name: "loopback".into(),
+                source: thread,
+                destination: server.address,
+                mode: FlowMode::ShortConnections {
+                    interval: Duration::from_millis(10),
+                    workers: 1,
+                },
+            }],
+            Timeouts::default(),
+        );
+        generator.spawn_worker("loopback", async { panic!("the worker broke") });
+        // Control: the healthy worker of the same flow keeps answering.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while generator.snapshot().flows["loopback"].successes < 3 {
+            assert!(tokio::time::Instant::now() < deadline, "no answers in 10 s");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let report = generator.stop().await;
+        server.stop().await;
+        let flow = &report.flows["loopback"];
+        assert!(flow.successes >= 3, "{report}");
+        assert_eq!(report.failure_count(), 1, "{report}");
+        assert_eq!(
+            flow.failures[0].cause,
+            FailureCause::WorkerDied("panicked: the worker broke".into()),
+            "{report}"
+        );
     }
 
     #[tokio::test]

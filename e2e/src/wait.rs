@@ -1,8 +1,11 @@
-//! Waiting for a condition with a deadline and a clear failure message.
+//! Waiting for a condition with a deadline and a clear failure message, and
+//! asserting that a condition holds over a whole window.
 //!
 //! A condition is polled until it reports [`Check::Ready`]; every
 //! [`Check::NotYet`] carries a description of what was observed, and the last
 //! one is part of the timeout error, so a failing test says what it saw.
+//! [`hold_for`] is the opposite: a condition observed all through a window
+//! ("nothing changes"), failing at the first observation that breaks it.
 
 use std::future::Future;
 use std::time::Duration;
@@ -86,6 +89,48 @@ where
                 .min(deadline.saturating_duration_since(tokio::time::Instant::now())),
         )
         .await;
+    }
+}
+
+/// Observes `condition` at the start of the window, every `options.interval`, and at its
+/// end (`options.timeout` after the start); fails at the first observation that breaks it
+/// ([`Check::NotYet`] or [`Check::Failed`], with what was seen) or that cannot be made (an
+/// error of the check). For "nothing changes for a while" assertions: one look after a fixed
+/// sleep would miss a change that came and went. Returns how many observations held.
+/// `description` completes "failed to keep ..." (e.g. "kube-proxy's DaemonSet untouched").
+pub async fn hold_for<E, F, Fut>(
+    description: &str,
+    options: WaitOptions,
+    mut condition: F,
+) -> Result<u32>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = std::result::Result<Check<()>, E>>,
+    E: std::fmt::Display,
+{
+    let started = tokio::time::Instant::now();
+    let end = started + options.timeout;
+    let mut held = 0;
+    loop {
+        let violation = match condition().await {
+            Ok(Check::Ready(())) => None,
+            Ok(Check::NotYet(observation)) | Ok(Check::Failed(observation)) => Some(observation),
+            Err(error) => Some(format!("the check failed: {error}")),
+        };
+        if let Some(violation) = violation {
+            return Err(E2eError::HoldBroken {
+                description: description.to_string(),
+                window: options.timeout,
+                after: started.elapsed(),
+                violation,
+            });
+        }
+        held += 1;
+        let now = tokio::time::Instant::now();
+        if now >= end {
+            return Ok(held);
+        }
+        tokio::time::sleep(options.interval.min(end - now)).await;
     }
 }
 
@@ -186,6 +231,59 @@ mod tests {
             error
                 .to_string()
                 .contains("the check itself did not finish"),
+            "{error}"
+        );
+    }
+    #[tokio::test(start_paused = true)]
+    async fn a_condition_that_holds_is_observed_from_the_start_to_the_end_of_the_window() {
+        let started = tokio::time::Instant::now();
+        let held = hold_for(
+            "node-1 Ready",
+            WaitOptions::new(Duration::from_secs(2)).every(Duration::from_millis(500)),
+            || async { Ok::<Check<()>, String>(Check::Ready(())) },
+        )
+        .await
+        .unwrap();
+        assert_eq!(held, 5, "at 0, 0.5, 1, 1.5 and 2 s");
+        assert_eq!(started.elapsed(), Duration::from_secs(2));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_condition_broken_inside_the_window_fails_with_when_and_what_was_seen() {
+        let polls = AtomicU32::new(0);
+        let error = hold_for(
+            "kube-proxy untouched",
+            WaitOptions::new(Duration::from_secs(3)).every(Duration::from_secs(1)),
+            || async {
+                let count = polls.fetch_add(1, Ordering::SeqCst);
+                Ok::<Check<()>, String>(if count < 2 {
+                    Check::Ready(())
+                } else {
+                    Check::NotYet("generation 2".into())
+                })
+            },
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "failed to keep kube-proxy untouched for 3s: after 2s: generation 2"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_check_that_cannot_be_made_breaks_the_window() {
+        let error = hold_for(
+            "node-1 Ready",
+            WaitOptions::new(Duration::from_secs(3)),
+            || async { Err::<Check<()>, _>("connection refused") },
+        )
+        .await
+        .unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .ends_with("the check failed: connection refused"),
             "{error}"
         );
     }

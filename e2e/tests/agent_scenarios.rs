@@ -25,6 +25,7 @@ use switchyard_e2e::objects::{
 use switchyard_e2e::traffic::{
     EchoServer, Flow, FlowMode, Timeouts, TrafficGenerator, TrafficReport,
 };
+use switchyard_e2e::wait::{wait_for, Check, WaitOptions};
 
 /// Backends, a client pod and an outside client, and a NodePort Service.
 struct World {
@@ -37,6 +38,8 @@ struct World {
     cluster_ip: Ipv4Addr,
     node_port: u16,
     service: String,
+    /// When the setup last wrote the Service's EndpointSlice (the agent syncs after it).
+    slice_written_at: chrono::DateTime<chrono::Utc>,
 }
 
 impl World {
@@ -70,6 +73,7 @@ impl World {
             cluster_ip,
             node_port,
             service,
+            slice_written_at: chrono::Utc::now(),
         };
         world.write_slice(true, true).await;
         // Served on node-1 from both sides before the scenario starts.
@@ -136,6 +140,36 @@ impl World {
             )
             .await
             .unwrap();
+    }
+
+    /// [`Self::traffic`], returned once both backends have answered every flow (so that what
+    /// follows is done under traffic known to work).
+    async fn traffic_flowing(&self) -> TrafficGenerator {
+        let generator = self.traffic();
+        wait_for(
+            "see both backends answer every flow",
+            WaitOptions::new(Duration::from_secs(15)).every(Duration::from_millis(50)),
+            || {
+                let report = generator.snapshot();
+                async move {
+                    let flowing = report.flows.values().all(|flow| {
+                        ["backend-2", "backend-3"]
+                            .iter()
+                            .all(|backend| flow.backends.contains_key(*backend))
+                    });
+                    Ok::<_, String>(if report.failure_count() > 0 {
+                        Check::Failed(format!("{report}"))
+                    } else if flowing {
+                        Check::Ready(())
+                    } else {
+                        Check::NotYet(format!("{report}"))
+                    })
+                }
+            },
+        )
+        .await
+        .unwrap();
+        generator
     }
 
     /// ClusterIP from the client pod and node-1's NodePort from outside.
@@ -222,8 +256,7 @@ async fn an_agent_restarted_five_times_twice_killed_drops_no_connection() {
         .await
         .status
         .unwrap_or_default();
-    let generator = world.traffic();
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    let generator = world.traffic_flowing().await;
     for round in 1..=5 {
         let current = cluster
             .running_agent("node-1")
@@ -249,9 +282,10 @@ async fn an_agent_restarted_five_times_twice_killed_drops_no_connection() {
             },
             started.pid
         );
+        // A deliberate traffic window: the new agent serves alone for a second before the next
+        // restart; the report asserted below covers all of it.
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
-    tokio::time::sleep(Duration::from_secs(1)).await;
     let report = generator.stop().await;
     let metrics = cluster.metrics("node-1").await.unwrap();
     let attaches = metrics.required("switchyard_agent_program_attach_total");
@@ -439,8 +473,29 @@ async fn node_churn_is_ignored_and_a_new_node_address_is_served_within_two_secon
     let world = World::new("nc", 3).await;
     let cluster = &world.cluster;
     let nodes: Api<Node> = Api::all(cluster.client.clone());
-    // The status write of the setup's last sync lands, and is counted, first.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The status write of the setup's last sync lands, and is counted, first: node-1's status
+    // reports a sync after the setup wrote the EndpointSlice.
+    let dataplane_nodes: Api<switchyard_crds::DataplaneNode> = Api::all(cluster.client.clone());
+    wait_for(
+        "see node-1 report a sync after the setup's EndpointSlice",
+        WaitOptions::new(Duration::from_secs(15)).every(Duration::from_millis(100)),
+        || async {
+            let synced = dataplane_nodes
+                .get("node-1")
+                .await?
+                .status
+                .and_then(|status| status.last_sync_time);
+            Ok::<_, kube::Error>(match synced {
+                Some(at) if at >= world.slice_written_at => Check::Ready(()),
+                other => Check::NotYet(format!(
+                    "last sync {other:?}, EndpointSlice written at {}",
+                    world.slice_written_at
+                )),
+            })
+        },
+    )
+    .await
+    .unwrap();
     let before = cluster.metrics("node-1").await.unwrap();
     let generator = world.traffic();
     let patches = 180;
@@ -476,8 +531,23 @@ async fn node_churn_is_ignored_and_a_new_node_address_is_served_within_two_secon
                 .unwrap();
         }
     }
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let after = cluster.metrics("node-1").await.unwrap();
+    // The agent has taken in the updates before they are counted.
+    let ignored_before = before.required("switchyard_agent_node_updates_ignored_total");
+    let after = wait_for(
+        "see node-1's agent ignore at least 150 of the Node updates",
+        WaitOptions::new(Duration::from_secs(15)).every(Duration::from_millis(100)),
+        || async {
+            let metrics = cluster.metrics("node-1").await?;
+            let ignored = metrics.required("switchyard_agent_node_updates_ignored_total");
+            Ok::<_, std::io::Error>(if ignored - ignored_before >= 150.0 {
+                Check::Ready(metrics)
+            } else {
+                Check::NotYet(format!("{} ignored", ignored - ignored_before))
+            })
+        },
+    )
+    .await
+    .unwrap();
     let delta = |name: &str| after.required(name) - before.required(name);
     let ignored = delta("switchyard_agent_node_updates_ignored_total");
     let attaches = delta("switchyard_agent_program_attach_total");
@@ -572,6 +642,7 @@ async fn an_agent_starting_while_the_api_server_is_unreachable_writes_nothing_an
     let blocked = Instant::now();
     kill(current.pid.expect("a pid"), libc::SIGKILL);
     let mut samples = Vec::new();
+    // Sampled every 2 s over the whole 20 s outage; every sample is asserted below.
     while blocked.elapsed() < Duration::from_secs(20) {
         tokio::time::sleep(Duration::from_secs(2)).await;
         if let (Ok(readyz), Ok(metrics)) = (
@@ -592,6 +663,8 @@ async fn an_agent_starting_while_the_api_server_is_unreachable_writes_nothing_an
         .wait_new_agent_ready("node-1", current.pid, Duration::from_secs(60))
         .await;
     let metrics = cluster.metrics("node-1").await.unwrap();
+    // A deliberate traffic window: a second served by the agent whose gate just opened; the
+    // report asserted below covers it.
     tokio::time::sleep(Duration::from_secs(1)).await;
     let report = generator.stop().await;
     for (at, readyz, writes, waited) in &samples {
@@ -659,6 +732,8 @@ async fn kube_proxy_started_after_the_agent_breaks_nothing_and_is_cleaned_only_o
             Duration::from_secs(10),
         )
         .await;
+    // A deliberate traffic window: 3 s with kube-proxy's rules beside the agent's; the
+    // report asserted below covers it.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let report = generator.stop().await;
     let rules = kube_proxy_rule_count("node-1");
@@ -680,6 +755,7 @@ async fn kube_proxy_started_after_the_agent_breaks_nothing_and_is_cleaned_only_o
             Duration::from_secs(15),
         )
         .await;
+    // Sampled every 2 s for 60 s; every sample is asserted below.
     let mut counts = Vec::new();
     for _ in 0..30 {
         counts.push(kube_proxy_rule_count("node-1"));
@@ -780,6 +856,8 @@ async fn kube_proxy_started_after_the_agent_breaks_nothing_and_is_cleaned_only_o
     println!("after kube-proxy left: :10256/healthz {healthz_answer:?}; healthCheckNodePort {health_port}: {service_answer:?}");
     let _ = services.delete("kp-lb", &DeleteParams::default()).await;
     let _ = slices.delete("kp-lb-1", &DeleteParams::default()).await;
+    // A deliberate traffic window: 2 s more on the demo Service after the cleanup and the
+    // LoadBalancer's removal; the report asserted below covers it.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let report = generator.stop().await;
     println!("kube-proxy's rules cleaned {cleaned_after:.1?} after its DaemonSet was deleted");
@@ -822,7 +900,29 @@ async fn told_kube_proxy_after_ebpf_the_agent_drains_live_flows_then_detaches() 
         }],
         Timeouts::default(),
     );
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Every connection open and answered before the agent is told to go back.
+    wait_for(
+        "see the 3 long-lived connections open and answered",
+        WaitOptions::new(Duration::from_secs(15)).every(Duration::from_millis(50)),
+        || {
+            let report = long_lived.snapshot();
+            async move {
+                let open = report
+                    .flows
+                    .values()
+                    .all(|flow| flow.connections_opened == 3 && flow.successes >= 3);
+                Ok::<_, String>(if report.failure_count() > 0 {
+                    Check::Failed(format!("{report}"))
+                } else if open {
+                    Check::Ready(())
+                } else {
+                    Check::NotYet(format!("{report}"))
+                })
+            }
+        },
+    )
+    .await
+    .unwrap();
     cluster
         .patch_spec(
             "node-1",
@@ -838,14 +938,26 @@ async fn told_kube_proxy_after_ebpf_the_agent_drains_live_flows_then_detaches() 
             Duration::from_secs(10),
         )
         .await;
-    // The agent reads live flows every second.
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let status = cluster
-        .dataplane_node("node-1")
-        .await
-        .status
-        .unwrap_or_default();
-    let live_flows = status.live_flows;
+    // The agent reads live flows every second: wait until it reports the three.
+    let dataplane_nodes: Api<switchyard_crds::DataplaneNode> = Api::all(cluster.client.clone());
+    let live_flows = wait_for(
+        "see node-1 report its 3 live flows while draining",
+        WaitOptions::new(Duration::from_secs(10)).every(Duration::from_millis(200)),
+        || async {
+            let live_flows = dataplane_nodes
+                .get("node-1")
+                .await?
+                .status
+                .and_then(|status| status.live_flows);
+            Ok::<_, kube::Error>(if live_flows.unwrap_or(0) >= 3 {
+                Check::Ready(live_flows)
+            } else {
+                Check::NotYet(format!("liveFlows {live_flows:?}"))
+            })
+        },
+    )
+    .await
+    .unwrap();
     let report = long_lived.stop().await;
     let closed = Instant::now();
     cluster
@@ -979,6 +1091,8 @@ async fn an_agent_missing_an_input_past_the_timeout_names_it_and_keeps_serving()
         .wait_agent_ready("node-1", Duration::from_secs(30))
         .await;
     let opened_after = restored.elapsed();
+    // A deliberate traffic window: a second served after the gate opened; the report asserted
+    // below covers it.
     tokio::time::sleep(Duration::from_secs(1)).await;
     let report = generator.stop().await;
     println!(

@@ -181,6 +181,8 @@ pub type History<K> = Arc<Mutex<Vec<Version<K>>>>;
 /// Records every version of the objects of `api` (list, then watch) until dropped.
 pub struct Recorder<K: Clone> {
     pub history: History<K>,
+    /// Set once the initial list is recorded: from then on every later write is seen.
+    listed: Arc<std::sync::atomic::AtomicBool>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -191,7 +193,9 @@ where
 {
     pub fn start(api: Api<K>) -> Self {
         let history: History<K> = Arc::new(Mutex::new(Vec::new()));
+        let listed = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let shared = history.clone();
+        let shared_listed = listed.clone();
         let task = tokio::spawn(async move {
             let mut events = watcher(api, watcher::Config::default()).boxed();
             while let Some(event) = events.next().await {
@@ -200,6 +204,10 @@ where
                         (object, false)
                     }
                     Ok(watcher::Event::Delete(object)) => (object, true),
+                    Ok(watcher::Event::InitDone) => {
+                        shared_listed.store(true, std::sync::atomic::Ordering::SeqCst);
+                        continue;
+                    }
                     _ => continue,
                 };
                 let revision = object
@@ -218,7 +226,30 @@ where
                 }
             }
         });
-        Self { history, task }
+        Self {
+            history,
+            listed,
+            task,
+        }
+    }
+
+    /// Starts recording and returns once the initial list is in: a write made after this
+    /// returns is recorded with its own revision (a recorder still listing would see only
+    /// the state after it).
+    pub async fn start_listed(api: Api<K>) -> Outcome<Self> {
+        let recorder = Self::start(api);
+        let started = Instant::now();
+        while !recorder.listed.load(std::sync::atomic::Ordering::SeqCst) {
+            if started.elapsed() > RECORDER_WAIT {
+                return Err(format!(
+                    "failed to list {} within {RECORDER_WAIT:?}",
+                    K::plural(&K::DynamicType::default())
+                )
+                .into());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(recorder)
     }
 
     pub fn versions(&self) -> Vec<Version<K>> {
@@ -236,7 +267,67 @@ where
             .max()
             .unwrap_or(0)
     }
+
+    /// Waits until the recorder has seen every object `api` lists now at its current
+    /// revision (a watch delivers a moment after the write): the history then holds every
+    /// earlier version too, since a watch delivers in revision order.
+    pub async fn wait_caught_up(&self, api: &Api<K>) -> Outcome<()> {
+        let started = Instant::now();
+        loop {
+            let current = api.list(&ListParams::default()).await?;
+            let versions = self.versions();
+            let behind: Vec<String> = current
+                .items
+                .iter()
+                .filter(|object| {
+                    let revision: u64 = object
+                        .meta()
+                        .resource_version
+                        .as_deref()
+                        .and_then(|version| version.parse().ok())
+                        .unwrap_or(0);
+                    !versions.iter().any(|version| {
+                        version.object.meta().name == object.meta().name
+                            && version.revision >= revision
+                    })
+                })
+                .filter_map(|object| object.meta().name.clone())
+                .collect();
+            if behind.is_empty() {
+                return Ok(());
+            }
+            if started.elapsed() > RECORDER_WAIT {
+                return Err(format!(
+                    "failed to see the recorder catch up within {RECORDER_WAIT:?}: behind on {behind:?}"
+                )
+                .into());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Waits until the recorded versions satisfy `recorded` (e.g. a deletion the API no longer
+    /// lists has reached the watch).
+    pub async fn wait_recorded(
+        &self,
+        description: &str,
+        recorded: impl Fn(&[Version<K>]) -> bool,
+    ) -> Outcome<()> {
+        let started = Instant::now();
+        while !recorded(&self.versions()) {
+            if started.elapsed() > RECORDER_WAIT {
+                return Err(
+                    format!("failed to record {description} within {RECORDER_WAIT:?}").into(),
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Ok(())
+    }
 }
+
+/// How long a recorder may take to list, or to receive a write the API server already shows.
+const RECORDER_WAIT: Duration = Duration::from_secs(30);
 
 impl<K: Clone> Drop for Recorder<K> {
     fn drop(&mut self) {
@@ -424,6 +515,54 @@ impl World {
             ],
             Timeouts::default(),
         ))
+    }
+
+    /// [`Self::short_traffic`], returned once every flow has been answered by every backend
+    /// (so that what follows runs under traffic that is known to work).
+    pub async fn short_traffic_flowing(&self) -> Outcome<TrafficGenerator> {
+        let traffic = self.short_traffic()?;
+        let started = Instant::now();
+        loop {
+            let report = traffic.snapshot();
+            let flowing = report.flows.values().all(|flow| {
+                BACKENDS
+                    .iter()
+                    .all(|backend| flow.backends.contains_key(*backend))
+            });
+            if flowing {
+                return Ok(traffic);
+            }
+            if report.failure_count() > 0 || started.elapsed() > TRAFFIC_START {
+                return Err(format!(
+                    "failed to see both backends answer every flow within {TRAFFIC_START:?}\n{report}"
+                )
+                .into());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// [`Self::long_lived_traffic`], returned once all `count` connections of each client are
+    /// open and have been answered (so that a transition after it meets them all).
+    pub async fn long_lived_traffic_open(&self, count: usize) -> Outcome<TrafficGenerator> {
+        let traffic = self.long_lived_traffic(count)?;
+        let started = Instant::now();
+        loop {
+            let report = traffic.snapshot();
+            let open = report.flows.values().all(|flow| {
+                flow.connections_opened == count as u64 && flow.successes >= count as u64
+            });
+            if open {
+                return Ok(traffic);
+            }
+            if report.failure_count() > 0 || started.elapsed() > TRAFFIC_START {
+                return Err(format!(
+                    "failed to open {count} answered long-lived connections per client within {TRAFFIC_START:?}\n{report}"
+                )
+                .into());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// `count` long-lived connections from each client, a line every 200 ms; a broken one
@@ -712,6 +851,9 @@ impl World {
     }
 }
 
+/// How long new traffic may take to be answered by every backend.
+const TRAFFIC_START: Duration = Duration::from_secs(15);
+
 /// How long a test waits for an Event the operator has queued.
 const EVENT_WAIT: Duration = Duration::from_secs(15);
 
@@ -796,15 +938,44 @@ impl World {
         }
     }
 
-    /// Fails the test when `report` has failures, with node-1's untranslated conntrack entries.
-    pub fn assert_no_failed_connections(&self, report: &TrafficReport, what: &str) {
+    /// Fails the test when `report` shows anything but healthy traffic: a failed connection
+    /// (a dead traffic worker included; with node-1's untranslated conntrack entries), a flow
+    /// with fewer answers than [`minimum_answers`] for its duration (a generator that stalled
+    /// would otherwise read as "no failures"), or a backend that never answered a flow.
+    pub fn assert_traffic_healthy(&self, report: &TrafficReport, what: &str) {
         if report.failure_count() > 0 {
             panic!(
                 "failed new connections, {what}\n{report}\nnode-1 conntrack entries to the ClusterIP without translation:\n{}",
                 self.untranslated_cluster_ip_flows()
             );
         }
+        let minimum = minimum_answers(report.duration);
+        for (name, flow) in &report.flows {
+            assert!(
+                flow.successes >= minimum,
+                "{what}: {name} answered only {} times in {:.1?} (at least {minimum} expected)\n{report}",
+                flow.successes,
+                report.duration
+            );
+            for backend in BACKENDS {
+                assert!(
+                    flow.backends.contains_key(backend),
+                    "{what}: {name} never reached {backend}\n{report}"
+                );
+            }
+        }
     }
+}
+
+/// The echo servers behind the demo Service.
+pub const BACKENDS: [&str; 2] = ["backend-2", "backend-3"];
+
+/// The fewest answers a flow of [`World::short_traffic`] (two workers, a connection every
+/// 20 ms each: about 100 a second when healthy) must have over `duration`: 5 a second, at
+/// least 20. Twenty times below the healthy rate, so two busy cores do not fail it; a
+/// generator that stopped working fails it.
+pub fn minimum_answers(duration: Duration) -> u64 {
+    (duration.as_secs() * 5).max(20)
 }
 
 /// What kube-proxy left in a nat table.
