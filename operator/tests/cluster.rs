@@ -25,7 +25,7 @@ use switchyard_crds::{
     DataplaneNode, DataplanePhase,
 };
 use switchyard_e2e::cluster::{admin_client, ClusterPaths};
-use switchyard_e2e::wait::{wait_for, Check, WaitOptions};
+use switchyard_e2e::wait::{hold_for, wait_for, Check, WaitOptions};
 
 const NAMESPACE: &str = "switchyard-system";
 
@@ -210,14 +210,43 @@ async fn a_second_replica_waits_and_takes_over_when_the_leader_dies() -> TestRes
     )
     .await?;
     let second = Operator::start("replica-2", 18185, &["--api-server-address=10.99.0.1:6443"]);
-    // The follower serves its endpoint and does not lead while the leader renews.
-    tokio::time::sleep(Duration::from_secs(6)).await;
-    assert_eq!(
-        metric_value(&second.metrics(), leader_gauge),
-        Some(0.0),
-        "two leaders at once"
-    );
-    assert_eq!(metric_value(&first.metrics(), leader_gauge), Some(1.0));
+    // The follower serves its endpoint, as a follower.
+    wait_for(
+        "see replica-2 serve its metrics as a follower",
+        WaitOptions::new(Duration::from_secs(40)),
+        || async {
+            let gauge = metric_value(&second.metrics(), leader_gauge);
+            Ok::<_, String>(if gauge == Some(0.0) {
+                Check::Ready(())
+            } else if gauge == Some(1.0) {
+                Check::Failed("replica-2 leads while replica-1 renews".into())
+            } else {
+                Check::NotYet(format!("leader gauge {gauge:?}"))
+            })
+        },
+    )
+    .await?;
+    // And it does not lead while the leader renews: observed all through a window longer than
+    // the Lease duration (15 s), after which a follower that ignored the renewals would take
+    // the Lease.
+    hold_for(
+        "replica-1 the only leader while it renews",
+        WaitOptions::new(Duration::from_secs(20)).every(Duration::from_millis(500)),
+        || async {
+            let leaders = (
+                metric_value(&first.metrics(), leader_gauge),
+                metric_value(&second.metrics(), leader_gauge),
+            );
+            Ok::<_, String>(if leaders == (Some(1.0), Some(0.0)) {
+                Check::Ready(())
+            } else {
+                Check::NotYet(format!(
+                    "leader gauges of replica-1 and replica-2: {leaders:?}"
+                ))
+            })
+        },
+    )
+    .await?;
 
     let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
         Api::namespaced(client.clone(), NAMESPACE);
