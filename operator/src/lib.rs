@@ -1,8 +1,9 @@
 //! The Switchyard operator: sequences dataplane transitions between kube-proxy and Switchyard's
 //! eBPF datapath.
 //!
-//! [`planner`] is the pure heart: from a snapshot of the cluster it decides the next safe step.
-//! The controller that fills the snapshot and applies the plan comes with the operator issue.
+//! [`planner`] is the pure heart: from a snapshot of the cluster it decides the next safe step,
+//! and what it decides is all the operator writes. [`controller`] watches the cluster, takes the
+//! snapshot, applies the plan and publishes the status; [`events`] words what it did.
 
 pub mod cache;
 pub mod client;
