@@ -25,7 +25,7 @@ use switchyard_e2e::objects::{
 use switchyard_e2e::traffic::{
     EchoServer, Flow, FlowMode, Timeouts, TrafficGenerator, TrafficReport,
 };
-use switchyard_e2e::wait::{wait_for, Check, WaitOptions};
+use switchyard_e2e::wait::{hold_for, wait_for, Check, WaitOptions};
 
 /// Backends, a client pod and an outside client, and a NodePort Service.
 struct World {
@@ -953,6 +953,27 @@ async fn told_kube_proxy_after_ebpf_the_agent_drains_live_flows_then_detaches() 
                 Check::Ready(live_flows)
             } else {
                 Check::NotYet(format!("liveFlows {live_flows:?}"))
+            })
+        },
+    )
+    .await
+    .unwrap();
+    // The connections are carried through 3 s of draining: node-1 drains and every message is
+    // answered all along.
+    hold_for(
+        "node-1 draining with its live connections answered",
+        WaitOptions::new(Duration::from_secs(3)).every(Duration::from_millis(250)),
+        || async {
+            let draining = dataplane_nodes
+                .get("node-1")
+                .await?
+                .status
+                .is_some_and(|status| status.condition_is_true(condition_types::DRAINING));
+            let failed = long_lived.snapshot().failure_count();
+            Ok::<_, kube::Error>(if draining && failed == 0 {
+                Check::Ready(())
+            } else {
+                Check::NotYet(format!("draining {draining}, {failed} failed messages"))
             })
         },
     )
