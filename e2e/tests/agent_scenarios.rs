@@ -13,6 +13,7 @@ use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::time::{Duration, Instant};
 
 use agent_support::*;
+use chrono::Timelike;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
@@ -474,21 +475,36 @@ async fn node_churn_is_ignored_and_a_new_node_address_is_served_within_two_secon
     let cluster = &world.cluster;
     let nodes: Api<Node> = Api::all(cluster.client.clone());
     // The status write of the setup's last sync lands, and is counted, first: node-1's status
-    // reports a sync after the setup wrote the EndpointSlice.
+    // reports a sync in or after the second the setup wrote the EndpointSlice (the time is
+    // written to the second), and neither the agent's count of status writes nor the
+    // DataplaneNode has changed since the poll before (500 ms earlier: the agent writes its
+    // status within milliseconds of a sync).
     let dataplane_nodes: Api<switchyard_crds::DataplaneNode> = Api::all(cluster.client.clone());
+    let slice_second = world
+        .slice_written_at
+        .with_nanosecond(0)
+        .unwrap_or(world.slice_written_at);
+    let previous = std::sync::Mutex::new(None);
     wait_for(
-        "see node-1 report a sync after the setup's EndpointSlice",
-        WaitOptions::new(Duration::from_secs(15)).every(Duration::from_millis(100)),
+        "see node-1's status report the setup's last sync, with no status write after it",
+        WaitOptions::new(Duration::from_secs(15)).every(Duration::from_millis(500)),
         || async {
-            let synced = dataplane_nodes
-                .get("node-1")
-                .await?
-                .status
-                .and_then(|status| status.last_sync_time);
-            Ok::<_, kube::Error>(match synced {
-                Some(at) if at >= world.slice_written_at => Check::Ready(()),
+            let object = dataplane_nodes.get("node-1").await.map_err(|error| error.to_string())?;
+            let writes = cluster
+                .metrics("node-1")
+                .await
+                .map_err(|error| error.to_string())?
+                .required("switchyard_agent_status_writes_total");
+            let synced = object.status.as_ref().and_then(|status| status.last_sync_time);
+            let now = (writes, object.metadata.resource_version.clone());
+            let unchanged = previous
+                .lock()
+                .map(|mut previous| previous.replace(now.clone()) == Some(now.clone()))
+                .unwrap_or(false);
+            Ok::<_, String>(match synced {
+                Some(at) if at >= slice_second && unchanged => Check::Ready(()),
                 other => Check::NotYet(format!(
-                    "last sync {other:?}, EndpointSlice written at {}",
+                    "last sync {other:?}, EndpointSlice written at {}; status writes and resourceVersion {now:?} (unchanged since the poll before: {unchanged})",
                     world.slice_written_at
                 )),
             })
