@@ -9,8 +9,9 @@
 //! `resourceVersion` they were computed from, so the API server refuses them (409) when the
 //! DaemonSet changed in between, and the next reconcile computes them again from what is there.
 //!
-//! A DaemonSet that another tool owns (Helm, Argo CD, the addon manager) is never patched: that
-//! tool would put it back, and the two would fight. [`external_owner`] names the mark found.
+//! A DaemonSet that another tool owns (Helm, Argo CD, Flux, the addon manager, an EKS, GKE or
+//! AKS add-on) is never patched: that tool would put it back, and the two would fight.
+//! [`external_owner`] names the tool and the mark found.
 
 use std::collections::BTreeMap;
 
@@ -42,50 +43,108 @@ pub fn disabled_by_switchyard(daemon_set: &DaemonSet) -> bool {
         .is_some_and(|value| value == DISABLED_SELECTOR_VALUE)
 }
 
-/// The ownership mark of another tool that manages the DaemonSet, described for a human
-/// (`label app.kubernetes.io/managed-by=Helm`), or `None` when nothing but kubeadm-style
-/// manifests own it. Those tools would revert Switchyard's nodeSelector, so `management:
-/// Managed` is refused on such a DaemonSet.
+/// The ownership mark of another tool that manages the DaemonSet, described for a human with
+/// the tool named (`label kustomize.toolkit.fluxcd.io/name=infra (Flux)`), or `None` when
+/// nothing but kubeadm-style manifests own it. Those tools would revert Switchyard's
+/// nodeSelector, so `management: Managed` is refused on such a DaemonSet.
+///
+/// The most specific mark is named first: an object Flux installs through Helm carries both
+/// Flux's and Helm's labels, and an AKS or GKE add-on both the cloud's mark and the addon
+/// manager's, and the message should name who actually puts the object back.
 pub fn external_owner(daemon_set: &DaemonSet) -> Option<String> {
     let metadata = &daemon_set.metadata;
     let labels = metadata.labels.as_ref();
     let annotations = metadata.annotations.as_ref();
     let label = |key: &str| labels.and_then(|labels| labels.get(key));
     let annotation = |key: &str| annotations.and_then(|annotations| annotations.get(key));
+    let found = |kind: &str, key: &str, value: &str, owner: &str| {
+        Some(format!("{kind} {key}={value} ({owner})"))
+    };
 
-    // Helm 3 marks what it installs with this label (and the release annotations below);
-    // other tools (kustomize-based pipelines, operators) use the same standard label.
-    if let Some(manager) = label("app.kubernetes.io/managed-by") {
-        return Some(format!("label app.kubernetes.io/managed-by={manager}"));
-    }
-    for key in [
-        "meta.helm.sh/release-name",
-        "meta.helm.sh/release-namespace",
-    ] {
-        if let Some(value) = annotation(key) {
-            return Some(format!("annotation {key}={value} (Helm)"));
+    for (key, owner) in OWNER_LABELS {
+        if let Some(value) = label(key) {
+            return found("label", key, value, owner);
         }
     }
-    // Argo CD tracks by annotation (`tracking-id`) or by its own label, depending on its
-    // resource tracking method.
-    if let Some(value) = annotation("argocd.argoproj.io/tracking-id") {
-        return Some(format!(
-            "annotation argocd.argoproj.io/tracking-id={value} (Argo CD)"
-        ));
+    for (key, owner) in OWNER_ANNOTATIONS {
+        if let Some(value) = annotation(key) {
+            return found("annotation", key, value, owner);
+        }
     }
-    if let Some(value) = label("argocd.argoproj.io/instance") {
-        return Some(format!(
-            "label argocd.argoproj.io/instance={value} (Argo CD)"
-        ));
+    // Argo CD's label tracking writes nothing but `app.kubernetes.io/instance=<application>`,
+    // which many Helm charts and operators also set; alone it proves nothing. It counts
+    // together with an annotation in Argo CD's own `argocd.argoproj.io/` prefix, which only
+    // Argo CD (`installation-id`) or people syncing the object with Argo CD (`sync-options`,
+    // `sync-wave`, ...) write. `compare-options: IgnoreExtraneous` is the exception: it tells
+    // Argo CD the object is *not* one of the application's.
+    if let Some(instance) = label(ARGO_CD_DEFAULT_TRACKING_LABEL) {
+        let argo_cd_annotation = annotations.and_then(|annotations| {
+            annotations.iter().find(|(key, value)| {
+                key.starts_with(ARGO_CD_PREFIX)
+                    && !(key.as_str() == ARGO_CD_COMPARE_OPTIONS
+                        && value.contains("IgnoreExtraneous"))
+            })
+        });
+        if let Some((key, value)) = argo_cd_annotation {
+            return Some(format!(
+                "label {ARGO_CD_DEFAULT_TRACKING_LABEL}={instance} with annotation {key}={value} (Argo CD label tracking)"
+            ));
+        }
     }
-    // The addon manager re-creates (EnsureExists) or reconciles (Reconcile) the object.
-    if let Some(mode) = label("addonmanager.kubernetes.io/mode") {
-        return Some(format!(
-            "label addonmanager.kubernetes.io/mode={mode} (addon manager)"
-        ));
+    // Last, because the marks above are more specific: Helm's standard label (other tools,
+    // kustomize pipelines and operators, use the same label) and the addon manager, which
+    // re-creates (EnsureExists) or reconciles (Reconcile) the object.
+    if let Some(manager) = label(MANAGED_BY_LABEL) {
+        return found("label", MANAGED_BY_LABEL, manager, manager);
+    }
+    if let Some(mode) = label(ADDON_MANAGER_LABEL) {
+        return found("label", ADDON_MANAGER_LABEL, mode, "addon manager");
     }
     None
 }
+
+/// Argo CD's default tracking label (its `label` and `annotation+label` tracking methods).
+const ARGO_CD_DEFAULT_TRACKING_LABEL: &str = "app.kubernetes.io/instance";
+/// The prefix of every label and annotation Argo CD defines.
+const ARGO_CD_PREFIX: &str = "argocd.argoproj.io/";
+const ARGO_CD_COMPARE_OPTIONS: &str = "argocd.argoproj.io/compare-options";
+
+/// Labels only one tool writes, with that tool's name.
+const OWNER_LABELS: [(&str, &str); 7] = [
+    // Flux's kustomize-controller and helm-controller label every object they apply with the
+    // name and namespace of the Kustomization or HelmRelease.
+    ("kustomize.toolkit.fluxcd.io/name", "Flux Kustomization"),
+    (
+        "kustomize.toolkit.fluxcd.io/namespace",
+        "Flux Kustomization",
+    ),
+    ("helm.toolkit.fluxcd.io/name", "Flux HelmRelease"),
+    ("helm.toolkit.fluxcd.io/namespace", "Flux HelmRelease"),
+    // The tracking label Argo CD's documentation configures instead of the default one.
+    ("argocd.argoproj.io/instance", "Argo CD"),
+    // EKS labels the kube-proxy it installs (`eks.amazonaws.com/component: kube-proxy`),
+    // whether as an EKS add-on (reconciled by EKS) or the self-managed default; the label
+    // cannot tell them apart, so both are refused: a wrong refusal costs setting External, a
+    // wrong patch a fight with EKS.
+    ("eks.amazonaws.com/component", "EKS add-on"),
+    // AKS labels the system components it manages in kube-system.
+    ("kubernetes.azure.com/managedby", "AKS managed component"),
+];
+
+/// Annotations only one tool writes, with that tool's name.
+const OWNER_ANNOTATIONS: [(&str, &str); 4] = [
+    // Argo CD's `annotation` and `annotation+label` tracking methods.
+    ("argocd.argoproj.io/tracking-id", "Argo CD"),
+    // GKE names its add-ons (applied by GKE's addon manager) with this annotation.
+    ("components.gke.io/component-name", "GKE add-on"),
+    ("meta.helm.sh/release-name", "Helm"),
+    ("meta.helm.sh/release-namespace", "Helm"),
+];
+
+/// The standard label naming the tool that manages an object (its value names the tool).
+const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+/// The addon manager's mode label (Kubernetes' cluster add-ons, GKE, AKS).
+const ADDON_MANAGER_LABEL: &str = "addonmanager.kubernetes.io/mode";
 
 /// Why a kube-proxy patch could not be computed.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -405,33 +464,216 @@ mod tests {
         assert_eq!(disable_patch(&unread), Err(PatchRefusal::NoResourceVersion));
     }
 
+    /// The kube-proxy DaemonSet with the labels and annotations another tool writes.
+    fn marked(labels: &[(&str, &str)], annotations: &[(&str, &str)]) -> DaemonSet {
+        let map = |pairs: &[(&str, &str)]| -> Option<BTreeMap<String, String>> {
+            (!pairs.is_empty()).then(|| {
+                pairs
+                    .iter()
+                    .map(|(key, value)| (key.to_string(), value.to_string()))
+                    .collect()
+            })
+        };
+        let mut daemon_set = daemon_set(&[("kubernetes.io/os", "linux")]);
+        daemon_set.metadata.labels = map(labels);
+        daemon_set.metadata.annotations = map(annotations);
+        daemon_set
+    }
+
+    /// The owner found names the tool (so the refusal does) and the mark that gave it away.
+    fn assert_owner(daemon_set: &DaemonSet, tool: &str, mark: &str) {
+        let owner = external_owner(daemon_set);
+        assert!(
+            owner
+                .as_deref()
+                .is_some_and(|owner| owner.contains(&format!("({tool}")) && owner.contains(mark)),
+            "expected {tool} through {mark}, found {owner:?}"
+        );
+    }
+
     #[test]
-    fn helm_argo_cd_and_addon_manager_marks_are_external_owners() {
-        let marks: [(&str, &str, bool); 6] = [
-            ("app.kubernetes.io/managed-by", "Helm", true),
-            ("meta.helm.sh/release-name", "kube-proxy", false),
-            (
+    fn a_helm_release_is_an_external_owner() {
+        let helm = marked(
+            &[
+                ("app.kubernetes.io/managed-by", "Helm"),
+                ("k8s-app", "kube-proxy"),
+            ],
+            &[
+                ("meta.helm.sh/release-name", "kube-proxy"),
+                ("meta.helm.sh/release-namespace", "kube-system"),
+            ],
+        );
+        assert_owner(&helm, "Helm", "meta.helm.sh/release-name=kube-proxy");
+        let label_only = marked(&[("app.kubernetes.io/managed-by", "Helm")], &[]);
+        assert_owner(&label_only, "Helm", "app.kubernetes.io/managed-by=Helm");
+    }
+
+    #[test]
+    fn argo_cd_annotation_tracking_is_an_external_owner() {
+        // What Argo CD's `annotation` tracking method (the default since 3.0) writes.
+        let tracked = marked(
+            &[("k8s-app", "kube-proxy")],
+            &[(
                 "argocd.argoproj.io/tracking-id",
-                "app:apps/DaemonSet:kube-system/kube-proxy",
-                false,
-            ),
-            ("argocd.argoproj.io/instance", "cluster-addons", true),
-            ("addonmanager.kubernetes.io/mode", "Reconcile", true),
-            ("addonmanager.kubernetes.io/mode", "EnsureExists", true),
-        ];
-        for (key, value, is_label) in marks {
-            let mut owned = daemon_set(&[]);
-            let map = BTreeMap::from([(key.to_owned(), value.to_owned())]);
-            if is_label {
-                owned.metadata.labels = Some(map);
-            } else {
-                owned.metadata.annotations = Some(map);
-            }
-            let owner = external_owner(&owned);
-            assert!(
-                owner.as_deref().is_some_and(|owner| owner.contains(key)),
-                "{key}: {owner:?}"
+                "cluster-addons:apps/DaemonSet:kube-system/kube-proxy",
+            )],
+        );
+        assert_owner(&tracked, "Argo CD", "argocd.argoproj.io/tracking-id");
+    }
+
+    #[test]
+    fn argo_cd_annotation_and_label_tracking_is_an_external_owner() {
+        let tracked = marked(
+            &[("app.kubernetes.io/instance", "cluster-addons")],
+            &[(
+                "argocd.argoproj.io/tracking-id",
+                "cluster-addons:apps/DaemonSet:kube-system/kube-proxy",
+            )],
+        );
+        assert_owner(&tracked, "Argo CD", "argocd.argoproj.io/tracking-id");
+    }
+
+    #[test]
+    fn argo_cd_label_tracking_with_its_documented_custom_label_is_an_external_owner() {
+        let tracked = marked(&[("argocd.argoproj.io/instance", "cluster-addons")], &[]);
+        assert_owner(
+            &tracked,
+            "Argo CD",
+            "argocd.argoproj.io/instance=cluster-addons",
+        );
+    }
+
+    #[test]
+    fn argo_cd_default_label_tracking_with_an_argo_cd_annotation_is_an_external_owner() {
+        for annotation in [
+            ("argocd.argoproj.io/installation-id", "platform-argocd"),
+            ("argocd.argoproj.io/sync-options", "Prune=false"),
+            ("argocd.argoproj.io/sync-wave", "-1"),
+        ] {
+            let tracked = marked(
+                &[
+                    ("app.kubernetes.io/instance", "cluster-addons"),
+                    ("k8s-app", "kube-proxy"),
+                ],
+                &[annotation],
             );
+            assert_owner(&tracked, "Argo CD label tracking", annotation.0);
+        }
+    }
+
+    #[test]
+    fn the_instance_label_alone_is_not_taken_for_argo_cd() {
+        // Set by many charts and operators; Argo CD's label tracking cannot be told from them.
+        let chart_labelled = marked(
+            &[
+                ("app.kubernetes.io/instance", "kube-proxy"),
+                ("k8s-app", "kube-proxy"),
+            ],
+            &[("deprecated.daemonset.template.generation", "1")],
+        );
+        assert_eq!(external_owner(&chart_labelled), None);
+        // Argo CD's own way of saying "not one of the application's resources".
+        let extraneous = marked(
+            &[("app.kubernetes.io/instance", "cluster-addons")],
+            &[("argocd.argoproj.io/compare-options", "IgnoreExtraneous")],
+        );
+        assert_eq!(external_owner(&extraneous), None);
+    }
+
+    #[test]
+    fn a_flux_kustomization_is_an_external_owner() {
+        let applied = marked(
+            &[
+                ("k8s-app", "kube-proxy"),
+                ("kustomize.toolkit.fluxcd.io/name", "infrastructure"),
+                ("kustomize.toolkit.fluxcd.io/namespace", "flux-system"),
+            ],
+            &[],
+        );
+        assert_owner(
+            &applied,
+            "Flux Kustomization",
+            "kustomize.toolkit.fluxcd.io/name=infrastructure",
+        );
+    }
+
+    #[test]
+    fn a_flux_helm_release_is_named_as_flux_rather_than_helm() {
+        // helm-controller installs through Helm, so Helm's marks are there too; Flux is the one
+        // that would put the DaemonSet back.
+        let released = marked(
+            &[
+                ("app.kubernetes.io/managed-by", "Helm"),
+                ("helm.toolkit.fluxcd.io/name", "kube-proxy"),
+                ("helm.toolkit.fluxcd.io/namespace", "kube-system"),
+            ],
+            &[
+                ("meta.helm.sh/release-name", "kube-proxy"),
+                ("meta.helm.sh/release-namespace", "kube-system"),
+            ],
+        );
+        assert_owner(
+            &released,
+            "Flux HelmRelease",
+            "helm.toolkit.fluxcd.io/name=kube-proxy",
+        );
+    }
+
+    #[test]
+    fn the_eks_kube_proxy_add_on_is_an_external_owner() {
+        let eks = marked(
+            &[
+                ("eks.amazonaws.com/component", "kube-proxy"),
+                ("k8s-app", "kube-proxy"),
+            ],
+            &[("deprecated.daemonset.template.generation", "1")],
+        );
+        assert_owner(&eks, "EKS add-on", "eks.amazonaws.com/component=kube-proxy");
+    }
+
+    #[test]
+    fn the_aks_kube_proxy_is_named_as_aks_rather_than_the_addon_manager() {
+        let aks = marked(
+            &[
+                ("addonmanager.kubernetes.io/mode", "Reconcile"),
+                ("component", "kube-proxy"),
+                ("kubernetes.azure.com/managedby", "aks"),
+                ("tier", "node"),
+            ],
+            &[],
+        );
+        assert_owner(
+            &aks,
+            "AKS managed component",
+            "kubernetes.azure.com/managedby=aks",
+        );
+    }
+
+    #[test]
+    fn a_gke_add_on_is_named_as_gke_rather_than_the_addon_manager() {
+        let gke = marked(
+            &[
+                ("addonmanager.kubernetes.io/mode", "Reconcile"),
+                ("k8s-app", "kube-proxy"),
+            ],
+            &[
+                ("components.gke.io/component-name", "kube-proxy"),
+                ("components.gke.io/component-version", "1.0.0"),
+                ("components.gke.io/layer", "addon"),
+            ],
+        );
+        assert_owner(
+            &gke,
+            "GKE add-on",
+            "components.gke.io/component-name=kube-proxy",
+        );
+    }
+
+    #[test]
+    fn the_addon_manager_is_an_external_owner() {
+        for mode in ["Reconcile", "EnsureExists"] {
+            let addon = marked(&[("addonmanager.kubernetes.io/mode", mode)], &[]);
+            assert_owner(&addon, "addon manager", mode);
         }
     }
 
