@@ -6,8 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{ArgAction, Parser};
+use switchyard_crds::{DataplaneConfig, DEFAULT_CONFIG_NAME};
+use switchyard_operator::client::ApiServerRoute;
 use switchyard_operator::controller::{self, Context, ControllerSettings};
-use switchyard_operator::events::Recorder;
+use switchyard_operator::events::{reference_to, Occurrence, Recorder};
 use switchyard_operator::leader::{LeaderElector, LeaseTiming};
 use switchyard_operator::metrics::Metrics;
 use switchyard_operator::{client, crd_apply, Error};
@@ -89,8 +91,16 @@ async fn run(arguments: Arguments) -> Result<(), Error> {
         reason: error.to_string(),
     })?;
 
-    let client = client::client().await?;
-    tracing::info!(user_agent = %client::user_agent(), "Kubernetes client configured");
+    let wanted_route = ApiServerRoute::for_address(arguments.api_server_address.as_deref());
+    let (client, route) = client::client(&wanted_route).await?;
+    match &route {
+        ApiServerRoute::Address(address) => {
+            tracing::info!(user_agent = %client::user_agent(), %address, "Kubernetes client configured for the API server's address");
+        }
+        ApiServerRoute::Inferred => {
+            tracing::warn!(user_agent = %client::user_agent(), "{IN_CLUSTER_WARNING}");
+        }
+    }
     if arguments.apply_crds {
         crd_apply::apply_crds(
             client.clone(),
@@ -117,15 +127,23 @@ async fn run(arguments: Arguments) -> Result<(), Error> {
         () = shutdown_signal() => return Ok(()),
     }
     metrics.leader.set(1);
+    let recorder = Recorder::new(client.clone(), identity);
+    if route == ApiServerRoute::Inferred {
+        warn_on_the_dataplane_config(&client, &recorder).await;
+    }
 
     let context = Arc::new(Context::new(
         client.clone(),
-        Recorder::new(client, identity),
+        recorder,
         metrics.clone(),
         ControllerSettings {
             agent_namespace: arguments.agent_namespace,
             agent_daemon_set: arguments.agent_daemon_set,
-            api_server_address: arguments.api_server_address,
+            // The same address as the client's (an empty flag counts as none for both).
+            api_server_address: match wanted_route {
+                ApiServerRoute::Address(address) => Some(address),
+                ApiServerRoute::Inferred => None,
+            },
         },
     ));
     let background_writes = Arc::clone(&context.background_writes);
@@ -152,6 +170,31 @@ async fn run(arguments: Arguments) -> Result<(), Error> {
         }
     }
     outcome
+}
+
+/// Said at start and in the `InClusterApiServer` Event when no API server address is given.
+const IN_CLUSTER_WARNING: &str = "no --api-server-address (chart: apiServer.host/apiServer.port): the operator reaches the API server through in-cluster configuration, i.e. the kubernetes Service that a transition moves between dataplanes; transitions are refused until it is set";
+
+/// A warning Event on the DataplaneConfig, where `kubectl describe` shows it next to the
+/// preflight's refusal. Written once, by the leader; without a DataplaneConfig yet, the log
+/// line at start is all there is.
+async fn warn_on_the_dataplane_config(client: &kube::Client, recorder: &Recorder) {
+    let configs: kube::Api<DataplaneConfig> = kube::Api::all(client.clone());
+    match configs.get_opt(DEFAULT_CONFIG_NAME).await {
+        Ok(Some(config)) => {
+            let occurrence =
+                Occurrence::warning("InClusterApiServer", "Configure", IN_CLUSTER_WARNING);
+            recorder
+                .publish_or_log(&reference_to(&config), &occurrence)
+                .await;
+        }
+        Ok(None) => {
+            tracing::info!("no DataplaneConfig {DEFAULT_CONFIG_NAME:?} yet to record the InClusterApiServer warning on");
+        }
+        Err(error) => {
+            tracing::warn!(%error, "failed to read the DataplaneConfig to record the InClusterApiServer warning on");
+        }
+    }
 }
 
 async fn shutdown_signal() {
