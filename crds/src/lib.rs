@@ -42,6 +42,9 @@ pub mod condition_types {
     pub const PROGRESSING: &str = "Progressing";
     /// DataplaneConfig: something needs attention (failed nodes, a refused step, an ignored object).
     pub const DEGRADED: &str = "Degraded";
+    /// DataplaneConfig: no Service uses a feature the eBPF datapath does not serve yet (the
+    /// parity preflight's answer, whatever the mode: `False` names the Services).
+    pub const SERVICES_SUPPORTED: &str = "ServicesSupported";
 
     /// DataplaneNode: the agent has every input it needs before it writes its maps (pinned map
     /// state, host IPs, its Node, the initial Services and EndpointSlices, its DataplaneNode).
@@ -102,6 +105,12 @@ pub mod reasons {
     pub const KUBE_PROXY_RETURNED: &str = "KubeProxyReturned";
     /// The operator has no address of the API server to give the agents.
     pub const API_SERVER_ADDRESS_MISSING: &str = "ApiServerAddressMissing";
+    /// Some Services use a feature the eBPF datapath does not serve yet (SCTP, IPv6,
+    /// `loadBalancerSourceRanges`, ...): a transition to `Ebpf` is refused before any node is
+    /// activated; once on eBPF, `ServicesSupported` is `False`.
+    pub const UNSUPPORTED_SERVICES: &str = "UnsupportedServices";
+    /// Every Service uses only what the eBPF datapath serves (`ServicesSupported` `True`).
+    pub const ALL_SERVICES_SUPPORTED: &str = "AllServicesSupported";
 
     // DataplaneNode (written by the agent).
     /// The start-of-day gate stayed closed past its timeout; the message names the missing input.

@@ -78,6 +78,7 @@ fn main() {
                 update_revision: Some("r1".into()),
             }),
             api_server_address_configured: true,
+            unsupported_services: Vec::new(),
         };
         let rounds = if count >= 1000 { 10 } else { 100 };
         let started = Instant::now();

@@ -62,6 +62,7 @@ fn cluster(nodes: Vec<ObservedNode>, update_revision: &str) -> ObservedCluster {
             update_revision: Some(update_revision.to_owned()),
         }),
         api_server_address_configured: true,
+        unsupported_services: Vec::new(),
     }
 }
 

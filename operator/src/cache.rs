@@ -13,7 +13,8 @@
 //!   `requestedAt`, so every agent would answer twice).
 //! - **Only what decisions need is kept.** Nodes keep their name, UID and Ready condition; pods
 //!   are kept only when a DaemonSet owns them, with their owner, node, revision label, Ready
-//!   condition and deletion mark; no object keeps its `managedFields`.
+//!   condition and deletion mark; no object keeps its `managedFields`; of Services only those
+//!   the eBPF datapath cannot serve are kept, as summaries ([`services`]).
 
 use std::collections::BTreeMap;
 use std::hash::Hash;
@@ -30,6 +31,10 @@ use switchyard_crds::{DataplaneConfig, DataplaneNode, KubeProxySpec};
 
 use crate::error::Error;
 use crate::snapshot::{self, ClusterObjects, REVISION_HASH_LABEL};
+
+pub mod services;
+
+pub use services::UnsupportedServices;
 
 /// The kinds of object the operator writes and watches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -373,6 +378,8 @@ pub struct Stores {
     pub pods: Store<Pod>,
     /// ControllerRevisions of the agent's namespace.
     pub revisions: Store<ControllerRevision>,
+    /// The Services the eBPF datapath does not serve yet.
+    pub unsupported_services: Arc<UnsupportedServices>,
 }
 
 impl Stores {
@@ -392,6 +399,10 @@ impl Stores {
                     "ControllerRevisions",
                     self.revisions.wait_until_ready().await,
                 ),
+                ("Services", {
+                    self.unsupported_services.wait_until_ready().await;
+                    Ok(())
+                }),
             ];
             results
                 .into_iter()
@@ -440,6 +451,7 @@ impl Stores {
             agent_daemon_set,
             agent_namespace_revisions,
             agent_namespace_pods,
+            unsupported_services: self.unsupported_services.list(),
         }
     }
 }
@@ -462,8 +474,10 @@ fn first_not_ready(stores: &Stores) -> &'static str {
         "DaemonSets"
     } else if !ready(&stores.pods) {
         "pods"
-    } else {
+    } else if !ready(&stores.revisions) {
         "ControllerRevisions"
+    } else {
+        "Services"
     }
 }
 
@@ -786,6 +800,7 @@ mod tests {
             daemon_sets,
             pods,
             revisions,
+            unsupported_services: Arc::default(),
         };
         let objects = stores.objects(
             &KubeProxySpec::default(),

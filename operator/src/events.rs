@@ -27,7 +27,10 @@ use crate::error::Error;
 
 mod steps;
 
-pub use steps::{bulk_creation, creation, refusal, steps_of, Steps};
+pub use steps::{
+    bulk_creation, creation, refusal, steps_of, unsupported_service, Steps,
+    UNSUPPORTED_BY_DATAPLANE,
+};
 
 /// The component named in every Event (`source.component`, `reportingComponent`).
 pub const REPORTING_COMPONENT: &str = "switchyard-operator";

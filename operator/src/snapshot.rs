@@ -14,6 +14,7 @@ use switchyard_crds::DataplaneNode;
 use crate::kube_proxy;
 use crate::planner::{
     AgentDaemonSet, KubeProxyDaemonSet, ObservedCluster, ObservedNode, ObservedPod,
+    UnsupportedService,
 };
 
 /// The label a DaemonSet puts on its pods and ControllerRevisions: the revision's hash.
@@ -34,6 +35,8 @@ pub struct ClusterObjects {
     pub agent_namespace_revisions: Vec<Arc<ControllerRevision>>,
     /// Pods of the agent DaemonSet's namespace.
     pub agent_namespace_pods: Vec<Arc<Pod>>,
+    /// The Services the eBPF datapath does not serve yet (summaries).
+    pub unsupported_services: Vec<Arc<UnsupportedService>>,
 }
 
 /// Names the snapshot is built around.
@@ -94,6 +97,7 @@ pub fn observe(
                 update_revision: update_revision(daemon_set, &objects.agent_namespace_revisions),
             }),
         api_server_address_configured,
+        unsupported_services: objects.unsupported_services.clone(),
     }
 }
 
@@ -422,6 +426,24 @@ mod tests {
         );
         assert_eq!(observed.kube_proxy_daemon_set, None);
         assert_eq!(observed.agent_daemon_set, None);
+        assert!(observed.unsupported_services.is_empty());
+    }
+
+    #[test]
+    fn the_unsupported_services_are_shared_with_the_snapshot() {
+        let pbx = Arc::new(UnsupportedService {
+            namespace: "shop".into(),
+            name: "pbx".into(),
+            uid: None,
+            features: vec![crate::planner::UnsupportedFeature::SctpPorts],
+        });
+        let objects = ClusterObjects {
+            unsupported_services: vec![Arc::clone(&pbx)],
+            ..ClusterObjects::default()
+        };
+        let observed = observe(&objects, &names(), now(), true);
+        assert_eq!(observed.unsupported_services.len(), 1);
+        assert!(Arc::ptr_eq(&observed.unsupported_services[0], &pbx));
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The controller: a kube-runtime `Controller` on DataplaneConfig, also triggered by
-//! DataplaneNodes, Nodes, the kube-proxy DaemonSet and its pods, and the agent DaemonSet and its
-//! pods (all mapped to the DataplaneConfig named `default`).
+//! DataplaneNodes, Nodes, the kube-proxy DaemonSet and its pods, the agent DaemonSet and its
+//! pods, and Services whose support by the eBPF datapath changed (all mapped to the
+//! DataplaneConfig named `default`).
 //!
 //! Read it in the order a change travels:
 //! - [`watches`]: [`run`] starts the watches, which fill the reflector stores ([`crate::cache`])
@@ -36,7 +37,7 @@ pub use apply::BackgroundWrites;
 pub use reconcile::{error_policy, reconcile};
 pub use watches::run;
 
-use crate::cache::{OwnWrites, Stores};
+use crate::cache::{OwnWrites, Stores, UnsupportedServices};
 use crate::error::Error;
 use crate::error_policy as policy;
 use crate::events::{Occurrence, Recorder};
@@ -90,6 +91,10 @@ pub struct Context {
     event_queue: Mutex<Option<tokio::sync::mpsc::Receiver<(ObjectReference, Occurrence)>>>,
     /// Writes left to finish in the background (see [`apply`]).
     pub background_writes: Arc<BackgroundWrites>,
+    /// The unsupported Services already warned about by an Event, with the features named (see
+    /// [`reconcile`](mod@reconcile)): each gets its Event once per operator process and per
+    /// change of its features.
+    warned_services: Mutex<reconcile::WarnedServices>,
 }
 
 struct StoreWriters {
@@ -142,6 +147,7 @@ impl Context {
                 daemon_sets,
                 pods,
                 revisions,
+                unsupported_services: Arc::new(UnsupportedServices::default()),
             },
             own_writes: Arc::new(OwnWrites::default()),
             writers: Mutex::new(Some(StoreWriters {
@@ -161,6 +167,7 @@ impl Context {
             events,
             event_queue: Mutex::new(Some(event_queue)),
             background_writes: Arc::new(BackgroundWrites::default()),
+            warned_services: Mutex::new(reconcile::WarnedServices::default()),
         }
     }
 

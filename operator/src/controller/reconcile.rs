@@ -2,17 +2,19 @@
 //! observe (a snapshot from the stores), plan ([`plan`] alone decides what is written: the
 //! node-write budget, the requeues and what happens without a DataplaneConfig are the plan's),
 //! apply ([`apply`]), publish the status; each step taken and each refusal recorded as an Event
-//! (worded by [`crate::events`]).
+//! (worded by [`crate::events`]), and a Warning Event on each Service the eBPF datapath does
+//! not serve yet while eBPF serves some node ([`WarnedServices`] records each once).
 
+use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use chrono::Utc;
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
 };
-use k8s_openapi::api::core::v1::{Node, ObjectReference};
+use k8s_openapi::api::core::v1::{Node, ObjectReference, Service};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::PostParams;
 use kube::runtime::controller::Action;
@@ -25,7 +27,10 @@ use super::{apply, Context, KubeProxyLocation};
 use crate::error::Error;
 use crate::error_policy;
 use crate::events::{self, reference_to, Occurrence, Steps};
-use crate::planner::{plan, DataplaneNodeWrite, KubeProxyAction, ObservedCluster, Plan};
+use crate::planner::{
+    plan, DataplaneNodeWrite, KubeProxyAction, ObservedCluster, Plan, UnsupportedFeature,
+    UnsupportedService,
+};
 use crate::snapshot::{self, ClusterObjects, SnapshotNames};
 
 /// How often the DataplaneConfig is reconciled when nothing changes and no timeout is pending.
@@ -38,6 +43,11 @@ const BACKGROUND_RECHECK: Duration = Duration::from_secs(1);
 /// about the DataplaneNode CustomResourceDefinition says so instead of one Event per Node (a
 /// fresh install on 5,000 nodes would otherwise write 5,000 Events).
 const PER_NODE_CREATION_EVENTS: usize = 10;
+
+/// At most this many Services get their `UnsupportedByDataplane` Event per reconcile; the rest
+/// follow in the next ones, soon after (see [`next_reconcile`]), so that a cluster with thousands
+/// of such Services does not flood the Event queue and push out the transition's own Events.
+const SERVICE_WARNINGS_PER_RECONCILE: usize = 100;
 
 /// The name of the DataplaneNode CustomResourceDefinition (what bulk creation Events are about).
 const DATAPLANE_NODE_CRD: &str = "dataplanenodes.switchyard.dev";
@@ -109,6 +119,7 @@ async fn reconcile_ignored(
         kube_proxy_daemon_set: None,
         agent_daemon_set: None,
         api_server_address_configured: context.settings.api_server_address.is_some(),
+        unsupported_services: Vec::new(),
     };
     if let Some(status) = &plan(Some(config), &observed).status {
         publish_refusals(config, status, context);
@@ -192,6 +203,8 @@ async fn reconcile_default(
     .await?;
     record(context, config_reference.iter(), steps.agent_pods.as_ref());
 
+    let warnings_left = warn_unsupported_services(context, &plan.services_to_warn);
+
     let mut left_in_background = nodes.left_in_background;
     if let (Some(config), Some(status)) = (config, &plan.status) {
         left_in_background |= publish_status(config, status, &steps, context).await?;
@@ -199,8 +212,80 @@ async fn reconcile_default(
     Ok(next_reconcile(
         &plan,
         nodes.started < planned_writes,
-        left_in_background,
+        left_in_background || warnings_left,
     ))
+}
+
+/// Records the `UnsupportedByDataplane` Event on each Service of `to_warn` not warned about yet;
+/// whether some are left for the next reconcile.
+fn warn_unsupported_services(context: &Context, to_warn: &[Arc<UnsupportedService>]) -> bool {
+    let (new, left) = context
+        .warned_services
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .select(to_warn, SERVICE_WARNINGS_PER_RECONCILE);
+    for service in &new {
+        context.record(
+            &service_reference(service),
+            &events::unsupported_service(service),
+        );
+    }
+    left
+}
+
+/// The Service `service` summarizes, as an Event's object.
+fn service_reference(service: &UnsupportedService) -> ObjectReference {
+    ObjectReference {
+        api_version: Some(Service::api_version(&()).into_owned()),
+        kind: Some(Service::kind(&()).into_owned()),
+        name: Some(service.name.clone()),
+        namespace: Some(service.namespace.clone()),
+        uid: service.uid.clone(),
+        ..ObjectReference::default()
+    }
+}
+
+/// The unsupported Services already warned about, as they were then (UID and features). Events
+/// are deduplicated like the operator's others: recorded when something new appears, and a
+/// repeat (after an operator restart) only bumps the count of the Event of the same name.
+#[derive(Debug, Default)]
+pub(super) struct WarnedServices {
+    warned: BTreeMap<(String, String), (Option<String>, Vec<UnsupportedFeature>)>,
+}
+
+impl WarnedServices {
+    /// The Services of `to_warn` not yet warned about as they are now, at most `limit` of them,
+    /// remembered from now on, and whether more are left. A Service no longer in `to_warn` is
+    /// forgotten, so one that becomes unsupported again (or a cluster that goes to eBPF again)
+    /// is warned again.
+    pub(super) fn select(
+        &mut self,
+        to_warn: &[Arc<UnsupportedService>],
+        limit: usize,
+    ) -> (Vec<Arc<UnsupportedService>>, bool) {
+        let listed: std::collections::BTreeSet<(&str, &str)> = to_warn
+            .iter()
+            .map(|service| (service.namespace.as_str(), service.name.as_str()))
+            .collect();
+        self.warned
+            .retain(|(namespace, name), _| listed.contains(&(namespace.as_str(), name.as_str())));
+        let mut new = Vec::new();
+        let mut left = false;
+        for service in to_warn {
+            let key = (service.namespace.clone(), service.name.clone());
+            let now = (service.uid.clone(), service.features.clone());
+            if self.warned.get(&key) == Some(&now) {
+                continue;
+            }
+            if new.len() == limit {
+                left = true;
+                break;
+            }
+            self.warned.insert(key, now);
+            new.push(Arc::clone(service));
+        }
+        (new, left)
+    }
 }
 
 /// When to reconcile again if nothing changes: at once when the plan's writes did not all start,
@@ -396,6 +481,115 @@ mod tests {
     use switchyard_crds::{DataplaneConfigStatus, DataplanePhase};
 
     use super::*;
+
+    fn unsupported(
+        name: &str,
+        uid: &str,
+        features: &[UnsupportedFeature],
+    ) -> Arc<UnsupportedService> {
+        Arc::new(UnsupportedService {
+            namespace: "shop".into(),
+            name: name.into(),
+            uid: Some(uid.into()),
+            features: features.to_vec(),
+        })
+    }
+
+    fn names(selected: &[Arc<UnsupportedService>]) -> Vec<&str> {
+        selected
+            .iter()
+            .map(|service| service.name.as_str())
+            .collect()
+    }
+
+    #[test]
+    fn each_unsupported_service_is_warned_about_once_until_it_changes_or_leaves_the_list() {
+        let mut warned = WarnedServices::default();
+        let pbx = unsupported("pbx", "u1", &[UnsupportedFeature::SctpPorts]);
+        let lb = unsupported("lb", "u2", &[UnsupportedFeature::LoadBalancerSourceRanges]);
+        let (new, left) = warned.select(&[pbx.clone(), lb.clone()], 10);
+        assert_eq!((names(&new), left), (vec!["pbx", "lb"], false));
+        let (new, _) = warned.select(&[pbx.clone(), lb.clone()], 10);
+        assert!(new.is_empty(), "the same Services again: no new Event");
+
+        let pbx_dual_stack = unsupported(
+            "pbx",
+            "u1",
+            &[UnsupportedFeature::SctpPorts, UnsupportedFeature::Ipv6],
+        );
+        let (new, _) = warned.select(&[pbx_dual_stack.clone(), lb.clone()], 10);
+        assert_eq!(names(&new), ["pbx"], "a new feature is worth a new Event");
+        let recreated = unsupported("lb", "u3", &[UnsupportedFeature::LoadBalancerSourceRanges]);
+        let (new, _) = warned.select(&[pbx_dual_stack.clone(), recreated.clone()], 10);
+        assert_eq!(
+            names(&new),
+            ["lb"],
+            "a Service recreated under its name is new"
+        );
+
+        let (new, _) = warned.select(std::slice::from_ref(&recreated), 10);
+        assert!(new.is_empty());
+        let (new, _) = warned.select(&[pbx_dual_stack.clone(), recreated], 10);
+        assert_eq!(
+            names(&new),
+            ["pbx"],
+            "a Service that left the list (fixed, or eBPF gone) is warned again when it comes back"
+        );
+    }
+
+    #[test]
+    fn at_most_the_limit_is_warned_about_per_reconcile_and_the_rest_are_left_for_the_next() {
+        let mut warned = WarnedServices::default();
+        let services: Vec<Arc<UnsupportedService>> = (0..5)
+            .map(|index| {
+                unsupported(
+                    &format!("svc-{index}"),
+                    &format!("u{index}"),
+                    &[UnsupportedFeature::Ipv6],
+                )
+            })
+            .collect();
+        let (new, left) = warned.select(&services, 3);
+        assert_eq!((names(&new), left), (vec!["svc-0", "svc-1", "svc-2"], true));
+        let (new, left) = warned.select(&services, 3);
+        assert_eq!((names(&new), left), (vec!["svc-3", "svc-4"], false));
+        let (new, left) = warned.select(&services, 3);
+        assert_eq!((new.len(), left), (0, false));
+    }
+
+    #[test]
+    fn an_unsupported_service_event_is_about_the_service_in_its_namespace() {
+        let lb = unsupported("lb", "u2", &[UnsupportedFeature::LoadBalancerSourceRanges]);
+        let reference = service_reference(&lb);
+        let occurrence = events::unsupported_service(&lb);
+        let event = events::build_event(&reference, &occurrence, "operator-0", Utc::now());
+        assert_eq!(event.metadata.namespace.as_deref(), Some("shop"));
+        assert_eq!(event.event_time, None, "1.20 accepts it without eventTime");
+        assert_eq!(event.involved_object.kind.as_deref(), Some("Service"));
+        assert_eq!(event.involved_object.api_version.as_deref(), Some("v1"));
+        assert_eq!(event.involved_object.uid.as_deref(), Some("u2"));
+        assert_eq!(event.type_.as_deref(), Some("Warning"));
+        assert_eq!(
+            event.reason.as_deref(),
+            Some(events::UNSUPPORTED_BY_DATAPLANE)
+        );
+        let message = event.message.unwrap_or_default();
+        assert!(
+            message.contains("loadBalancerSourceRanges")
+                && message.contains("every source is answered"),
+            "{message}"
+        );
+        let sctp = events::unsupported_service(&unsupported(
+            "pbx",
+            "u1",
+            &[UnsupportedFeature::SctpPorts],
+        ));
+        assert!(
+            sctp.message.contains("SCTP ports") && !sctp.message.contains("every source"),
+            "{}",
+            sctp.message
+        );
+    }
 
     #[test]
     fn the_patch_review_asks_for_patch_on_exactly_the_named_daemon_set() {

@@ -4,23 +4,25 @@
 //! `default`, and runs the reconcile of "no DataplaneConfig named `default`" beside the
 //! controller.
 
+use std::collections::HashMap;
 use std::fmt::Debug;
 use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{watcher, WatchStreamExt};
-use kube::{Api, Resource, ResourceExt};
+use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
-use switchyard_crds::{DataplaneConfig, DataplaneNode, DEFAULT_CONFIG_NAME};
+use switchyard_crds::{DataplaneConfig, DataplaneNode, KubeProxySpec, DEFAULT_CONFIG_NAME};
 
 use super::reconcile::{error_policy, reconcile, reconcile_without_config};
 use super::{Context, KubeProxyLocation};
-use crate::cache::{self, OwnWrites, WrittenKind};
+use crate::cache::{self, OwnWrites, UnsupportedServices, WrittenKind};
+use crate::planner::parity::SERVICE_PROXY_NAME_LABEL;
 
 /// How long triggers are collected before one reconcile runs (many pods change at once). Also
 /// the pause before a reconcile continues the writes the previous one left over.
@@ -73,17 +75,35 @@ fn watched<K: Watched>(
         .touched_objects()
 }
 
-/// Pods of every namespace, but only DaemonSet pods are kept, trimmed to what decisions read.
+/// Pods of `namespaces` only (the agent's and kube-proxy's: the operator may read Pods nowhere
+/// else), DaemonSet pods kept, trimmed to what decisions read. One watch per namespace, merged
+/// by [`NamespacedPods`] into the one store.
 fn watched_pods(
-    api: Api<Pod>,
+    client: Client,
+    namespaces: &[String],
     writer: reflector::store::Writer<Pod>,
     own_writes: &Arc<OwnWrites>,
 ) -> impl Stream<Item = Result<Pod, watcher::Error>> + Send + 'static {
     let own_writes = Arc::clone(own_writes);
-    let events = watcher(api, watcher::Config::default())
+    let sources = namespaces.iter().enumerate().map(|(source, namespace)| {
+        watcher(
+            Api::<Pod>::namespaced(client.clone(), namespace),
+            watcher::Config::default(),
+        )
         .default_backoff()
         .modify(cache::trim_pod)
-        .filter_map(|event| std::future::ready(event.map(cache::only_daemon_set_pods).transpose()));
+        .filter_map(|event| std::future::ready(event.map(cache::only_daemon_set_pods).transpose()))
+        .map(move |event| (source, event))
+        .boxed()
+    });
+    let mut merged = NamespacedPods::new(namespaces.len());
+    let events = futures::stream::select_all(sources).flat_map(move |(source, event)| {
+        let events: Vec<Result<watcher::Event<Pod>, watcher::Error>> = match event {
+            Ok(event) => merged.push(source, event).into_iter().map(Ok).collect(),
+            Err(error) => vec![Err(error)],
+        };
+        futures::stream::iter(events)
+    });
     reflector::reflector(writer, events)
         .inspect(move |event| {
             if let Ok(event) = event {
@@ -91,6 +111,142 @@ fn watched_pods(
             }
         })
         .touched_objects()
+}
+
+/// The events of several pod watches (one per namespace) as one sequence a single store can
+/// apply. A store takes `Init`..`InitDone` as "this is every object", so one namespace's relist
+/// passed through would drop the other namespace's pods. Instead, the store gets one
+/// `Init`..`InitDone` once every watch has listed (so it is ready only then), and a later
+/// relist becomes `Apply` for each pod it lists and `Delete` for each it no longer does.
+struct NamespacedPods {
+    /// Per watch: the pods it last reported, as the store holds them.
+    known: Vec<HashMap<ObjectRef<Pod>, Pod>>,
+    /// Per watch: the pods its relist in progress listed so far.
+    relisting: Vec<Option<HashMap<ObjectRef<Pod>, Pod>>>,
+    /// Per watch: whether it finished a list.
+    listed: Vec<bool>,
+    /// Whether the store got the first complete list.
+    initialized: bool,
+}
+
+impl NamespacedPods {
+    fn new(watches: usize) -> Self {
+        Self {
+            known: vec![HashMap::new(); watches],
+            relisting: vec![None; watches],
+            listed: vec![false; watches],
+            initialized: false,
+        }
+    }
+
+    /// The events for the store after `event` of watch `source`.
+    fn push(&mut self, source: usize, event: watcher::Event<Pod>) -> Vec<watcher::Event<Pod>> {
+        use watcher::Event::{Apply, Delete, Init, InitApply, InitDone};
+        let (Some(known), Some(relisting)) =
+            (self.known.get_mut(source), self.relisting.get_mut(source))
+        else {
+            return Vec::new();
+        };
+        let live = self.initialized;
+        match event {
+            Init => {
+                *relisting = Some(HashMap::new());
+                Vec::new()
+            }
+            InitApply(pod) => {
+                relisting
+                    .get_or_insert_with(HashMap::new)
+                    .insert(ObjectRef::from_obj(&pod), pod.clone());
+                if live {
+                    vec![Apply(pod)]
+                } else {
+                    Vec::new()
+                }
+            }
+            InitDone => {
+                let listed = relisting.take().unwrap_or_default();
+                let gone: Vec<Pod> = known
+                    .iter()
+                    .filter(|(key, _)| !listed.contains_key(key))
+                    .map(|(_, pod)| pod.clone())
+                    .collect();
+                *known = listed;
+                if let Some(listed) = self.listed.get_mut(source) {
+                    *listed = true;
+                }
+                if live {
+                    gone.into_iter().map(Delete).collect()
+                } else if self.listed.iter().all(|listed| *listed) {
+                    self.initialized = true;
+                    let pods = self.known.iter().flat_map(|pods| pods.values().cloned());
+                    std::iter::once(Init)
+                        .chain(pods.map(InitApply))
+                        .chain(std::iter::once(InitDone))
+                        .collect()
+                } else {
+                    Vec::new()
+                }
+            }
+            Apply(pod) => {
+                known.insert(ObjectRef::from_obj(&pod), pod.clone());
+                if live {
+                    vec![Apply(pod)]
+                } else {
+                    Vec::new()
+                }
+            }
+            Delete(pod) => {
+                known.remove(&ObjectRef::from_obj(&pod));
+                if live {
+                    vec![Delete(pod)]
+                } else {
+                    Vec::new()
+                }
+            }
+        }
+    }
+}
+
+/// The namespaces whose pods the operator reads: the agent's, and kube-proxy's as the
+/// DataplaneConfig `default` names it (its default namespace without one). Read once at start;
+/// [`run`] ends when the DataplaneConfig moves kube-proxy elsewhere, so that the process
+/// restarts with a watch there instead of planning from a store blind to kube-proxy's pods.
+async fn pod_namespaces(client: &Client, agent_namespace: &str) -> Vec<String> {
+    let configs: Api<DataplaneConfig> = Api::all(client.clone());
+    let kube_proxy_namespace = match configs.get_opt(DEFAULT_CONFIG_NAME).await {
+        Ok(Some(config)) => config.spec.kube_proxy.namespace,
+        Ok(None) => KubeProxySpec::default().namespace,
+        Err(error) => {
+            tracing::warn!(%error, "failed to read the DataplaneConfig for kube-proxy's namespace; watching pods in the default one");
+            KubeProxySpec::default().namespace
+        }
+    };
+    let mut namespaces = vec![agent_namespace.to_owned()];
+    if kube_proxy_namespace != agent_namespace {
+        namespaces.push(kube_proxy_namespace);
+    }
+    namespaces
+}
+
+/// Services of every namespace that kube-proxy proxies (the same selector as its informers: no
+/// `service.kubernetes.io/service-proxy-name` label; a Service that gains it leaves the watch as a
+/// deletion), mapped to summaries as they arrive ([`UnsupportedServices`]); yields an empty
+/// Service, as a trigger, only when what the planner reads changed.
+fn watched_services(
+    api: Api<Service>,
+    unsupported: &Arc<UnsupportedServices>,
+) -> impl Stream<Item = Result<Service, watcher::Error>> + Send + 'static {
+    let unsupported = Arc::clone(unsupported);
+    let selector = format!("!{SERVICE_PROXY_NAME_LABEL}");
+    watcher(api, watcher::Config::default().labels(&selector))
+        .default_backoff()
+        .filter_map(move |event| {
+            let trigger = match event {
+                Ok(event) => unsupported.apply(&event).then(|| Ok(Service::default())),
+                Err(error) => Some(Err(error)),
+            };
+            std::future::ready(trigger)
+        })
 }
 
 fn default_config_ref() -> ObjectRef<DataplaneConfig> {
@@ -150,7 +306,21 @@ pub async fn run(context: Arc<Context>) {
     let client = context.client.clone();
     let own_writes = &context.own_writes;
     let agent_namespace = &context.settings.agent_namespace;
-    let configs = watched(Api::all(client.clone()), writers.configs, own_writes);
+    let pod_namespaces = pod_namespaces(&client, agent_namespace).await;
+    let kube_proxy_moved = Arc::new(tokio::sync::Notify::new());
+    let moved = Arc::clone(&kube_proxy_moved);
+    let watched_namespaces = pod_namespaces.clone();
+    let configs = watched(Api::all(client.clone()), writers.configs, own_writes).inspect(
+        move |config| {
+            if let Ok(config) = config {
+                let namespace = &config.spec.kube_proxy.namespace;
+                if config.name_any() == DEFAULT_CONFIG_NAME && !watched_namespaces.contains(namespace) {
+                    tracing::error!(%namespace, "the DataplaneConfig moved kube-proxy to a namespace whose pods are not watched; restarting the watches");
+                    moved.notify_one();
+                }
+            }
+        },
+    );
     let dataplane_nodes = watched(
         Api::all(client.clone()),
         writers.dataplane_nodes,
@@ -163,7 +333,11 @@ pub async fn run(context: Arc<Context>) {
         writers.revisions,
         own_writes,
     );
-    let pods = watched_pods(Api::all(client), writers.pods, own_writes);
+    let services = watched_services(
+        Api::all(client.clone()),
+        &context.stores.unsupported_services,
+    );
+    let pods = watched_pods(client, &pod_namespaces, writers.pods, own_writes);
 
     let agent = (
         agent_namespace.clone(),
@@ -181,6 +355,7 @@ pub async fn run(context: Arc<Context>) {
         .watches_stream(dataplane_nodes, |_| Some(default_config_ref()))
         .watches_stream(nodes, |_| Some(default_config_ref()))
         .watches_stream(revisions, |_| Some(default_config_ref()))
+        .watches_stream(services, |_| Some(default_config_ref()))
         .watches_stream(daemon_sets, move |daemon_set| {
             let namespace = daemon_set.namespace().unwrap_or_default();
             concerns_the_operator(&namespace, &daemon_set.name_any(), &agent, &location)
@@ -223,6 +398,7 @@ pub async fn run(context: Arc<Context>) {
         () = outcomes => {}
         () = without_config(without_config_context) => {}
         () = publish_events => {}
+        () = kube_proxy_moved.notified() => {}
     }
 }
 

@@ -7,7 +7,10 @@ use switchyard_crds::{
 
 use super::Occurrence;
 use crate::kube_proxy;
-use crate::planner::{AgentPodDeletion, DataplaneNodeWrite, KubeProxyAction, Plan};
+use crate::planner::{
+    AgentPodDeletion, DataplaneNodeWrite, KubeProxyAction, Plan, UnsupportedFeature,
+    UnsupportedService,
+};
 
 /// The Events a plan's steps deserve (at most one per kind of step).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -169,6 +172,36 @@ pub fn refusal(
     (!unchanged).then(|| Occurrence::warning(&degraded.reason, "Refuse", degraded.message.clone()))
 }
 
+/// The reason of the Warning Event on a Service the eBPF datapath does not serve yet.
+pub const UNSUPPORTED_BY_DATAPLANE: &str = "UnsupportedByDataplane";
+
+/// The Warning Event on a Service that uses features the eBPF datapath does not serve yet, while
+/// eBPF serves some node. Pure.
+pub fn unsupported_service(service: &UnsupportedService) -> Occurrence {
+    let features: Vec<&str> = service
+        .features
+        .iter()
+        .map(|feature| feature.named())
+        .collect();
+    let open = if service
+        .features
+        .contains(&UnsupportedFeature::LoadBalancerSourceRanges)
+    {
+        " (its loadBalancerSourceRanges are not enforced there: every source is answered)"
+    } else {
+        ""
+    };
+    Occurrence::warning(
+        UNSUPPORTED_BY_DATAPLANE,
+        "CheckParity",
+        format!(
+            "the eBPF datapath does not serve this Service's {} yet; on the nodes eBPF serves, kube-proxy's rules for it are gone or going, so it does not work as kube-proxy served it{open}. \
+             Remove those features, or go back to kube-proxy (DataplaneConfig default, spec.mode KubeProxy)",
+            features.join(" and ")
+        ),
+    )
+}
+
 /// The Event about one DataplaneNode created without a DataplaneConfig, for its Node. Pure.
 pub fn creation(write: &DataplaneNodeWrite) -> Occurrence {
     Occurrence::normal(
@@ -231,6 +264,7 @@ mod tests {
             agent_pods_to_delete: Vec::new(),
             status: None,
             requeue_after: None,
+            services_to_warn: Vec::new(),
         }
     }
 

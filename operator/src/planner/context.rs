@@ -2,6 +2,7 @@
 //! specs ([`Decision`]), the mode of created DataplaneNodes, the halt and `Ready` decisions, the
 //! cleanup rule, and the writes and requeue a decision turns into.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -11,6 +12,7 @@ use switchyard_crds::{
 };
 
 use super::facts::NodeFacts;
+use super::parity::{self, UnsupportedService};
 use super::settings::Settings;
 use super::{
     name_list, AgentPodDeletion, DataplaneNodeWrite, KubeProxyAction, KubeProxyDaemonSet,
@@ -62,6 +64,10 @@ pub(crate) struct Context<'a> {
     /// The mode every missing DataplaneNode is created with, whatever the flow (see
     /// [`created_mode`]).
     pub(crate) created_mode: DataplaneMode,
+    /// The Services the eBPF datapath does not serve yet, in namespace/name order.
+    pub(crate) unsupported_services: Vec<Arc<UnsupportedService>>,
+    /// eBPF serves some node (told `Ebpf`, or draining).
+    pub(crate) ebpf_serves_some_node: bool,
 }
 
 /// The mode a missing DataplaneNode is created with (never with cleanup).
@@ -137,6 +143,8 @@ impl<'a> Context<'a> {
                 observed.kube_proxy_daemon_set.as_ref(),
                 facts,
             ),
+            unsupported_services: parity::in_order(&observed.unsupported_services),
+            ebpf_serves_some_node: facts.iter().any(NodeFacts::ebpf_serves),
         }
     }
 

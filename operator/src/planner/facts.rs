@@ -91,6 +91,11 @@ impl<'a> NodeFacts<'a> {
             && self.reports_true(condition_types::SERVICES_SYNCED)
     }
 
+    /// eBPF serves the node, wholly or partly: told `Ebpf`, or still draining live flows.
+    pub(crate) fn ebpf_serves(&self) -> bool {
+        self.mode() == Some(DataplaneMode::Ebpf) || self.draining()
+    }
+
     /// Told `KubeProxy`, the node still translates the flows it carries before detaching.
     pub(crate) fn draining(&self) -> bool {
         self.mode() == Some(DataplaneMode::KubeProxy)

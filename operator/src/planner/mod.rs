@@ -69,6 +69,7 @@
 mod context;
 mod facts;
 mod observed;
+pub mod parity;
 mod settings;
 mod status;
 #[cfg(test)]
@@ -78,6 +79,7 @@ mod to_kube_proxy;
 mod upgrade;
 mod without_config;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -90,6 +92,7 @@ use switchyard_crds::{
 pub use observed::{
     AgentDaemonSet, KubeProxyDaemonSet, ObservedCluster, ObservedNode, ObservedPod,
 };
+pub use parity::{UnsupportedFeature, UnsupportedService};
 
 use context::{created_mode, Context, Decision};
 use facts::NodeFacts;
@@ -121,6 +124,10 @@ pub struct Plan {
     pub status: Option<DataplaneConfigStatus>,
     /// When to plan again if nothing changes before: the next moment a node's timeout expires.
     pub requeue_after: Option<Duration>,
+    /// The Services that deserve a Warning Event (`UnsupportedByDataplane`): every unsupported
+    /// Service while eBPF serves some node (told `Ebpf`, or still draining), in namespace/name
+    /// order; none otherwise. The controller records each once.
+    pub services_to_warn: Vec<Arc<UnsupportedService>>,
 }
 
 /// One DataplaneNode to write.
@@ -192,7 +199,25 @@ pub fn plan(config: Option<&DataplaneConfig>, observed: &ObservedCluster) -> Pla
         }
     };
     plan.limit_node_writes(MAX_NODE_WRITES_PER_RECONCILE);
+    plan.services_to_warn = services_to_warn(&nodes, observed);
     plan
+}
+
+/// Every unsupported Service, in namespace/name order, while eBPF serves some node: kube-proxy's
+/// rules for them are gone or going there.
+fn services_to_warn(
+    nodes: &[&ObservedNode],
+    observed: &ObservedCluster,
+) -> Vec<Arc<UnsupportedService>> {
+    if !ebpf_serves_some_node(nodes) {
+        return Vec::new();
+    }
+    parity::in_order(&observed.unsupported_services)
+}
+
+/// Whether some node is told `Ebpf` or still translates flows while draining.
+fn ebpf_serves_some_node(nodes: &[&ObservedNode]) -> bool {
+    nodes.iter().any(|node| NodeFacts::new(node).ebpf_serves())
 }
 
 /// The plan for the DataplaneConfig named `default`: the flow toward its mode, from wherever the
@@ -237,6 +262,7 @@ fn with_config(
         agent_pods_to_delete: decision.agent_pods_to_delete,
         status,
         requeue_after,
+        services_to_warn: Vec::new(),
     }
 }
 
@@ -248,6 +274,7 @@ impl Plan {
             agent_pods_to_delete: Vec::new(),
             status: None,
             requeue_after: None,
+            services_to_warn: Vec::new(),
         }
     }
 

@@ -1,6 +1,6 @@
 //! The observed snapshot the planner decides from: plain data a controller fills from the
 //! cluster (Nodes, DataplaneNodes, the kube-proxy DaemonSet and its pods, the agent DaemonSet
-//! and its pods) plus the clock.
+//! and its pods, the Services the eBPF datapath cannot serve yet) plus the clock.
 //!
 //! The snapshot holds everything the planner reads, and nothing in the planner survives a
 //! reconcile, so an operator restarted in the middle of a transition, given the same cluster,
@@ -10,6 +10,8 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use switchyard_crds::DataplaneNode;
+
+use super::parity::UnsupportedService;
 
 /// What the operator sees of the cluster at one instant.
 #[derive(Clone, Debug, PartialEq)]
@@ -32,6 +34,11 @@ pub struct ObservedCluster {
     /// not depend on the `kubernetes` Service they are about to take over). Preflight refuses
     /// to start a transition to `Ebpf` without it.
     pub api_server_address_configured: bool,
+
+    /// The Services kube-proxy proxies that use a feature the eBPF datapath does not serve yet
+    /// (see [`super::parity`]), in any order; Services without such a feature are not listed.
+    /// A transition to `Ebpf` does not start while one exists.
+    pub unsupported_services: Vec<Arc<UnsupportedService>>,
 }
 
 /// One Node and what runs on it.

@@ -82,10 +82,15 @@ pub(crate) fn build(
         Some((reason, text)) => (ConditionStatus::True, *reason, text.clone()),
         None => (ConditionStatus::False, reasons::AS_EXPECTED, String::new()),
     };
+    let services_supported = super::parity::services_condition(
+        &context.unsupported_services,
+        context.ebpf_serves_some_node,
+    );
     let new = [
         (condition_types::READY, ready),
         (condition_types::PROGRESSING, progressing),
         (condition_types::DEGRADED, degraded),
+        (condition_types::SERVICES_SUPPORTED, services_supported),
     ]
     .into_iter()
     .map(|(type_, (status, reason, message))| {

@@ -2,6 +2,7 @@
 //! transitions, then properties over generated cluster states (in `tests/properties.rs`).
 
 mod fixtures;
+mod parity;
 mod properties;
 
 use std::sync::Arc;
@@ -2053,7 +2054,10 @@ fn status_counts_nodes_by_state_and_summarises_serving() {
         .iter()
         .map(|condition| condition.type_.as_str())
         .collect();
-    assert_eq!(types, vec!["Ready", "Progressing", "Degraded"]);
+    assert_eq!(
+        types,
+        vec!["Ready", "Progressing", "Degraded", "ServicesSupported"]
+    );
 }
 
 #[test]

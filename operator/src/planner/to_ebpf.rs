@@ -7,6 +7,7 @@ use switchyard_crds::{
 
 use super::context::{Context, Decision, DesiredNode};
 use super::facts::NodeFacts;
+use super::parity;
 use super::{name_list, naming, KubeProxyAction, KubeProxyDaemonSet};
 
 impl<'a> Context<'a> {
@@ -80,6 +81,13 @@ impl<'a> Context<'a> {
                 name_list(unsupported.iter().copied())
             ));
             degraded_reason = Some(reasons::UNSUPPORTED_KUBE_PROXY_MODE);
+        }
+        if !self.unsupported_services.is_empty() {
+            problems.push(format!(
+                "{} (kube-proxy serves them; without it they would stop working, or answer every source)",
+                parity::unsupported_summary(&self.unsupported_services)
+            ));
+            degraded_reason.get_or_insert(reasons::UNSUPPORTED_SERVICES);
         }
         if !self.observed.api_server_address_configured {
             problems.push("the operator has no API server address to give the agents (they must not depend on the kubernetes Service)".into());

@@ -242,6 +242,7 @@ pub(super) fn cluster(nodes: Vec<ObservedNode>) -> ObservedCluster {
             update_revision: Some(OLD_REVISION.into()),
         }),
         api_server_address_configured: true,
+        unsupported_services: Vec::new(),
     }
 }
 
@@ -305,6 +306,47 @@ pub(super) fn check_invariants(
     let default_spec = DataplaneConfigSpec::default();
     let spec = config.map_or(&default_spec, |config| &config.spec);
     let acted_on = config.is_none_or(|config| config.metadata.name.as_deref() == Some("default"));
+
+    // Unsupported Services are warned about exactly while eBPF serves some node (told Ebpf, or
+    // draining), each once, and a status says whether any exists.
+    let ebpf_serves = observed
+        .nodes
+        .iter()
+        .any(|node| NodeFacts::new(node).ebpf_serves());
+    let mut unsupported: Vec<(&str, &str)> = observed
+        .unsupported_services
+        .iter()
+        .map(|service| (service.namespace.as_str(), service.name.as_str()))
+        .collect();
+    unsupported.sort_unstable();
+    unsupported.dedup();
+    let warned: Vec<(&str, &str)> = plan
+        .services_to_warn
+        .iter()
+        .map(|service| (service.namespace.as_str(), service.name.as_str()))
+        .collect();
+    if acted_on && ebpf_serves {
+        assert_eq!(
+            warned, unsupported,
+            "every unsupported Service is warned about, once"
+        );
+    } else {
+        assert!(
+            warned.is_empty(),
+            "Services warned about while eBPF serves no node"
+        );
+    }
+    if let Some(supported) = plan.status.as_ref().and_then(|status| {
+        status
+            .conditions
+            .iter()
+            .find(|condition| condition.type_ == types::SERVICES_SUPPORTED)
+    }) {
+        assert_eq!(
+            supported.status,
+            ConditionStatus::from_bool(unsupported.is_empty())
+        );
+    }
     let mut names: Vec<&str> = observed
         .nodes
         .iter()
@@ -461,6 +503,28 @@ pub(super) fn check_invariants(
                 final_mode,
                 Some(DataplaneMode::Ebpf),
                 "Ready on kube-proxy while {name} is on Ebpf"
+            );
+        }
+    }
+
+    // The parity preflight: no node is activated, and kube-proxy is not disabled, while an
+    // unsupported Service exists and the transition has not started (no node told Ebpf).
+    let started = facts
+        .values()
+        .any(|node| node.mode() == Some(DataplaneMode::Ebpf));
+    if !observed.unsupported_services.is_empty() && !started {
+        for write in &plan.dataplane_nodes {
+            assert!(
+                write.create || write.spec.mode != DataplaneMode::Ebpf,
+                "{} activated while an unsupported Service exists",
+                write.node_name
+            );
+        }
+        if !facts.is_empty() {
+            assert_ne!(
+                plan.kube_proxy,
+                KubeProxyAction::Disable,
+                "kube-proxy disabled while an unsupported Service exists"
             );
         }
     }

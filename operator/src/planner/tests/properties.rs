@@ -80,6 +80,7 @@ prop_compose! {
         kube_proxy in prop::option::weighted(0.8, (any::<bool>(), prop::option::of(0i32..4), prop::option::weighted(0.15, Just("argocd.argoproj.io/tracking-id".to_owned())))),
         update_revision in prop::option::of(any::<bool>()),
         api_server_address_configured in prop::bool::weighted(0.9),
+        unsupported_services in prop::collection::vec(prop::sample::subsequence(vec![UnsupportedFeature::SctpPorts, UnsupportedFeature::Ipv6, UnsupportedFeature::LoadBalancerSourceRanges], 1..=3), 0..3),
         now in 0i64..1500,
     ) -> ObservedCluster {
         let nodes = nodes
@@ -106,6 +107,16 @@ prop_compose! {
                 update_revision: Some(if new { NEW_REVISION } else { OLD_REVISION }.to_owned()),
             }),
             api_server_address_configured,
+            unsupported_services: unsupported_services
+                .into_iter()
+                .enumerate()
+                .map(|(index, features)| Arc::new(UnsupportedService {
+                    namespace: "shop".into(),
+                    name: format!("service-{index}"),
+                    uid: None,
+                    features,
+                }))
+                .collect(),
         }
     }
 }
@@ -146,8 +157,9 @@ proptest! {
 
     /// Cleanup is never requested where a kube-proxy pod exists or the DaemonSet would schedule;
     /// kube-proxy is never disabled while a node does not serve from eBPF; no node leaves eBPF
-    /// while kube-proxy is not healthy on it; never more than maxUnavailable in flight; the same
-    /// snapshot always gives the same plan.
+    /// while kube-proxy is not healthy on it; never more than maxUnavailable in flight; no node
+    /// is activated while an unsupported Service exists and the transition has not started; the
+    /// same snapshot always gives the same plan.
     #[test]
     fn every_plan_keeps_the_safety_invariants(config in config_strategy(), cluster in cluster_strategy()) {
         let plan = plan(Some(&config), &cluster);
