@@ -86,6 +86,34 @@ agent_rules_are_least_privilege() {
   [ "$bound" = ClusterRole/switchyard-agent ] ||
     { echo "the agent ServiceAccount is bound to: ${bound:-nothing} (expected ClusterRole/switchyard-agent only)"; return 1; }
 }
+# no_cluster_wide_pod_reads FILE: no ClusterRole lets anyone list or watch Pods
+# (the operator reads them only in the agent's and kube-proxy's namespaces,
+# through Roles). Wildcards count, and a rule the parser cannot read fails. A
+# rule's resourceNames is dropped before parsing: the rule is then judged as if
+# it named every object, which can only fail more often.
+no_cluster_wide_pod_reads() {
+  local file=$1 role found=0
+  while IFS= read -r -d '' role; do
+    found=1
+    if grep -v '^    resourceNames: ' <<<"$role" | rule_triples | grep -E '^UNPARSED|^("")?[^ ]* ("?\*"?|pods) ("?\*"?|list|watch)$' |
+      grep -E '^UNPARSED|^(""|"\*"|\*) '; then
+      echo "in ClusterRole $(sed -n 's/^  name: //p' <<<"$role" | head -1)"
+      return 1
+    fi
+  done < <(awk 'BEGIN { RS = "\n---\n" } /(^|\n)kind: ClusterRole\n/ { printf "%s\n%c", $0, 0 }' "$file")
+  [ "$found" -eq 1 ] || { echo "no ClusterRole rendered"; return 1; }
+}
+# pods_readable_in NAMESPACE ROLE FILE: the Role ROLE in NAMESPACE lets the
+# operator get, list and watch Pods there.
+pods_readable_in() {
+  local namespace=$1 role=$2 file=$3 triples
+  object Role "$role" <"$file" | grep -q "^  namespace: $namespace\$" ||
+    { echo "no Role $role in $namespace"; return 1; }
+  triples=$(object Role "$role" <"$file" | rule_triples)
+  for verb in get list watch; do
+    grep -qx "\"\" pods $verb" <<<"$triples" || { echo "Role $role lacks pods $verb"; return 1; }
+  done
+}
 # kube_proxy_targets < rendered: "role=NS/NAME config=NS/NAME management=M", the
 # DaemonSet the operator may patch and the one the chart's DataplaneConfig names.
 kube_proxy_targets() {
@@ -157,6 +185,27 @@ check "the rule parser of these checks sees a widened agent rule" \
     widened=\$(mktemp); trap 'rm -f \$widened' EXIT
     sed '/^  name: switchyard-agent\$/,/^---/ s/^    verbs: \[get, patch, update\]\$/    verbs: [get, patch, update, delete]/' '$rendered' >\$widened &&
     ! cmp -s '$rendered' \$widened && ! agent_rules_are_least_privilege \$widened"
+check "no ClusterRole lets the operator (or anyone) list or watch Pods cluster-wide" \
+  no_cluster_wide_pod_reads "$rendered"
+check "the operator reads Pods in the agent's namespace and in kube-proxy's (Roles)" \
+  bash -c "$(declare -f object rule_triples pods_readable_in)
+    pods_readable_in switchyard-system switchyard-operator '$rendered' &&
+    pods_readable_in kube-system switchyard-operator-kube-proxy '$rendered'"
+check "the operator reads Pods in kube-proxy's namespace wherever kubeProxy.namespace says" \
+  bash -c "$(declare -f render object rule_triples pods_readable_in); helm='$helm' chart='$chart'
+    moved=\$(mktemp); trap 'rm -f \$moved' EXIT
+    render --set kubeProxy.namespace=kp-system >\$moved &&
+    pods_readable_in kp-system switchyard-operator-kube-proxy \$moved"
+check "the cluster-wide Pod check sees Pods put back into the operator's ClusterRole" \
+  bash -c "$(declare -f object rule_triples no_cluster_wide_pod_reads)
+    widened=\$(mktemp); trap 'rm -f \$widened' EXIT
+    sed '/^  name: switchyard-operator\$/,/^---/ s/^    resources: \[nodes\]\$/    resources: [nodes, pods]/' '$rendered' >\$widened &&
+    ! cmp -s '$rendered' \$widened && ! no_cluster_wide_pod_reads \$widened"
+check "the cluster-wide Pod check sees a wildcard resource" \
+  bash -c "$(declare -f object rule_triples no_cluster_wide_pod_reads)
+    widened=\$(mktemp); trap 'rm -f \$widened' EXIT
+    sed '/^  name: switchyard-operator\$/,/^---/ s/^    resources: \[nodes\]\$/    resources: [\"*\"]/' '$rendered' >\$widened &&
+    ! cmp -s '$rendered' \$widened && ! no_cluster_wide_pod_reads \$widened"
 check "the chart's DataplaneConfig names the DaemonSet the operator may patch (defaults)" \
   expect_kube_proxy_targets kube-system/kube-proxy management=
 check "the chart's DataplaneConfig follows kubeProxy.* when its spec leaves kubeProxy unset" \

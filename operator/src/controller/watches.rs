@@ -427,3 +427,160 @@ async fn without_config(context: Arc<Context>) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    use watcher::Event::{Apply, Delete, Init, InitApply, InitDone};
+
+    const AGENT: usize = 0;
+    const KUBE_PROXY: usize = 1;
+
+    fn pod(namespace: &str, name: &str) -> Pod {
+        Pod {
+            metadata: ObjectMeta {
+                namespace: Some(namespace.into()),
+                name: Some(name.into()),
+                ..ObjectMeta::default()
+            },
+            ..Pod::default()
+        }
+    }
+
+    /// Feeds `events` of watch `source` through the merge into the store.
+    fn feed(
+        merged: &mut NamespacedPods,
+        writer: &mut reflector::store::Writer<Pod>,
+        source: usize,
+        events: Vec<watcher::Event<Pod>>,
+    ) {
+        for event in events {
+            for out in merged.push(source, event) {
+                writer.apply_watcher_event(&out);
+            }
+        }
+    }
+
+    fn names(store: &reflector::Store<Pod>) -> Vec<String> {
+        let mut names: Vec<String> = store
+            .state()
+            .iter()
+            .map(|pod| format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any()))
+            .collect();
+        names.sort();
+        names
+    }
+
+    fn list(namespace: &str, pods: &[&str]) -> Vec<watcher::Event<Pod>> {
+        std::iter::once(Init)
+            .chain(pods.iter().map(|name| InitApply(pod(namespace, name))))
+            .chain(std::iter::once(InitDone))
+            .collect()
+    }
+
+    #[test]
+    fn the_store_gets_its_first_list_only_once_every_namespace_listed() {
+        let (store, mut writer) = reflector::store::<Pod>();
+        let mut merged = NamespacedPods::new(2);
+        feed(
+            &mut merged,
+            &mut writer,
+            AGENT,
+            list("switchyard-system", &["agent-a"]),
+        );
+        // A live change in the agent's namespace while kube-proxy's is still listing.
+        feed(
+            &mut merged,
+            &mut writer,
+            AGENT,
+            vec![Apply(pod("switchyard-system", "agent-b"))],
+        );
+        assert!(
+            names(&store).is_empty(),
+            "the store must not look complete yet"
+        );
+        feed(
+            &mut merged,
+            &mut writer,
+            KUBE_PROXY,
+            list("kube-system", &["kube-proxy-1"]),
+        );
+        assert_eq!(
+            names(&store),
+            [
+                "kube-system/kube-proxy-1",
+                "switchyard-system/agent-a",
+                "switchyard-system/agent-b"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_relist_of_one_namespace_keeps_the_other_namespaces_pods_and_drops_what_it_no_longer_lists()
+    {
+        let (store, mut writer) = reflector::store::<Pod>();
+        let mut merged = NamespacedPods::new(2);
+        feed(
+            &mut merged,
+            &mut writer,
+            AGENT,
+            list("switchyard-system", &["agent-a"]),
+        );
+        feed(
+            &mut merged,
+            &mut writer,
+            KUBE_PROXY,
+            list("kube-system", &["kube-proxy-1", "kube-proxy-2"]),
+        );
+        // kube-proxy's watch expired and relisted: kube-proxy-2 went away in between.
+        feed(
+            &mut merged,
+            &mut writer,
+            KUBE_PROXY,
+            list("kube-system", &["kube-proxy-1", "kube-proxy-3"]),
+        );
+        assert_eq!(
+            names(&store),
+            [
+                "kube-system/kube-proxy-1",
+                "kube-system/kube-proxy-3",
+                "switchyard-system/agent-a"
+            ]
+        );
+    }
+
+    #[test]
+    fn live_changes_after_the_first_list_reach_the_store() {
+        let (store, mut writer) = reflector::store::<Pod>();
+        let mut merged = NamespacedPods::new(2);
+        feed(
+            &mut merged,
+            &mut writer,
+            AGENT,
+            list("switchyard-system", &["agent-a"]),
+        );
+        feed(
+            &mut merged,
+            &mut writer,
+            KUBE_PROXY,
+            list("kube-system", &["kube-proxy-1"]),
+        );
+        feed(
+            &mut merged,
+            &mut writer,
+            AGENT,
+            vec![Delete(pod("switchyard-system", "agent-a"))],
+        );
+        feed(
+            &mut merged,
+            &mut writer,
+            KUBE_PROXY,
+            vec![Apply(pod("kube-system", "kube-proxy-2"))],
+        );
+        assert_eq!(
+            names(&store),
+            ["kube-system/kube-proxy-1", "kube-system/kube-proxy-2"]
+        );
+    }
+}
