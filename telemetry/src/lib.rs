@@ -1,7 +1,8 @@
 //! The small HTTP endpoint every Switchyard process serves on one port:
 //!
 //! - `GET /metrics`: the process's Prometheus registry in the text exposition format;
-//! - `GET /healthz`: 200 while the process is live, 503 once it declared itself broken;
+//! - `GET /healthz`: 200 while the process is live, 503 once it declared itself broken or one
+//!   of its long-running loops is stuck (see [`Heartbeat`]);
 //! - `GET /readyz`: 200 once the process declared itself ready, 503 before (and after it
 //!   declared itself not ready again).
 //!
@@ -12,7 +13,8 @@
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::Full;
@@ -26,6 +28,7 @@ use prometheus::{Encoder, Registry, TextEncoder};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
 /// Errors of the telemetry endpoint.
 #[derive(Debug, thiserror::Error)]
@@ -53,6 +56,86 @@ pub struct Health {
 struct HealthState {
     live: AtomicBool,
     ready: AtomicBool,
+    loops: Mutex<Vec<Arc<LoopState>>>,
+}
+
+/// One long-running loop's progress, as liveness reads it.
+#[derive(Debug)]
+struct LoopState {
+    name: String,
+    /// How long one step may take before the loop counts as stuck.
+    bound: Duration,
+    /// When the step in progress started; `None` while the loop waits for work.
+    busy_since: Mutex<Option<Instant>>,
+}
+
+impl LoopState {
+    /// Why the loop counts as stuck at `now`, or `None`.
+    fn stuck(&self, now: Instant) -> Option<String> {
+        let busy_since = (*self
+            .busy_since
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner))?;
+        let busy_for = now.saturating_duration_since(busy_since);
+        (busy_for > self.bound).then(|| {
+            format!(
+                "{} has been in one step for {} s (at most {} s allowed)",
+                self.name,
+                busy_for.as_secs(),
+                self.bound.as_secs()
+            )
+        })
+    }
+}
+
+/// A long-running loop's report of progress to liveness. The loop marks the start of each step
+/// ([`Self::step`]) and the step's end is marked when the returned guard drops. A loop waiting
+/// for work (between steps) is healthy however long it waits; a loop in the middle of a step for
+/// longer than its bound is stuck, and `/healthz` answers 503 naming it, so that the kubelet
+/// restarts a process wedged on, say, a request that never returns.
+///
+/// Steps of one heartbeat do not overlap: a loop runs one step at a time. A loop that runs
+/// several concurrently registers one heartbeat per concurrent worker.
+#[derive(Clone, Debug)]
+pub struct Heartbeat {
+    state: Arc<LoopState>,
+}
+
+impl Heartbeat {
+    /// Marks a step as started now; it ends when the guard drops (also on an early return, an
+    /// error or a cancelled future).
+    #[must_use = "the step ends when the guard drops"]
+    pub fn step(&self) -> Step {
+        *self
+            .state
+            .busy_since
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
+        Step {
+            state: Arc::clone(&self.state),
+        }
+    }
+
+    /// The loop's name, as `/healthz` says it.
+    pub fn name(&self) -> &str {
+        &self.state.name
+    }
+}
+
+/// A step in progress of a [`Heartbeat`]'s loop; dropping it marks the step done.
+#[derive(Debug)]
+pub struct Step {
+    state: Arc<LoopState>,
+}
+
+impl Drop for Step {
+    fn drop(&mut self) {
+        *self
+            .state
+            .busy_since
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = None;
+    }
 }
 
 impl Health {
@@ -62,6 +145,7 @@ impl Health {
             state: Arc::new(HealthState {
                 live: AtomicBool::new(true),
                 ready: AtomicBool::new(false),
+                loops: Mutex::new(Vec::new()),
             }),
         }
     }
@@ -81,9 +165,49 @@ impl Health {
         self.state.ready.load(Ordering::SeqCst)
     }
 
-    /// Whether the process is live.
+    /// Whether the process is live: it did not declare itself broken and none of its loops is
+    /// stuck.
     pub fn is_live(&self) -> bool {
-        self.state.live.load(Ordering::SeqCst)
+        self.liveness().is_ok()
+    }
+
+    /// `Ok` while the process is live, else why not (the process declared itself broken, or
+    /// the loops that are stuck, named).
+    pub fn liveness(&self) -> Result<(), String> {
+        if !self.state.live.load(Ordering::SeqCst) {
+            return Err("the process declared itself broken".to_owned());
+        }
+        let now = Instant::now();
+        let stuck: Vec<String> = self
+            .state
+            .loops
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .filter_map(|state| state.stuck(now))
+            .collect();
+        if stuck.is_empty() {
+            Ok(())
+        } else {
+            Err(stuck.join("; "))
+        }
+    }
+
+    /// Registers a long-running loop named `name` whose steps each take at most `bound` when
+    /// all is well (choose it well above the slowest healthy step: a step that outlives it makes
+    /// the process not live).
+    pub fn register_loop(&self, name: impl Into<String>, bound: Duration) -> Heartbeat {
+        let state = Arc::new(LoopState {
+            name: name.into(),
+            bound,
+            busy_since: Mutex::new(None),
+        });
+        self.state
+            .loops
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(Arc::clone(&state));
+        Heartbeat { state }
     }
 }
 
@@ -116,7 +240,13 @@ pub fn respond(
     }
     match path {
         "/metrics" => metrics(registry),
-        "/healthz" | "/livez" => probe(health.is_live(), "live"),
+        "/healthz" | "/livez" => match health.liveness() {
+            Ok(()) => text(StatusCode::OK, "ok\n"),
+            Err(reason) => text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("not live: {reason}\n"),
+            ),
+        },
         "/readyz" => probe(health.is_ready(), "ready"),
         _ => text(
             StatusCode::NOT_FOUND,
@@ -339,6 +469,81 @@ mod tests {
             respond(&Method::GET, "/healthz", &registry, &health).status(),
             StatusCode::SERVICE_UNAVAILABLE
         );
+    }
+
+    async fn healthz(health: &Health) -> (StatusCode, String) {
+        let response = respond(&Method::GET, "/healthz", &Registry::new(), health);
+        let status = response.status();
+        (status, body_of(response).await)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_loop_stuck_in_a_step_turns_healthz_to_503_once_its_bound_has_passed() {
+        let health = Health::new();
+        let reconcile = health.register_loop("reconcile", Duration::from_secs(60));
+        let _idle = health.register_loop("status writer", Duration::from_secs(10));
+        // A loop wedged in the middle of a step: a request that never returns.
+        let stuck = tokio::spawn(async move {
+            let _step = reconcile.step();
+            std::future::pending::<()>().await;
+        });
+        tokio::task::yield_now().await;
+        tokio::time::advance(Duration::from_secs(59)).await;
+        assert_eq!(healthz(&health).await.0, StatusCode::OK, "within its bound");
+        tokio::time::advance(Duration::from_secs(2)).await;
+        let (status, body) = healthz(&health).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(
+            body.contains("reconcile has been in one step for 61 s")
+                && !body.contains("status writer"),
+            "{body}"
+        );
+        assert!(!health.is_live());
+        // Once the stuck step is gone (the task cancelled), the loop waits again: live.
+        stuck.abort();
+        assert!(stuck.await.is_err_and(|error| error.is_cancelled()));
+        assert_eq!(healthz(&health).await.0, StatusCode::OK);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_idle_process_whose_loops_wait_for_work_stays_live_for_minutes() {
+        let health = Health::new();
+        let watches = health.register_loop("watches", Duration::from_secs(30));
+        let writer = health.register_loop("status writer", Duration::from_secs(30));
+        // One loop waits for work that never comes; the other takes a short step every 20 s.
+        let (_work, mut no_work) = tokio::sync::mpsc::channel::<()>(1);
+        let waiting = tokio::spawn(async move {
+            while no_work.recv().await.is_some() {
+                let _step = watches.step();
+            }
+        });
+        let ticking = tokio::spawn(async move {
+            let mut interval = tokio::time::interval(Duration::from_secs(20));
+            loop {
+                interval.tick().await;
+                let _step = writer.step();
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            }
+        });
+        for _ in 0..60 {
+            tokio::time::advance(Duration::from_secs(7)).await;
+            tokio::task::yield_now().await;
+            let (status, body) = healthz(&health).await;
+            assert_eq!(status, StatusCode::OK, "{body}");
+        }
+        assert!(!waiting.is_finished() && !ticking.is_finished());
+        waiting.abort();
+        ticking.abort();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_step_that_ended_leaves_the_loop_waiting_and_healthy() {
+        let health = Health::new();
+        let heartbeat = health.register_loop("reconcile", Duration::from_secs(5));
+        drop(heartbeat.step());
+        tokio::time::advance(Duration::from_secs(600)).await;
+        assert_eq!(healthz(&health).await.0, StatusCode::OK);
+        assert_eq!(heartbeat.name(), "reconcile");
     }
 
     #[tokio::test]
