@@ -168,6 +168,8 @@ check "the agent DaemonSet is updated only by the operator (OnDelete)" \
   grep -q 'type: OnDelete' "$rendered"
 check "agents are given the API server's real address" \
   grep -q 'value: "10.0.0.1"' "$rendered"
+check "the operator is given the API server's real address for its own client" \
+  grep -q -- '- --api-server-address=10.0.0.1:6443' "$rendered"
 check "the operator runs as non-root with a read-only root filesystem" \
   bash -c "grep -q 'runAsNonRoot: true' '$rendered' && grep -q 'readOnlyRootFilesystem: true' '$rendered'"
 check "the agent tolerates every taint" grep -q -- '- operator: Exists' "$rendered"
