@@ -173,6 +173,42 @@ proptest! {
         check_invariants(None, &cluster, &plan);
     }
 
+    /// From a cluster wholly on kube-proxy whose agents are all Ready (so that nothing else
+    /// holds the preflight), with any rollout settings: while an unsupported Service exists no
+    /// node is activated and kube-proxy is left alone; without one (the control) the first batch
+    /// goes.
+    #[test]
+    fn no_node_is_activated_while_an_unsupported_service_exists_and_the_transition_has_not_started(
+        node_count in 1usize..7,
+        config in config_strategy(),
+        unsupported_services in prop::collection::vec(prop::sample::subsequence(vec![UnsupportedFeature::SctpPorts, UnsupportedFeature::Ipv6, UnsupportedFeature::LoadBalancerSourceRanges], 1..=3), 0..3),
+    ) {
+        let mut cluster = cluster((1..=node_count).map(|index| kube_proxy_node(&format!("node-{index}"))).collect());
+        cluster.unsupported_services = unsupported_services
+            .into_iter()
+            .enumerate()
+            .map(|(index, features)| Arc::new(UnsupportedService {
+                namespace: "shop".into(),
+                name: format!("service-{index}"),
+                uid: None,
+                features,
+            }))
+            .collect();
+        let mut config = config;
+        config.metadata.name = Some("default".into());
+        config.spec.mode = DataplaneMode::Ebpf;
+        config.spec.paused = false;
+        let plan = plan(Some(&config), &cluster);
+        check_invariants(Some(&config), &cluster, &plan);
+        let activated = plan.dataplane_nodes.iter().filter(|write| write.spec.mode == DataplaneMode::Ebpf).count();
+        if cluster.unsupported_services.is_empty() {
+            prop_assert!(activated > 0, "control: nothing else holds the preflight");
+        } else {
+            prop_assert_eq!(activated, 0);
+            prop_assert_eq!(plan.kube_proxy, KubeProxyAction::None);
+        }
+    }
+
     /// Restarting the operator (reading its own status back) changes no decision.
     #[test]
     fn a_restarted_operator_makes_the_same_decision(config in config_strategy(), cluster in cluster_strategy()) {
