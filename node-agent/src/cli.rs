@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::standalone::interfaces::{Globs, DEFAULT_POD_INTERFACE_GLOBS};
-use crate::standalone::{PodConnectBalancing, SocketHookCgroup, StandaloneOptions};
+use crate::datapath::{PodConnectBalancing, SocketHookCgroup};
+use crate::interfaces::{Globs, DEFAULT_POD_INTERFACE_GLOBS};
+use crate::standalone::StandaloneOptions;
 
 pub const DEFAULT_PIN_DIRECTORY: &str = "/sys/fs/bpf/switchyard";
 
@@ -62,7 +63,7 @@ pub struct RunArguments {
     #[arg(long, env = "AGENT_REVISION")]
     pub agent_revision: Option<String>,
     /// `skb->mark` bit of packets to masquerade.
-    #[arg(long, default_value_t = crate::standalone::datapath::DEFAULT_MASQUERADE_MARK)]
+    #[arg(long, default_value_t = crate::datapath::DEFAULT_MASQUERADE_MARK)]
     pub masquerade_mark: u32,
     /// Do not install the SWITCHYARD-POSTROUTING masquerade rule.
     #[arg(long)]
@@ -213,7 +214,7 @@ pub struct StandaloneArguments {
     #[arg(long, default_value_t = 200)]
     pub poll_interval_ms: u64,
     /// `skb->mark` bit of packets to masquerade.
-    #[arg(long, default_value_t = crate::standalone::datapath::DEFAULT_MASQUERADE_MARK)]
+    #[arg(long, default_value_t = crate::datapath::DEFAULT_MASQUERADE_MARK)]
     pub masquerade_mark: u32,
     /// Do not install the SWITCHYARD-POSTROUTING masquerade rule.
     #[arg(long)]
@@ -422,7 +423,7 @@ mod tests {
         // What the programs read: zero (the old reserved field) is "disabled".
         assert_eq!(PodConnectBalancing::Disabled.config_value(), 0);
         assert_eq!(
-            crate::standalone::datapath::datapath_config(
+            crate::datapath::datapath_config(
                 switchyard_common::DATAPATH_MODE_ACTIVE,
                 7,
                 0x4000,

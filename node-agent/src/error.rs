@@ -1,4 +1,5 @@
-//! The agent's one error enum. Variants are named after the step that failed;
+//! The agent's error enum (the core's map errors and the loader's are kept
+//! whole inside it). Variants are named after the step that failed;
 //! messages start with "failed to ...".
 
 /// Everything that can go wrong in the agent.
@@ -9,36 +10,12 @@ pub enum Error {
         path: std::path::PathBuf,
         source: std::io::Error,
     },
-    #[error("failed to update map {map}: {reason}")]
-    UpdateMap { map: &'static str, reason: String },
-    #[error("failed to read map {map}: {reason}")]
-    ReadMap { map: &'static str, reason: String },
-    // Loader (datapath): loading, pinning, attaching, migrating.
-    #[error("failed to load the datapath programs: {reason}")]
-    LoadPrograms { reason: String },
-    #[error("failed to {step} the pin directory {path}: {source}")]
-    PreparePinDirectory {
-        step: &'static str,
-        path: std::path::PathBuf,
-        source: std::io::Error,
-    },
-    #[error("failed to pin {path}: {reason}")]
-    PinObject {
-        path: std::path::PathBuf,
-        reason: String,
-    },
-    #[error("failed to attach {program} to {target}: {reason}")]
-    AttachProgram {
-        program: &'static str,
-        target: String,
-        reason: String,
-    },
-    #[error("failed to detach from {target}: {reason}")]
-    DetachProgram { target: String, reason: String },
-    #[error("failed to watch network interfaces: {source}")]
-    WatchInterfaces { source: std::io::Error },
-    #[error("failed to migrate the maps of schema version {from_version}: {reason}")]
-    MigrateMaps { from_version: u32, reason: String },
+    /// A failed read or update of the Service maps (the core's error).
+    #[error(transparent)]
+    Map(#[from] switchyard_model::Error),
+    /// Loading, pinning, attaching or migrating the programs and maps.
+    #[error(transparent)]
+    Loader(#[from] switchyard_loader::Error),
     #[error("failed to read manifest {path}, document {document}: field {field}: {reason}")]
     InvalidManifest {
         path: std::path::PathBuf,

@@ -20,15 +20,16 @@
 
 pub mod cli;
 pub mod cluster;
-pub mod desired;
-pub mod diff;
+pub mod core;
+pub mod datapath;
 pub mod error;
-pub mod gate;
+pub mod host;
+pub mod interfaces;
 pub mod kube_proxy;
-pub mod loader;
-pub mod maps;
-pub mod model;
+pub mod masquerade;
 pub mod priority;
 pub mod standalone;
-pub mod sync;
+
 pub use error::Error;
+pub use switchyard_loader as loader;
+pub use switchyard_model::{desired, diff, follow, gate, maps, model, sync};

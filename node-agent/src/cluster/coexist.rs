@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime};
 use switchyard_crds::{reasons, ConditionStatus};
 use tokio::sync::watch;
 
-use super::status::{CoexistenceReport, ConditionValue};
+use crate::core::status::{CoexistenceReport, ConditionValue};
 use crate::kube_proxy::detection::{CleanupStateMachine, ConditionReport};
 use crate::kube_proxy::health::{HealthzTarget, LocalServiceHealth, NodeHealth};
 use crate::kube_proxy::health_server::{HealthServerSettings, HealthServers};

@@ -5,7 +5,7 @@ use prometheus::{
     HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
 
-use super::agent::AgentCounts;
+use crate::core::AgentCounts;
 use crate::loader::{expiry::SweepReport, Counters};
 
 pub struct AgentMetrics {

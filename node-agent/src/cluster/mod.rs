@@ -17,15 +17,8 @@
 //!
 //! SIGTERM leaves programs and maps in place for the next process.
 
-pub mod agent;
 pub mod coexist;
-pub mod datapath;
-pub mod health;
-pub mod host;
 pub mod metrics;
-pub mod node;
-pub mod status;
-pub mod store;
 pub mod watch;
 
 use std::future::Future;
@@ -38,17 +31,17 @@ use switchyard_crds::Condition;
 use switchyard_telemetry::{Health, TelemetryServer};
 use tokio::sync::{mpsc, watch as channel};
 
-use self::agent::{AgentSettings, ClusterAgent, DEFAULT_FULL_RESYNC_PERIOD};
 use self::coexist::{CoexistenceRequest, CoexistenceSettings};
-use self::datapath::{KernelDatapath, NodeDatapath, SocketHookCgroup};
 use self::metrics::AgentMetrics;
-use self::status::{compute_status, CoexistenceReport, SyncReport, WrittenStatus};
+use crate::core::status::{self, compute_status, CoexistenceReport, SyncReport, WrittenStatus};
+use crate::core::{AgentSettings, NodeAgent, DEFAULT_FULL_RESYNC_PERIOD};
+use crate::datapath::{Datapath, KernelDatapath, PodConnectBalancing, SocketHookCgroup};
+use crate::follow::Attachment;
 use crate::gate::GateStatus;
+use crate::interfaces::Globs;
 use crate::kube_proxy::health::HealthzTarget;
 use crate::loader::{self, MapSizes};
 use crate::priority::{self, CatchUpPriority};
-use crate::standalone::follow::Attachment;
-use crate::standalone::interfaces::Globs;
 use crate::Error;
 
 #[derive(Clone, Debug)]
@@ -65,7 +58,7 @@ pub struct ClusterOptions {
     pub masquerade_mark: u32,
     pub manage_masquerade_rule: bool,
     pub socket_hook_cgroup: SocketHookCgroup,
-    pub pod_connect_balancing: crate::standalone::PodConnectBalancing,
+    pub pod_connect_balancing: PodConnectBalancing,
     /// The pod's `controller-revision-hash` (`AGENT_REVISION`).
     pub agent_revision: Option<String>,
     /// kube-proxy's healthz, probed while its rules are present.
@@ -125,6 +118,7 @@ pub async fn run(options: ClusterOptions, shutdown: impl Future<Output = ()>) ->
         node_name: options.node_name.clone(),
         pod_interfaces: options.pod_interfaces.clone(),
         host_interfaces: options.host_interfaces.clone(),
+        node_ips: Vec::new(),
         min_sync_period: options.min_sync_period,
         gate_timeout: options.gate_timeout,
         masquerade_mark: options.masquerade_mark,
@@ -135,10 +129,10 @@ pub async fn run(options: ClusterOptions, shutdown: impl Future<Output = ()>) ->
         agent_revision: options.agent_revision.clone(),
         full_resync_period: DEFAULT_FULL_RESYNC_PERIOD,
     };
-    let mut agent = ClusterAgent::start(settings, datapath, Instant::now())?;
+    let mut agent = NodeAgent::start(settings, datapath, Instant::now())?;
 
     let (inputs, mut received) = mpsc::unbounded_channel();
-    let _host_thread = host::watch_host(inputs.clone())?;
+    let _host_thread = crate::host::watch_host(inputs.clone())?;
     let client = kube_client().await?;
     let watchers = watch::spawn_watchers(client.clone(), options.node_name.clone(), inputs);
 

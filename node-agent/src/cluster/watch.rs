@@ -26,11 +26,11 @@ use serde::de::DeserializeOwned;
 use switchyard_crds::{DataplaneNode, DataplaneNodeStatus};
 use tokio::sync::{mpsc, watch};
 
-use super::agent::{DataplaneNodeView, Input};
-use super::health::{health_check_node_port, ServiceEntry};
-use super::node::NodeFacts;
-use super::status::WrittenStatus;
-use super::store::StoreChange;
+use crate::core::health::{health_check_node_port, ServiceEntry};
+use crate::core::node::NodeFacts;
+use crate::core::status::WrittenStatus;
+use crate::core::store::StoreChange;
+use crate::core::{DataplaneNodeView, Input};
 use crate::model::{self, v1beta1, EndpointSliceModel, FieldError, ServiceName};
 
 /// The agent's field manager for Server-Side Apply.

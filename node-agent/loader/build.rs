@@ -4,9 +4,9 @@
 
 fn main() -> anyhow::Result<()> {
     let manifest_directory = std::env::var("CARGO_MANIFEST_DIR")?;
-    let programs_directory = format!("{manifest_directory}/../ebpf/switchyard-ebpf");
+    let programs_directory = format!("{manifest_directory}/../../ebpf/switchyard-ebpf");
     // aya-build watches the programs' crate; the shared types live next to it.
-    println!("cargo:rerun-if-changed={manifest_directory}/../ebpf/switchyard-common");
+    println!("cargo:rerun-if-changed={manifest_directory}/../../ebpf/switchyard-common");
     aya_build::build_ebpf(
         [aya_build::Package {
             name: "switchyard-ebpf",

@@ -27,7 +27,7 @@
 
 pub mod layout;
 
-use std::collections::{btree_map::Entry, BTreeMap, HashMap};
+use std::collections::{btree_map::Entry, BTreeMap};
 use std::net::IpAddr;
 
 use switchyard_common::{
@@ -36,7 +36,6 @@ use switchyard_common::{
     SCOPE_INTERNAL,
 };
 
-use crate::maps::MapState;
 use crate::model::{
     AddressFamily, EndpointSliceModel, Protocol, ServiceModel, ServiceName, ServicePortModel,
     TrafficPolicy,
@@ -234,17 +233,6 @@ impl ServiceDesired {
     }
 }
 
-/// EndpointSlices grouped by the Service they belong to.
-pub fn slices_by_service(
-    slices: &[EndpointSliceModel],
-) -> HashMap<&ServiceName, Vec<&EndpointSliceModel>> {
-    let mut by_service: HashMap<&ServiceName, Vec<&EndpointSliceModel>> = HashMap::new();
-    for slice in slices {
-        by_service.entry(&slice.service).or_default().push(slice);
-    }
-    by_service
-}
-
 /// One Service's frontends and groups; pure.
 pub fn service_desired(
     service: &ServiceModel,
@@ -291,45 +279,6 @@ pub fn merge<'a>(services: impl IntoIterator<Item = &'a ServiceDesired>) -> Desi
     desired
 }
 
-/// Every Service's share, by name.
-pub fn services_desired(
-    services: &[ServiceModel],
-    slices: &[EndpointSliceModel],
-    node: &NodeView,
-) -> BTreeMap<ServiceName, ServiceDesired> {
-    let by_service = slices_by_service(slices);
-    services
-        .iter()
-        .map(|service| {
-            let service_slices = by_service
-                .get(&service.name)
-                .map(Vec::as_slice)
-                .unwrap_or(&[]);
-            (
-                service.name.clone(),
-                service_desired(service, service_slices, node),
-            )
-        })
-        .collect()
-}
-
-/// The Services whose share differs between `before` and `after`, with their
-/// new share (`None`: gone): the input of a partial sync.
-pub fn changed_services(
-    before: &BTreeMap<ServiceName, ServiceDesired>,
-    after: &BTreeMap<ServiceName, ServiceDesired>,
-) -> Vec<(ServiceName, Option<ServiceDesired>)> {
-    let gone = before
-        .keys()
-        .filter(|name| !after.contains_key(*name))
-        .map(|name| (name.clone(), None));
-    let changed = after
-        .iter()
-        .filter(|(name, share)| before.get(*name) != Some(share))
-        .map(|(name, share)| (name.clone(), Some(share.clone())));
-    gone.chain(changed).collect()
-}
-
 /// Whether `service` can give a frontend [`FRONTEND_FLAG_MASQUERADE_REMOTE`]:
 /// a NodePort, external or load-balancer address with `externalTrafficPolicy:
 /// Cluster`. Only those flows are masqueraded (the programs mark them, the
@@ -346,15 +295,6 @@ pub fn masquerades_remote_backends(service: &ServiceModel) -> bool {
         && (service.ports.iter().any(|port| port.node_port.is_some())
             || !service.external_ips.is_empty()
             || !service.load_balancer_ips.is_empty())
-}
-
-/// Frontends and groups of every Service; pure.
-pub fn desired_services(
-    services: &[ServiceModel],
-    slices: &[EndpointSliceModel],
-    node: &NodeView,
-) -> DesiredServices {
-    merge(services_desired(services, slices, node).values())
 }
 
 fn add_service(
@@ -468,17 +408,12 @@ fn add_service(
     }
 }
 
-/// The desired map entries: [`desired_services`] laid out against `current` (the
-/// restored or last applied state; an empty state gives the entries of a fresh
-/// start).
-pub fn desired_entries(
-    services: &[ServiceModel],
-    slices: &[EndpointSliceModel],
-    node: &NodeView,
-    current: &MapState,
-) -> MapState {
-    lay_out(&desired_services(services, slices, node), current)
-}
+#[cfg(feature = "testing")]
+mod whole;
+#[cfg(feature = "testing")]
+pub use whole::{
+    changed_services, desired_entries, desired_services, services_desired, slices_by_service,
+};
 
 #[cfg(test)]
 pub(crate) mod tests;

@@ -1,94 +1,30 @@
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use switchyard_common::{
-    FrontendKey, DATAPATH_MODE_ACTIVE, FRONTEND_FLAG_MASQUERADE_REMOTE, SCOPE_EXTERNAL,
-};
+use switchyard_common::{FrontendKey, DATAPATH_MODE_ACTIVE, SCOPE_EXTERNAL};
 
 use super::*;
+use crate::datapath::fake::FakeDatapath;
 use crate::desired::frontend_key;
-use crate::loader::Counters;
+use crate::interfaces::IpAddressInfo;
 use crate::maps::{FakeServiceMaps, MapMutation};
 use crate::model::{
     endpoint_slice_from_v1, service_from_v1, EndpointModel, Protocol, ServiceModel, ServiceName,
 };
-use crate::standalone::interfaces::IpAddressInfo;
-
-#[derive(Default)]
-struct FakeDatapath {
-    maps: FakeServiceMaps,
-    /// Interfaces with programs, by name.
-    attached: BTreeMap<String, InterfaceRole>,
-    attach_calls: usize,
-    live_flows: usize,
-    /// Interfaces whose detach fails.
-    failing_detaches: BTreeSet<String>,
-    /// One entry per masquerade rule installed: whether the maps already held a
-    /// frontend flagged for masquerading at that moment.
-    masquerade_installs: Vec<bool>,
-}
-
-impl NodeDatapath for FakeDatapath {
-    type Maps = FakeServiceMaps;
-    fn maps(&mut self) -> &mut FakeServiceMaps {
-        &mut self.maps
-    }
-    fn attach_interface(&mut self, name: &str, role: InterfaceRole) -> Result<bool, Error> {
-        self.attach_calls += 1;
-        Ok(self.attached.insert(name.to_string(), role).is_none())
-    }
-    fn attach_socket_hooks(&mut self) -> Result<bool, Error> {
-        Ok(false)
-    }
-    fn detach_interface(&mut self, name: &str) -> Result<(), Error> {
-        if self.failing_detaches.contains(name) {
-            return Err(Error::DetachProgram {
-                target: name.into(),
-                reason: "device or resource busy".into(),
-            });
-        }
-        self.attached.remove(name);
-        Ok(())
-    }
-    fn attached_interfaces(&self) -> Result<Vec<u32>, Error> {
-        Ok((1..=self.attached.len() as u32).collect())
-    }
-    fn live_tcp_flows(&self) -> Result<usize, Error> {
-        Ok(self.live_flows)
-    }
-    fn network_namespace_cookie(&self) -> Result<u64, Error> {
-        Ok(4096)
-    }
-    fn finish_migration(&mut self) -> Result<(), Error> {
-        Ok(())
-    }
-    fn counters(&self) -> Result<Counters, Error> {
-        Ok(Counters::default())
-    }
-    fn ensure_masquerade_rule(&mut self, _mark: u32) -> Result<(), Error> {
-        let flagged_already = self
-            .maps
-            .state
-            .frontends
-            .values()
-            .any(|frontend| frontend.flags & FRONTEND_FLAG_MASQUERADE_REMOTE != 0);
-        self.masquerade_installs.push(flagged_already);
-        Ok(())
-    }
-}
 
 fn settings() -> AgentSettings {
     AgentSettings {
         node_name: "node-1".into(),
         pod_interfaces: Globs::parse("p-*"),
         host_interfaces: Some(Globs::parse("eth0")),
+        node_ips: vec![],
         min_sync_period: Duration::from_secs(1),
         gate_timeout: Duration::from_secs(30),
         masquerade_mark: 0x4000,
         manage_masquerade_rule: false,
         socket_hooks: false,
-        pod_connect_balancing: crate::standalone::PodConnectBalancing::Tcp,
+        pod_connect_balancing: PodConnectBalancing::Tcp,
         agent_version: "0.1.0".into(),
         agent_revision: None,
         full_resync_period: Duration::from_secs(300),
@@ -205,9 +141,8 @@ fn wall() -> DateTime<Utc> {
 }
 
 /// An agent whose gate opened in `mode`, after its first tick.
-fn running_agent(mode: DataplaneMode, start: Instant) -> ClusterAgent<FakeDatapath> {
-    let mut agent =
-        ClusterAgent::start(settings(), FakeDatapath::default(), start).expect("starts");
+fn running_agent(mode: DataplaneMode, start: Instant) -> NodeAgent<FakeDatapath> {
+    let mut agent = NodeAgent::start(settings(), FakeDatapath::default(), start).expect("starts");
     for input in every_input_but_the_dataplane_node() {
         agent.receive(input, start);
     }
@@ -220,7 +155,7 @@ fn running_agent(mode: DataplaneMode, start: Instant) -> ClusterAgent<FakeDatapa
 fn nothing_is_written_or_attached_before_every_input_arrived() {
     let start = Instant::now();
     let previous = FakeServiceMaps::default();
-    let mut agent = ClusterAgent::start(
+    let mut agent = NodeAgent::start(
         settings(),
         FakeDatapath {
             maps: previous,
@@ -411,7 +346,7 @@ fn a_deleted_dataplane_node_keeps_an_attached_node_serving() {
     assert_eq!(agent.mode(), DataplaneMode::Ebpf);
     assert!(matches!(
         agent.instruction(),
-        Instruction::DataplaneNodeGone(spec) if spec.mode == DataplaneMode::Ebpf
+        Instruction::DataplaneNodeGone(spec) if spec.mode == Mode::Ebpf
     ));
     assert_eq!(
         agent.datapath.maps.config.map(|config| config.mode),
@@ -451,7 +386,7 @@ fn a_restarted_agent_without_a_dataplane_node_keeps_the_programs_an_earlier_proc
         attached: first.datapath.attached.clone(),
         ..FakeDatapath::default()
     };
-    let mut second = ClusterAgent::start(settings(), previous, start).expect("starts");
+    let mut second = NodeAgent::start(settings(), previous, start).expect("starts");
     for input in every_input_but_the_dataplane_node() {
         second.receive(input, start);
     }
@@ -462,10 +397,35 @@ fn a_restarted_agent_without_a_dataplane_node_keeps_the_programs_an_earlier_proc
     assert_eq!(second.attachment(), Attachment::Attached);
     assert_eq!(
         second.instruction(),
-        Instruction::AttachedBefore(DataplaneMode::Ebpf)
+        Instruction::AttachedBefore(Mode::Ebpf)
     );
     assert_eq!(
         second.datapath.maps.config.map(|config| config.mode),
+        Some(DATAPATH_MODE_ACTIVE)
+    );
+}
+
+/// Programs a process attached but died before activating (no config entry)
+/// never served: the core takes them for detached and activates them when the
+/// DataplaneNode says `Ebpf`, in cluster mode as in standalone mode (cluster
+/// mode used to take them for serving and never wrote `ACTIVE`).
+#[test]
+fn programs_found_attached_but_never_activated_are_activated_in_cluster_mode() {
+    let start = Instant::now();
+    let mut previous = FakeDatapath::default();
+    previous
+        .attached
+        .insert("p-client".to_string(), InterfaceRole::Pod);
+    let mut agent = NodeAgent::start(settings(), previous, start).expect("starts");
+    assert_eq!(agent.attachment(), Attachment::Detached);
+    for input in every_input_but_the_dataplane_node() {
+        agent.receive(input, start);
+    }
+    agent.receive(dataplane_node(DataplaneMode::Ebpf, 1), start);
+    agent.tick(start, wall());
+    assert_eq!(agent.attachment(), Attachment::Attached);
+    assert_eq!(
+        agent.datapath.maps.config.map(|config| config.mode),
         Some(DATAPATH_MODE_ACTIVE)
     );
 }
@@ -523,7 +483,7 @@ fn a_restarted_agent_finds_its_programs_and_entries_and_rewrites_nothing() {
         attached: first.datapath.attached.clone(),
         ..FakeDatapath::default()
     };
-    let mut second = ClusterAgent::start(settings(), previous, start).expect("starts");
+    let mut second = NodeAgent::start(settings(), previous, start).expect("starts");
     assert_eq!(second.attachment(), Attachment::Attached);
     let mutations = second.datapath.maps.mutations_attempted;
     for input in every_input_but_the_dataplane_node() {
@@ -566,7 +526,7 @@ fn api_slice(hosts: &[&str]) -> EndpointSliceModel {
     model
 }
 
-fn cluster_ip_backend_count(agent: &mut ClusterAgent<FakeDatapath>, address: &str) -> Option<u32> {
+fn cluster_ip_backend_count(agent: &mut NodeAgent<FakeDatapath>, address: &str) -> Option<u32> {
     let key = frontend_key(
         &address.parse().expect("valid"),
         80,
@@ -755,8 +715,7 @@ fn only_services_with_a_health_check_port_are_answered_with_their_local_endpoint
 #[test]
 fn a_watch_event_before_the_first_complete_list_does_not_open_the_gate() {
     let start = Instant::now();
-    let mut agent =
-        ClusterAgent::start(settings(), FakeDatapath::default(), start).expect("starts");
+    let mut agent = NodeAgent::start(settings(), FakeDatapath::default(), start).expect("starts");
     agent.receive(
         Input::Services(StoreChange::Upsert(key_of("web"), service().into())),
         start,
@@ -827,7 +786,7 @@ fn a_change_right_after_the_periodic_resync_is_not_held_back_and_a_failed_resync
 fn the_masquerade_rule_goes_in_before_the_first_entry_that_needs_it_and_again_on_every_activation()
 {
     let start = Instant::now();
-    let mut agent = ClusterAgent::start(
+    let mut agent = NodeAgent::start(
         AgentSettings {
             manage_masquerade_rule: true,
             ..settings()
@@ -908,4 +867,18 @@ fn the_masquerade_rule_goes_in_before_the_first_entry_that_needs_it_and_again_on
         2,
         "activation installs the rule again"
     );
+}
+
+#[test]
+fn the_core_and_the_crd_agree_on_the_default_drain_timeout_and_the_modes() {
+    assert_eq!(
+        crate::follow::DEFAULT_DRAIN_TIMEOUT_SECONDS,
+        switchyard_crds::DEFAULT_DRAIN_TIMEOUT_SECONDS
+    );
+    for mode in [DataplaneMode::Ebpf, DataplaneMode::KubeProxy] {
+        assert_eq!(
+            crd_mode(mode_spec(&DataplaneNodeSpec::new(mode)).mode),
+            mode
+        );
+    }
 }

@@ -1,11 +1,19 @@
-//! The cluster agent's state and logic between I/O: inputs from the watchers and
-//! netlink go in ([`Input`]), [`ClusterAgent::tick`] syncs the maps and follows
-//! the DataplaneNode's mode, and [`ClusterAgent::status_inputs`] says what to
-//! report. The desired state, gate, syncer, coalescer and mode following are the
-//! very ones standalone mode uses; only where the inputs come from differs.
+//! The node agent's core, one state machine for both modes: inputs go in
+//! ([`Input`]: from the API watchers in cluster mode, from the manifest poller
+//! in standalone mode, and from the host's netlink watcher in both),
+//! [`NodeAgent::tick`] syncs the maps and follows the DataplaneNode's mode, and
+//! [`NodeAgent::status_inputs`] says what to report.
 //!
 //! Time is passed in, and the datapath is a trait, so tests drive it with an
 //! in-memory fake and no sleeping.
+//!
+//! Layout: `node`, `store`, `health` and `status` are the pure pieces the core
+//! reads its inputs with and reports through; `tests` drives the core with fakes.
+
+pub mod health;
+pub mod node;
+pub mod status;
+pub mod store;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -14,24 +22,24 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use switchyard_common::{DATAPATH_MODE_ACTIVE, DATAPATH_MODE_DRAINING};
 use switchyard_crds::{DataplaneMode, DataplaneNodeSpec, DataplaneNodeStatus};
+use switchyard_model::error::chain;
+use switchyard_model::follow::{restored_attachment, Mode, ModeSpec};
 
-use super::datapath::NodeDatapath;
-use super::health::{local_endpoint_count, ServiceEntry};
-use super::node::{node_update_is_relevant, NodeFacts};
-use super::status::{AttachmentReport, CoexistenceReport, DrainEnd, StatusInputs, SyncReport};
-use super::store::StoreChange;
+use self::health::{local_endpoint_count, ServiceEntry};
+use self::node::{node_update_is_relevant, NodeFacts};
+use self::status::{AttachmentReport, CoexistenceReport, DrainEnd, StatusInputs, SyncReport};
+use self::store::StoreChange;
+use crate::datapath::{datapath_config, Datapath, PodConnectBalancing};
 use crate::desired::NodeView;
-use crate::gate::{Gate, GateInput, GateStatus};
-use crate::kube_proxy::health::LocalServiceHealth;
-use crate::maps::ServiceMaps;
-use crate::model::{EndpointSliceModel, ServiceName};
-use crate::standalone::datapath::datapath_config;
-use crate::standalone::follow::{
+use crate::follow::{
     detach_interfaces, follow_mode, instruction, interfaces_to_detach, Attachment, Instruction,
     ModeAction,
 };
-use crate::standalone::interfaces::{self, Globs, InterfaceRole, IpInterface};
-use crate::standalone::report_once;
+use crate::gate::{Gate, GateInput, GateStatus};
+use crate::interfaces::{self, Globs, InterfaceRole, IpInterface};
+use crate::kube_proxy::health::LocalServiceHealth;
+use crate::maps::ServiceMaps;
+use crate::model::{EndpointSliceModel, ServiceName};
 use crate::sync::coalesce::{Coalescer, Next};
 use crate::sync::inputs::{SyncInputs, SyncKind, SyncOutcome};
 use crate::sync::Syncer;
@@ -47,6 +55,35 @@ pub struct DataplaneNodeView {
     pub spec: DataplaneNodeSpec,
     /// The status as read back (its conditions' transition times are kept).
     pub status: Option<DataplaneNodeStatus>,
+}
+
+/// What the core follows of a DataplaneNode's spec.
+pub fn mode_spec(spec: &DataplaneNodeSpec) -> ModeSpec {
+    ModeSpec {
+        mode: match spec.mode {
+            DataplaneMode::Ebpf => Mode::Ebpf,
+            DataplaneMode::KubeProxy => Mode::KubeProxy,
+        },
+        drain_timeout_seconds: spec.drain_timeout_seconds,
+    }
+}
+
+/// The CRD's name of a mode (what the status reports).
+pub fn crd_mode(mode: Mode) -> DataplaneMode {
+    match mode {
+        Mode::Ebpf => DataplaneMode::Ebpf,
+        Mode::KubeProxy => DataplaneMode::KubeProxy,
+    }
+}
+
+/// Logs `error` (with its causes) unless it is the one logged last time: a
+/// problem that lasts is logged once, and again only when it changes.
+pub(crate) fn report_once(last: &mut Option<String>, error: &Error, what: &str) {
+    let message = chain(error);
+    if last.as_deref() != Some(message.as_str()) {
+        tracing::error!(error = %message, "{what}");
+        *last = Some(message);
+    }
 }
 
 /// One input from the cluster or the host.
@@ -68,13 +105,16 @@ pub struct AgentSettings {
     pub pod_interfaces: Globs,
     /// `None`: every non-loopback interface that is not a pod interface.
     pub host_interfaces: Option<Globs>,
+    /// Empty: NodePorts are served on the host's addresses and the Node's;
+    /// otherwise on exactly these (standalone's `--node-ip`).
+    pub node_ips: Vec<IpAddr>,
     pub min_sync_period: Duration,
     pub gate_timeout: Duration,
     pub masquerade_mark: u32,
     /// Install the agent's masquerade rule (off in tests without iptables).
     pub manage_masquerade_rule: bool,
     pub socket_hooks: bool,
-    pub pod_connect_balancing: crate::standalone::PodConnectBalancing,
+    pub pod_connect_balancing: PodConnectBalancing,
     pub agent_version: String,
     pub agent_revision: Option<String>,
     /// How often a full sync re-reads the maps and recomputes every Service
@@ -98,6 +138,11 @@ pub struct AgentCounts {
     pub syncs: u64,
     /// Syncs that recomputed only the changed Services.
     pub partial_syncs: u64,
+    /// Full syncs (the first, after a failure, after the node's view changed),
+    /// periodic resyncs not included.
+    pub full_syncs: u64,
+    /// Periodic full resyncs (re-reading the maps first).
+    pub resyncs: u64,
     /// Periodic full resyncs that found the maps differing from the desired
     /// state and wrote something (should stay 0).
     pub resync_corrections: u64,
@@ -112,7 +157,7 @@ pub struct TickReport {
     pub gate_opened_after: Option<Duration>,
 }
 
-pub struct ClusterAgent<D: NodeDatapath> {
+pub struct NodeAgent<D: Datapath> {
     settings: AgentSettings,
     pub datapath: D,
     syncer: Syncer,
@@ -136,7 +181,7 @@ pub struct ClusterAgent<D: NodeDatapath> {
     /// `None` until the first answer; `Some(None)`: no DataplaneNode.
     dataplane_node: Option<Option<DataplaneNodeView>>,
     /// The spec of the last DataplaneNode seen, kept when it disappears.
-    last_seen_spec: Option<DataplaneNodeSpec>,
+    last_seen_spec: Option<ModeSpec>,
     attachment: Attachment,
     /// Interfaces with programs, by name, with the index they had.
     attached: BTreeMap<String, u32>,
@@ -162,23 +207,16 @@ pub struct ClusterAgent<D: NodeDatapath> {
     pub counts: AgentCounts,
 }
 
-impl<D: NodeDatapath> ClusterAgent<D> {
+impl<D: Datapath> NodeAgent<D> {
     /// Restores the map state (writing nothing) and finds out whether a previous
     /// process left programs attached.
     pub fn start(settings: AgentSettings, mut datapath: D, now: Instant) -> Result<Self, Error> {
         let syncer = Syncer::restore(datapath.maps())?;
         let mut gate = Gate::new(now, settings.gate_timeout);
         gate.receive(GateInput::RestoredMaps, now);
-        let attachment = if datapath.attached_interfaces()?.is_empty() {
-            Attachment::Detached
-        } else {
-            match datapath.maps().config()? {
-                Some(config) if config.mode == DATAPATH_MODE_DRAINING => {
-                    Attachment::Draining { since: now }
-                }
-                _ => Attachment::Attached,
-            }
-        };
+        let attached = !datapath.attached_interfaces()?.is_empty();
+        let config_mode = datapath.maps().config()?.map(|config| config.mode);
+        let attachment = restored_attachment(attached, config_mode, now);
         tracing::info!(
             frontends = syncer.current().frontends.len(),
             backend_slots = syncer.current().backend_slots.len(),
@@ -226,6 +264,11 @@ impl<D: NodeDatapath> ClusterAgent<D> {
         self.gate.status(now)
     }
 
+    /// Whether this process has synced the maps fully yet.
+    pub fn has_synced(&self) -> bool {
+        self.last_full_sync.is_some()
+    }
+
     pub fn gate_is_open(&self) -> bool {
         self.gate.is_open()
     }
@@ -252,7 +295,9 @@ impl<D: NodeDatapath> ClusterAgent<D> {
     /// when nothing is attached). See [`instruction`].
     pub fn instruction(&self) -> Instruction {
         instruction(
-            self.dataplane_node().map(|view| &view.spec),
+            self.dataplane_node()
+                .map(|view| mode_spec(&view.spec))
+                .as_ref(),
             self.last_seen_spec.as_ref(),
             self.attachment,
         )
@@ -260,7 +305,7 @@ impl<D: NodeDatapath> ClusterAgent<D> {
 
     /// The mode followed (see [`Self::instruction`]).
     pub fn mode(&self) -> DataplaneMode {
-        self.instruction().mode()
+        crd_mode(self.instruction().mode())
     }
 
     /// When the agent wants its next tick without new input.
@@ -352,7 +397,7 @@ impl<D: NodeDatapath> ClusterAgent<D> {
                 }
                 let first_answer = self.dataplane_node.is_none();
                 if let Some(view) = &view {
-                    self.last_seen_spec = Some(view.spec.clone());
+                    self.last_seen_spec = Some(mode_spec(&view.spec));
                 }
                 self.dataplane_node = Some(view);
                 // No status can be written without the object, so the log is
@@ -416,7 +461,11 @@ impl<D: NodeDatapath> ClusterAgent<D> {
         let (Some(host), Some(node)) = (&self.host_addresses, &self.node) else {
             return;
         };
-        let mut addresses: Vec<IpAddr> = host.iter().chain(&node.addresses).copied().collect();
+        let mut addresses: Vec<IpAddr> = if self.settings.node_ips.is_empty() {
+            host.iter().chain(&node.addresses).copied().collect()
+        } else {
+            self.settings.node_ips.clone()
+        };
         addresses.sort();
         addresses.dedup();
         let view = NodeView {
@@ -458,6 +507,11 @@ impl<D: NodeDatapath> ClusterAgent<D> {
                 match outcome.kind {
                     SyncKind::Partial { .. } => self.counts.partial_syncs += 1,
                     SyncKind::Full | SyncKind::Resync => {
+                        if outcome.kind == SyncKind::Full {
+                            self.counts.full_syncs += 1;
+                        } else {
+                            self.counts.resyncs += 1;
+                        }
                         self.last_full_sync = Some(now);
                         self.resync_wanted = false;
                     }

@@ -6,6 +6,7 @@ use switchyard_common::{BackendSlotKey, FrontendValue};
 
 use super::layout::{first_free_id, place_backends, stable_group_hash};
 use super::*;
+use crate::maps::MapState;
 use crate::model::{EndpointModel, EndpointPortModel, TargetPort};
 
 const NODE: &str = "node-a";

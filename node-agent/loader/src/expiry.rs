@@ -237,9 +237,9 @@ impl ConntrackMaps {
                 Ok(())
             },
         )
-        .map_err(|error| Error::UpdateMap {
+        .map_err(|error| switchyard_model::Error::UpdateMap {
             map: map_names::CONNTRACK,
-            reason: format!("failed to remove expired entries: {error}"),
+            source: format!("failed to remove expired entries: {error}").into(),
         })?;
         Ok(sweep)
     }
@@ -338,9 +338,9 @@ impl ConntrackExpiry {
         let thread = std::thread::Builder::new()
             .name("conntrack-expiry".into())
             .spawn(move || sweep_until_stopped(&maps, &stopped, &reported))
-            .map_err(|error| Error::UpdateMap {
+            .map_err(|error| switchyard_model::Error::UpdateMap {
                 map: map_names::CONNTRACK,
-                reason: format!("failed to start the conntrack expiry thread: {error}"),
+                source: format!("failed to start the conntrack expiry thread: {error}").into(),
             })?;
         Ok(Self {
             stop: Some(stop),

@@ -97,8 +97,10 @@ impl Syncer {
         &self.current
     }
 
-    /// Makes the maps equal to `desired`. Requires the start-of-day gate to be
-    /// open: before that the agent must not write (nor prune) anything.
+    /// Makes the maps equal to `desired` (a whole desired state, as the tests
+    /// build it). Requires the start-of-day gate to be open: before that the
+    /// agent must not write (nor prune) anything.
+    #[cfg(feature = "testing")]
     pub fn sync(
         &mut self,
         _gate_is_open: GateOpen,

@@ -15,10 +15,14 @@ use switchyard_common::{
 };
 
 use super::{schema, system, version_directory};
-use crate::{maps::ServiceMaps, Error};
+use switchyard_model::error::MapFault;
+use switchyard_model::maps::ServiceMaps;
+use switchyard_model::Error as MapError;
+
+use crate::Error;
 
 /// Opens one pinned map as an `aya::maps::Map`.
-pub(crate) fn open_map(directory: &Path, name: &'static str) -> Result<Map, Error> {
+pub(crate) fn open_map(directory: &Path, name: &'static str) -> Result<Map, MapError> {
     let data = MapData::from_pin(directory.join(name))
         .map_err(|error| read_error(name)(format!("cannot open the pin: {error}")))?;
     Map::from_map_data(data).map_err(read_error(name))
@@ -29,26 +33,26 @@ pub(crate) fn open_map(directory: &Path, name: &'static str) -> Result<Map, Erro
 pub(super) fn open_pin(
     directory: &Path,
     name: &'static str,
-) -> Result<std::os::fd::OwnedFd, Error> {
+) -> Result<std::os::fd::OwnedFd, MapError> {
     system::open_pinned(&directory.join(name))
         .map_err(|error| read_error(name)(format!("cannot open the pin: {error}")))
 }
 
 /// The error of a failed read of map `name`, for `map_err`.
-pub(super) fn read_error<E: std::fmt::Display>(name: &'static str) -> impl Fn(E) -> Error {
-    move |error| Error::ReadMap {
+pub(super) fn read_error<E: Into<MapFault>>(name: &'static str) -> impl Fn(E) -> MapError {
+    move |error| MapError::ReadMap {
         map: name,
-        reason: error.to_string(),
+        source: error.into(),
     }
 }
 
-fn typed<T>(map: Map, name: &'static str) -> Result<T, Error>
+fn typed<T>(map: Map, name: &'static str) -> Result<T, MapError>
 where
     T: TryFrom<Map, Error = aya::maps::MapError>,
 {
-    T::try_from(map).map_err(|error| Error::ReadMap {
+    T::try_from(map).map_err(|error| MapError::ReadMap {
         map: name,
-        reason: format!("unexpected map type or layout: {error}"),
+        source: format!("unexpected map type or layout: {error}").into(),
     })
 }
 
@@ -114,7 +118,7 @@ impl PinnedServiceMaps {
     }
 
     /// Marks one port filter entry (`port_filter::index`), once per process.
-    fn mark_port(&mut self, index: u32) -> Result<(), Error> {
+    fn mark_port(&mut self, index: u32) -> Result<(), MapError> {
         if self.marked_ports.contains(&index) {
             return Ok(());
         }
@@ -250,7 +254,7 @@ pub fn live_tcp_flow_count(
 pub(super) fn open_conntrack(
     directory: &Path,
     name: &'static str,
-) -> Result<(std::os::fd::OwnedFd, system::MapShape), Error> {
+) -> Result<(std::os::fd::OwnedFd, system::MapShape), MapError> {
     let map = open_pin(directory, name)?;
     let shape = system::map_shape(std::os::fd::AsFd::as_fd(&map)).map_err(read_error(name))?;
     let expected = (
@@ -271,7 +275,7 @@ pub(super) fn open_conntrack(
 fn batch_entries<K: aya::Pod, V: aya::Pod>(
     directory: &Path,
     name: &'static str,
-) -> Result<Vec<(K, V)>, Error> {
+) -> Result<Vec<(K, V)>, MapError> {
     let map = open_pin(directory, name)?;
     entries_in_batches(std::os::fd::AsFd::as_fd(&map), name)
 }
@@ -280,7 +284,7 @@ fn batch_entries<K: aya::Pod, V: aya::Pod>(
 fn entries_in_batches<K: aya::Pod, V: aya::Pod>(
     map: std::os::fd::BorrowedFd<'_>,
     name: &'static str,
-) -> Result<Vec<(K, V)>, Error> {
+) -> Result<Vec<(K, V)>, MapError> {
     let raw = system::map_entries(map, std::mem::size_of::<K>(), std::mem::size_of::<V>())
         .map_err(read_error(name))?;
     Ok(raw
@@ -289,10 +293,10 @@ fn entries_in_batches<K: aya::Pod, V: aya::Pod>(
         .collect())
 }
 
-fn update_error(name: &'static str) -> impl Fn(aya::maps::MapError) -> Error {
-    move |error| Error::UpdateMap {
+fn update_error(name: &'static str) -> impl Fn(aya::maps::MapError) -> MapError {
+    move |error| MapError::UpdateMap {
         map: name,
-        reason: error.to_string(),
+        source: error.into(),
     }
 }
 
@@ -310,7 +314,7 @@ fn ignore_missing(result: Result<(), aya::maps::MapError>) -> Result<(), aya::ma
 }
 
 impl ServiceMaps for PinnedServiceMaps {
-    fn frontends(&self) -> Result<BTreeMap<FrontendKey, FrontendValue>, Error> {
+    fn frontends(&self) -> Result<BTreeMap<FrontendKey, FrontendValue>, MapError> {
         // In batches: a restart restores 10,000s of entries, and a key-by-key walk
         // costs two system calls per entry (0.6 s at 10,000 Services, CPU the
         // traffic flowing meanwhile needs).
@@ -319,13 +323,13 @@ impl ServiceMaps for PinnedServiceMaps {
             .collect())
     }
 
-    fn backend_slots(&self) -> Result<BTreeMap<BackendSlotKey, BackendValue>, Error> {
+    fn backend_slots(&self) -> Result<BTreeMap<BackendSlotKey, BackendValue>, MapError> {
         Ok(batch_entries(&self.directory, map_names::BACKEND_SLOTS)?
             .into_iter()
             .collect())
     }
 
-    fn write_frontend(&mut self, key: &FrontendKey, value: &FrontendValue) -> Result<(), Error> {
+    fn write_frontend(&mut self, key: &FrontendKey, value: &FrontendValue) -> Result<(), MapError> {
         // Marked first: the programs must not skip the frontend's first packets.
         self.mark_port(port_filter::index(
             port_filter::FRONTEND_PORTS,
@@ -336,7 +340,7 @@ impl ServiceMaps for PinnedServiceMaps {
             .map_err(update_error(map_names::FRONTENDS))
     }
 
-    fn delete_frontend(&mut self, key: &FrontendKey) -> Result<(), Error> {
+    fn delete_frontend(&mut self, key: &FrontendKey) -> Result<(), MapError> {
         ignore_missing(self.frontends.remove(key)).map_err(update_error(map_names::FRONTENDS))
     }
 
@@ -344,7 +348,7 @@ impl ServiceMaps for PinnedServiceMaps {
         &mut self,
         key: &BackendSlotKey,
         value: &BackendValue,
-    ) -> Result<(), Error> {
+    ) -> Result<(), MapError> {
         // Marked first: the programs must not skip the backend's first replies.
         self.mark_port(port_filter::index(
             port_filter::BACKEND_PORTS,
@@ -355,12 +359,12 @@ impl ServiceMaps for PinnedServiceMaps {
             .map_err(update_error(map_names::BACKEND_SLOTS))
     }
 
-    fn delete_backend_slot(&mut self, key: &BackendSlotKey) -> Result<(), Error> {
+    fn delete_backend_slot(&mut self, key: &BackendSlotKey) -> Result<(), MapError> {
         ignore_missing(self.backend_slots.remove(key))
             .map_err(update_error(map_names::BACKEND_SLOTS))
     }
 
-    fn config(&self) -> Result<Option<DatapathConfig>, Error> {
+    fn config(&self) -> Result<Option<DatapathConfig>, MapError> {
         let config = self
             .config
             .get(&0, 0)
@@ -370,7 +374,7 @@ impl ServiceMaps for PinnedServiceMaps {
         Ok((!unwritten).then_some(config))
     }
 
-    fn write_config(&mut self, config: &DatapathConfig) -> Result<(), Error> {
+    fn write_config(&mut self, config: &DatapathConfig) -> Result<(), MapError> {
         self.config
             .set(0, config, 0)
             .map_err(update_error(map_names::CONFIG))

@@ -1,33 +1,30 @@
-//! The host's interfaces and addresses, re-read when netlink says a link or an
-//! address changed (`RTMGRP_LINK`, `RTMGRP_IPV4_IFADDR`, `RTMGRP_IPV6_IFADDR`),
-//! so a new pod interface or a new node address reaches the agent within
-//! milliseconds, without polling. A slow rescan (every 30 s) covers a lost
-//! notification (socket overrun).
+//! The one netlink socket of the agent: notifications of link and address
+//! changes (`RTMGRP_LINK`, `RTMGRP_IPV4_IFADDR`, `RTMGRP_IPV6_IFADDR`), so that a
+//! new pod interface or a new node address reaches the agent within
+//! milliseconds, without polling. The messages themselves are not parsed: a
+//! notification only says "read the interfaces again" (the agent reads them
+//! whole, which also covers a lost notification after a socket overrun).
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::Duration;
 
-use tokio::sync::mpsc;
-
-use super::agent::Input;
-use crate::standalone::interfaces::{read_interfaces, IpInterface};
 use crate::Error;
 
 const RTMGRP_LINK: u32 = 0x1;
 const RTMGRP_IPV4_IFADDR: u32 = 0x10;
 const RTMGRP_IPV6_IFADDR: u32 = 0x100;
-const RESCAN_INTERVAL: Duration = Duration::from_secs(30);
-/// Notifications come in bursts (a veth pair: two links, addresses, up): the
-/// rescan waits this long after the first one.
+/// Notifications come in bursts (a veth pair: two links, addresses, up): after
+/// the first one the watcher waits this long, then drains them all at once.
 const SETTLE: Duration = Duration::from_millis(20);
 
-/// A netlink socket subscribed to link and address changes.
-pub struct AddressWatcher {
+/// A netlink socket subscribed to link and address changes of the calling
+/// thread's network namespace.
+pub struct ChangeWatcher {
     socket: OwnedFd,
 }
 
-impl AddressWatcher {
+impl ChangeWatcher {
     pub fn new() -> Result<Self, Error> {
         let watch_error = |source| Error::WatchInterfaces { source };
         // SAFETY: plain socket(2) call.
@@ -92,44 +89,4 @@ impl AddressWatcher {
             }
         }
     }
-}
-
-/// Reads the host's interfaces now and after every change, sending each new view
-/// to the agent; runs on its own thread until the agent is gone.
-pub fn watch_host(
-    inputs: mpsc::UnboundedSender<Input>,
-) -> Result<std::thread::JoinHandle<()>, Error> {
-    let watcher = AddressWatcher::new()?;
-    Ok(std::thread::spawn(move || {
-        let mut last: Option<Vec<IpInterface>> = None;
-        let mut reported_error = false;
-        loop {
-            match read_interfaces() {
-                Ok(interfaces) => {
-                    reported_error = false;
-                    if last.as_ref() != Some(&interfaces) {
-                        last = Some(interfaces.clone());
-                        if inputs.send(Input::Host(interfaces)).is_err() {
-                            return;
-                        }
-                    }
-                }
-                Err(error) => {
-                    if !reported_error {
-                        tracing::warn!(%error, "cannot read the host's interfaces; retrying");
-                        reported_error = true;
-                    }
-                }
-            }
-            if inputs.is_closed() {
-                return;
-            }
-            let timeout = if reported_error {
-                Duration::from_secs(1)
-            } else {
-                RESCAN_INTERVAL
-            };
-            watcher.wait(timeout);
-        }
-    }))
 }

@@ -14,13 +14,14 @@
 //! ```
 
 mod attach;
+mod error;
 pub mod expiry;
 mod migrate;
+pub mod netlink;
 mod pinned_maps;
 mod port_filter;
 pub mod schema;
 pub mod system;
-mod watch;
 
 use std::path::{Path, PathBuf};
 
@@ -32,9 +33,8 @@ use switchyard_common::{map_names, program_names, SCHEMA_VERSION};
 
 pub use attach::{AttachMode, AttachOutcome, Direction, InterfaceKind};
 pub use pinned_maps::{live_tcp_flow_count, Counters, PinnedServiceMaps};
-pub use watch::{glob_matches, InterfaceEvent, InterfaceWatcher};
 
-use crate::Error;
+pub use error::Error;
 
 /// The kernel programs, built by `build.rs` and embedded in the binary.
 static PROGRAM_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/switchyard"));

@@ -1,5 +1,7 @@
 //! Following the DataplaneNode's mode: when to attach, drain and detach. Pure;
-//! shared by standalone and cluster mode.
+//! shared by standalone and cluster mode. The mode and its spec are this
+//! crate's own small types ([`Mode`], [`ModeSpec`]): the agent maps the
+//! DataplaneNode CRD onto them, so that nothing of kube sits beneath the core.
 //!
 //! `Ebpf`: programs attached, config `ACTIVE`. `KubeProxy` after `Ebpf`: the
 //! programs are not pulled at once (that would break every connection they
@@ -16,9 +18,39 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use switchyard_crds::{DataplaneMode, DataplaneNodeSpec, DEFAULT_DRAIN_TIMEOUT_SECONDS};
+use switchyard_common::{DATAPATH_MODE_ACTIVE, DATAPATH_MODE_DRAINING};
 
-use crate::Error;
+/// Which dataplane serves the node's Services.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Mode {
+    Ebpf,
+    KubeProxy,
+}
+
+/// The drain timeout a DataplaneNode has when its spec does not say (the CRD's
+/// default; the agent checks that the two agree in a test).
+pub const DEFAULT_DRAIN_TIMEOUT_SECONDS: i64 = 600;
+
+/// What the agent follows of a DataplaneNode's spec.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModeSpec {
+    pub mode: Mode,
+    pub drain_timeout_seconds: i64,
+}
+
+impl ModeSpec {
+    /// `mode` with the default drain timeout.
+    pub fn new(mode: Mode) -> Self {
+        Self {
+            mode,
+            drain_timeout_seconds: DEFAULT_DRAIN_TIMEOUT_SECONDS,
+        }
+    }
+
+    pub fn drain_timeout(&self) -> Duration {
+        Duration::from_secs(u64::try_from(self.drain_timeout_seconds).unwrap_or(0))
+    }
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Attachment {
@@ -47,20 +79,20 @@ pub enum ModeAction {
 /// The next attachment state and what to do to get there.
 pub fn follow_mode(
     current: Attachment,
-    mode: DataplaneMode,
+    mode: Mode,
     drain_timeout: Duration,
     live_tcp_flows: Option<usize>,
     now: Instant,
 ) -> (Attachment, Option<ModeAction>) {
     match (mode, current) {
-        (DataplaneMode::Ebpf, Attachment::Attached) => (current, None),
-        (DataplaneMode::Ebpf, _) => (Attachment::Attached, Some(ModeAction::Activate)),
-        (DataplaneMode::KubeProxy, Attachment::Detached) => (current, None),
-        (DataplaneMode::KubeProxy, Attachment::Attached) => (
+        (Mode::Ebpf, Attachment::Attached) => (current, None),
+        (Mode::Ebpf, _) => (Attachment::Attached, Some(ModeAction::Activate)),
+        (Mode::KubeProxy, Attachment::Detached) => (current, None),
+        (Mode::KubeProxy, Attachment::Attached) => (
             Attachment::Draining { since: now },
             Some(ModeAction::StartDraining),
         ),
-        (DataplaneMode::KubeProxy, Attachment::Draining { since }) => {
+        (Mode::KubeProxy, Attachment::Draining { since }) => {
             let drained = live_tcp_flows == Some(0);
             let timed_out = now.saturating_duration_since(since) >= drain_timeout;
             if drained || timed_out {
@@ -69,9 +101,29 @@ pub fn follow_mode(
                 (current, None)
             }
         }
-        (DataplaneMode::KubeProxy, Attachment::Detaching) => {
+        (Mode::KubeProxy, Attachment::Detaching) => {
             (Attachment::Detached, Some(ModeAction::Detach))
         }
+    }
+}
+
+/// The attachment a starting agent finds: `attached` says whether a previous
+/// process left programs on some interface, `config_mode` is the config entry's
+/// mode (`None`: never written).
+///
+/// Programs attached but never activated (a process that died between
+/// attaching and writing `ACTIVE`) count as `Detached`: they never served, so
+/// the node is activated as if nothing were attached (attaching again keeps
+/// the links) instead of being taken for a node already serving, which would
+/// leave the config inactive and the Services untranslated.
+pub fn restored_attachment(attached: bool, config_mode: Option<u32>, now: Instant) -> Attachment {
+    if !attached {
+        return Attachment::Detached;
+    }
+    match config_mode {
+        Some(DATAPATH_MODE_ACTIVE) => Attachment::Attached,
+        Some(DATAPATH_MODE_DRAINING) => Attachment::Draining { since: now },
+        _ => Attachment::Detached,
     }
 }
 
@@ -118,9 +170,9 @@ pub fn interfaces_to_detach<'a>(
 /// Detaches every interface in `names` with `detach`, carrying on past a failure
 /// (one stuck interface must not keep the others translating), and says which
 /// are left.
-pub fn detach_interfaces<'a>(
+pub fn detach_interfaces<'a, E: std::fmt::Display>(
     names: impl IntoIterator<Item = &'a String>,
-    mut detach: impl FnMut(&str) -> Result<(), Error>,
+    mut detach: impl FnMut(&str) -> Result<(), E>,
 ) -> DetachRound {
     let mut round = DetachRound::default();
     for name in names {
@@ -137,36 +189,37 @@ pub fn detach_interfaces<'a>(
 #[derive(Clone, Debug, PartialEq)]
 pub enum Instruction {
     /// This node's DataplaneNode says so.
-    DataplaneNode(DataplaneNodeSpec),
+    DataplaneNode(ModeSpec),
     /// The DataplaneNode disappeared after the agent had seen it: deleted, or
     /// garbage-collected with a Node that re-registered under the same name.
     /// Its last spec stays: kube-proxy may be long gone (its rules cleaned), so
     /// draining now would break new Service connections; the operator recreates
     /// the DataplaneNode with the cluster's mode.
-    DataplaneNodeGone(DataplaneNodeSpec),
+    DataplaneNodeGone(ModeSpec),
     /// No DataplaneNode seen since start, but an earlier process left programs
     /// attached: the attachment stays as that process left it (serving, or
     /// draining after an explicit `KubeProxy`).
-    AttachedBefore(DataplaneMode),
+    AttachedBefore(Mode),
     /// No DataplaneNode ever and nothing attached: kube-proxy serves the node.
     NoDataplaneNode,
 }
 
 impl Instruction {
-    pub fn mode(&self) -> DataplaneMode {
+    pub fn mode(&self) -> Mode {
         match self {
             Self::DataplaneNode(spec) | Self::DataplaneNodeGone(spec) => spec.mode,
             Self::AttachedBefore(mode) => *mode,
-            Self::NoDataplaneNode => DataplaneMode::KubeProxy,
+            Self::NoDataplaneNode => Mode::KubeProxy,
         }
     }
 
     pub fn drain_timeout(&self) -> Duration {
-        let seconds = match self {
-            Self::DataplaneNode(spec) | Self::DataplaneNodeGone(spec) => spec.drain_timeout_seconds,
-            Self::AttachedBefore(_) | Self::NoDataplaneNode => DEFAULT_DRAIN_TIMEOUT_SECONDS,
-        };
-        Duration::from_secs(u64::try_from(seconds).unwrap_or(0))
+        match self {
+            Self::DataplaneNode(spec) | Self::DataplaneNodeGone(spec) => spec.drain_timeout(),
+            Self::AttachedBefore(_) | Self::NoDataplaneNode => {
+                ModeSpec::new(Mode::KubeProxy).drain_timeout()
+            }
+        }
     }
 }
 
@@ -178,8 +231,8 @@ impl Instruction {
 /// `last_seen`: the spec of the last one seen by this process; `attachment`:
 /// the programs as they are (at start, as the pins showed them).
 pub fn instruction(
-    dataplane_node: Option<&DataplaneNodeSpec>,
-    last_seen: Option<&DataplaneNodeSpec>,
+    dataplane_node: Option<&ModeSpec>,
+    last_seen: Option<&ModeSpec>,
     attachment: Attachment,
 ) -> Instruction {
     match (dataplane_node, last_seen) {
@@ -187,11 +240,11 @@ pub fn instruction(
         (None, Some(spec)) => Instruction::DataplaneNodeGone(spec.clone()),
         (None, None) => match attachment {
             Attachment::Detached => Instruction::NoDataplaneNode,
-            Attachment::Attached => Instruction::AttachedBefore(DataplaneMode::Ebpf),
+            Attachment::Attached => Instruction::AttachedBefore(Mode::Ebpf),
             // Only an explicit KubeProxy starts a drain, so a drain in progress
             // finishes what that instruction began.
             Attachment::Draining { .. } | Attachment::Detaching => {
-                Instruction::AttachedBefore(DataplaneMode::KubeProxy)
+                Instruction::AttachedBefore(Mode::KubeProxy)
             }
         },
     }
@@ -230,18 +283,12 @@ mod tests {
     #[test]
     fn ebpf_mode_attaches_once() {
         let now = Instant::now();
-        let (state, action) = follow_mode(
-            Attachment::Detached,
-            DataplaneMode::Ebpf,
-            TIMEOUT,
-            None,
-            now,
-        );
+        let (state, action) = follow_mode(Attachment::Detached, Mode::Ebpf, TIMEOUT, None, now);
         assert_eq!(
             (state, action),
             (Attachment::Attached, Some(ModeAction::Activate))
         );
-        let (state, action) = follow_mode(state, DataplaneMode::Ebpf, TIMEOUT, None, now);
+        let (state, action) = follow_mode(state, Mode::Ebpf, TIMEOUT, None, now);
         assert_eq!((state, action), (Attachment::Attached, None));
     }
 
@@ -249,13 +296,7 @@ mod tests {
     fn kube_proxy_mode_from_the_start_attaches_nothing() {
         let now = Instant::now();
         assert_eq!(
-            follow_mode(
-                Attachment::Detached,
-                DataplaneMode::KubeProxy,
-                TIMEOUT,
-                Some(3),
-                now
-            ),
+            follow_mode(Attachment::Detached, Mode::KubeProxy, TIMEOUT, Some(3), now),
             (Attachment::Detached, None)
         );
     }
@@ -265,7 +306,7 @@ mod tests {
         let start = Instant::now();
         let (state, action) = follow_mode(
             Attachment::Attached,
-            DataplaneMode::KubeProxy,
+            Mode::KubeProxy,
             TIMEOUT,
             Some(5),
             start,
@@ -274,16 +315,16 @@ mod tests {
         assert_eq!(action, Some(ModeAction::StartDraining));
         let later = start + Duration::from_secs(10);
         assert_eq!(
-            follow_mode(state, DataplaneMode::KubeProxy, TIMEOUT, Some(2), later),
+            follow_mode(state, Mode::KubeProxy, TIMEOUT, Some(2), later),
             (state, None)
         );
         // An unreadable flow count never detaches early.
         assert_eq!(
-            follow_mode(state, DataplaneMode::KubeProxy, TIMEOUT, None, later),
+            follow_mode(state, Mode::KubeProxy, TIMEOUT, None, later),
             (state, None)
         );
         assert_eq!(
-            follow_mode(state, DataplaneMode::KubeProxy, TIMEOUT, Some(0), later),
+            follow_mode(state, Mode::KubeProxy, TIMEOUT, Some(0), later),
             (Attachment::Detached, Some(ModeAction::Detach))
         );
     }
@@ -293,25 +334,19 @@ mod tests {
         let start = Instant::now();
         let draining = Attachment::Draining { since: start };
         assert_eq!(
-            follow_mode(
-                draining,
-                DataplaneMode::KubeProxy,
-                TIMEOUT,
-                Some(9),
-                start + TIMEOUT
-            ),
+            follow_mode(draining, Mode::KubeProxy, TIMEOUT, Some(9), start + TIMEOUT),
             (Attachment::Detached, Some(ModeAction::Detach))
         );
     }
 
-    fn spec(mode: DataplaneMode) -> DataplaneNodeSpec {
-        DataplaneNodeSpec::new(mode)
+    fn spec(mode: Mode) -> ModeSpec {
+        ModeSpec::new(mode)
     }
 
     /// The instruction and what following it does to `attachment`.
     fn follow(
-        dataplane_node: Option<&DataplaneNodeSpec>,
-        last_seen: Option<&DataplaneNodeSpec>,
+        dataplane_node: Option<&ModeSpec>,
+        last_seen: Option<&ModeSpec>,
         attachment: Attachment,
         now: Instant,
     ) -> (Instruction, Attachment, Option<ModeAction>) {
@@ -328,7 +363,7 @@ mod tests {
 
     #[test]
     fn a_deleted_dataplane_node_after_ebpf_keeps_an_attached_node_serving() {
-        let ebpf = spec(DataplaneMode::Ebpf);
+        let ebpf = spec(Mode::Ebpf);
         let (followed, next, action) =
             follow(None, Some(&ebpf), Attachment::Attached, Instant::now());
         assert_eq!(followed, Instruction::DataplaneNodeGone(ebpf));
@@ -339,14 +374,14 @@ mod tests {
     fn a_node_that_never_had_a_dataplane_node_and_has_nothing_attached_follows_kube_proxy() {
         let (followed, next, action) = follow(None, None, Attachment::Detached, Instant::now());
         assert_eq!(followed, Instruction::NoDataplaneNode);
-        assert_eq!(followed.mode(), DataplaneMode::KubeProxy);
+        assert_eq!(followed.mode(), Mode::KubeProxy);
         assert_eq!((next, action), (Attachment::Detached, None));
     }
 
     #[test]
     fn programs_an_earlier_process_attached_keep_serving_without_a_dataplane_node() {
         let (followed, next, action) = follow(None, None, Attachment::Attached, Instant::now());
-        assert_eq!(followed, Instruction::AttachedBefore(DataplaneMode::Ebpf));
+        assert_eq!(followed, Instruction::AttachedBefore(Mode::Ebpf));
         assert_eq!((next, action), (Attachment::Attached, None));
     }
 
@@ -355,18 +390,15 @@ mod tests {
         let start = Instant::now();
         let draining = Attachment::Draining { since: start };
         let (followed, next, action) = follow(None, None, draining, start);
-        assert_eq!(
-            followed,
-            Instruction::AttachedBefore(DataplaneMode::KubeProxy)
-        );
+        assert_eq!(followed, Instruction::AttachedBefore(Mode::KubeProxy));
         assert_eq!((next, action), (draining, None));
     }
 
     #[test]
     fn an_explicit_kube_proxy_mode_drains_an_attached_node() {
         let now = Instant::now();
-        let ebpf = spec(DataplaneMode::Ebpf);
-        let mut kube_proxy = spec(DataplaneMode::KubeProxy);
+        let ebpf = spec(Mode::Ebpf);
+        let mut kube_proxy = spec(Mode::KubeProxy);
         kube_proxy.drain_timeout_seconds = 30;
         let (followed, next, action) =
             follow(Some(&kube_proxy), Some(&ebpf), Attachment::Attached, now);
@@ -378,22 +410,21 @@ mod tests {
     #[test]
     fn a_dataplane_node_recreated_with_ebpf_continues_without_reattaching() {
         let now = Instant::now();
-        let ebpf = spec(DataplaneMode::Ebpf);
+        let ebpf = spec(Mode::Ebpf);
         let (_, gone, action) = follow(None, Some(&ebpf), Attachment::Attached, now);
         assert_eq!((gone, action), (Attachment::Attached, None));
-        let recreated = spec(DataplaneMode::Ebpf);
+        let recreated = spec(Mode::Ebpf);
         let (followed, next, action) = follow(Some(&recreated), Some(&ebpf), gone, now);
         assert_eq!(followed, Instruction::DataplaneNode(recreated));
         assert_eq!((next, action), (Attachment::Attached, None));
     }
 
-    fn failing_on<'a>(names: &'a [&'a str]) -> impl FnMut(&str) -> Result<(), Error> + 'a {
+    fn failing_on<'a>(names: &'a [&'a str]) -> impl FnMut(&str) -> Result<(), String> + 'a {
         move |name| {
             if names.contains(&name) {
-                Err(Error::DetachProgram {
-                    target: name.into(),
-                    reason: "device or resource busy".into(),
-                })
+                Err(format!(
+                    "failed to detach from {name}: device or resource busy"
+                ))
             } else {
                 Ok(())
             }
@@ -416,7 +447,7 @@ mod tests {
     fn detaching_retries_the_interfaces_left_every_round_and_ends_detached_once_none_is() {
         let (next, action) = follow_mode(
             Attachment::Detaching,
-            DataplaneMode::KubeProxy,
+            Mode::KubeProxy,
             TIMEOUT,
             None,
             Instant::now(),
@@ -429,7 +460,7 @@ mod tests {
         let mut tried = Vec::new();
         let round = detach_interfaces(&left, |name| {
             tried.push(name.to_string());
-            Ok(())
+            Ok::<(), String>(())
         });
         assert_eq!(tried, vec!["p-a".to_string()]);
         assert_eq!(round.attachment(), Attachment::Detached);
@@ -437,11 +468,33 @@ mod tests {
     }
 
     #[test]
+    fn a_start_finds_serving_draining_or_never_activated_programs_by_the_config_mode() {
+        let now = Instant::now();
+        assert_eq!(
+            restored_attachment(false, Some(DATAPATH_MODE_ACTIVE), now),
+            Attachment::Detached
+        );
+        assert_eq!(
+            restored_attachment(true, Some(DATAPATH_MODE_ACTIVE), now),
+            Attachment::Attached
+        );
+        assert_eq!(
+            restored_attachment(true, Some(DATAPATH_MODE_DRAINING), now),
+            Attachment::Draining { since: now }
+        );
+        assert_eq!(restored_attachment(true, None, now), Attachment::Detached);
+        assert_eq!(
+            restored_attachment(true, Some(0), now),
+            Attachment::Detached
+        );
+    }
+
+    #[test]
     fn ebpf_mode_while_detaching_reactivates() {
         assert_eq!(
             follow_mode(
                 Attachment::Detaching,
-                DataplaneMode::Ebpf,
+                Mode::Ebpf,
                 TIMEOUT,
                 None,
                 Instant::now()
@@ -455,7 +508,7 @@ mod tests {
         let start = Instant::now();
         let draining = Attachment::Draining { since: start };
         assert_eq!(
-            follow_mode(draining, DataplaneMode::Ebpf, TIMEOUT, Some(9), start),
+            follow_mode(draining, Mode::Ebpf, TIMEOUT, Some(9), start),
             (Attachment::Attached, Some(ModeAction::Activate))
         );
     }
