@@ -123,13 +123,11 @@ fn timed_sync(
     let entries = lay_out(&desired, tracked);
     let change = plan(tracked, &entries);
     let planned = Instant::now();
-    let report = match apply(&change, maps, tracked) {
-        Ok(report) => report,
-        Err(error) => {
-            eprintln!("apply failed: {error}");
-            std::process::exit(1);
-        }
-    };
+    let (report, failed) = apply(&change, maps, tracked);
+    if !failed.is_empty() {
+        eprintln!("apply failed: {failed:?}");
+        std::process::exit(1);
+    }
     let applied = Instant::now();
     (
         computed - started,

@@ -25,6 +25,8 @@ pub struct AgentMetrics {
     pub conntrack_capacity: IntGauge,
     pub conntrack_sweep_seconds: prometheus::Gauge,
     pub conntrack_expired: IntCounter,
+    /// Map entries the last sync could not write, by Service.
+    pub sync_failed_entries: IntGaugeVec,
     /// Counts already added to the counters (they only grow by differences).
     counted: AgentCounts,
     counted_packets: Counters,
@@ -126,7 +128,18 @@ impl AgentMetrics {
             "Expired conntrack entries the sweeps removed.",
         )
         .map_err(metric_error)?;
+        let sync_failed_entries = IntGaugeVec::new(
+            Opts::new(
+                "switchyard_agent_sync_failed_entries",
+                "Map entries the last sync could not bring to their desired state, by Service \
+                 (namespace/name; empty for entries of no desired Service). Every other entry \
+                 was written; these are retried. 0 when the last sync succeeded.",
+            ),
+            &["service"],
+        )
+        .map_err(metric_error)?;
         let collectors: Vec<Box<dyn prometheus::core::Collector>> = vec![
+            Box::new(sync_failed_entries.clone()),
             Box::new(conntrack_entries.clone()),
             Box::new(conntrack_capacity.clone()),
             Box::new(conntrack_sweep_seconds.clone()),
@@ -161,6 +174,7 @@ impl AgentMetrics {
             conntrack_capacity,
             conntrack_sweep_seconds,
             conntrack_expired,
+            sync_failed_entries,
             counted: AgentCounts::default(),
             counted_packets: Counters::default(),
             counted_expired: 0,
@@ -177,6 +191,17 @@ impl AgentMetrics {
         self.conntrack_expired
             .inc_by(report.removed_total.saturating_sub(self.counted_expired));
         self.counted_expired = report.removed_total;
+    }
+
+    /// The entries the last sync left behind, by Service (Services that have
+    /// none any more drop out).
+    pub fn record_failed_entries(&self, by_service: &std::collections::BTreeMap<String, usize>) {
+        self.sync_failed_entries.reset();
+        for (service, entries) in by_service {
+            self.sync_failed_entries
+                .with_label_values(&[service.as_str()])
+                .set(i64::try_from(*entries).unwrap_or(i64::MAX));
+        }
     }
 
     /// Brings the counters up to the agent's counts.

@@ -214,6 +214,7 @@ pub async fn run(options: ClusterOptions, shutdown: impl Future<Output = ()>) ->
                 .observe(elapsed.as_secs_f64());
         }
         metrics.record_counts(&agent.counts);
+        metrics.record_failed_entries(agent.failed_entries());
         metrics
             .map_entries
             .with_label_values(&["frontends"])

@@ -204,6 +204,9 @@ pub struct NodeAgent<D: Datapath> {
     live_flows: Option<usize>,
     live_flows_read_at: Option<Instant>,
     gate_was_open: bool,
+    /// Map entries the last sync could not write, by Service ("" for entries
+    /// of no desired Service); empty after a sync that wrote everything.
+    failed_entries: BTreeMap<String, usize>,
     pub counts: AgentCounts,
 }
 
@@ -256,12 +259,18 @@ impl<D: Datapath> NodeAgent<D> {
             live_flows: None,
             live_flows_read_at: None,
             gate_was_open: false,
+            failed_entries: BTreeMap::new(),
             counts: AgentCounts::default(),
         })
     }
 
     pub fn gate_status(&self, now: Instant) -> GateStatus {
         self.gate.status(now)
+    }
+
+    /// Map entries the last sync could not write, by Service.
+    pub fn failed_entries(&self) -> &BTreeMap<String, usize> {
+        &self.failed_entries
     }
 
     /// Whether this process has synced the maps fully yet.
@@ -502,6 +511,7 @@ impl<D: Datapath> NodeAgent<D> {
             }
             Ok(Some(outcome)) => {
                 self.counts.syncs += 1;
+                self.failed_entries.clear();
                 let operations = outcome.report.operation_count();
                 self.counts.map_operations += operations as u64;
                 match outcome.kind {
@@ -552,9 +562,13 @@ impl<D: Datapath> NodeAgent<D> {
             Err(error) => {
                 self.counts.syncs += 1;
                 self.pending_since = received_at;
-                tracing::error!(%error, "sync failed; the next sync re-reads the maps and plans everything");
+                tracing::error!(error = %chain(&error), "sync failed; every other entry was written; the next sync re-reads the maps and retries");
+                self.failed_entries = error.failed_services().unwrap_or_default();
+                for (service, entries) in &self.failed_entries {
+                    tracing::warn!(service = %service, entries, "entries of this Service failed to sync; retrying");
+                }
                 self.sync_report = SyncReport::Failed {
-                    message: error.to_string(),
+                    message: chain(&error),
                 };
                 if resync_due {
                     self.resync_wanted = true;
@@ -613,6 +627,9 @@ impl<D: Datapath> NodeAgent<D> {
                 Ok(changed) => {
                     if changed {
                         self.counts.program_attaches += 1;
+                    }
+                    if !self.socket_hooks_attached {
+                        tracing::info!(changed, "socket hooks attached");
                     }
                     self.socket_hooks_attached = true;
                     self.socket_hooks_error = None;

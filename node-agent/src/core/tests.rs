@@ -882,3 +882,43 @@ fn the_core_and_the_crd_agree_on_the_default_drain_timeout_and_the_modes() {
         );
     }
 }
+
+#[test]
+fn a_frontend_that_always_fails_is_reported_for_its_service_and_retried_while_the_rest_is_written()
+{
+    let start = Instant::now();
+    let failing = node_port_key("10.99.0.11");
+    let mut datapath = FakeDatapath::default();
+    datapath.maps.failing_frontends.insert(failing);
+    let mut agent = NodeAgent::start(settings(), datapath, start).expect("starts");
+    for input in every_input_but_the_dataplane_node() {
+        agent.receive(input, start);
+    }
+    agent.receive(dataplane_node(DataplaneMode::Ebpf, 1), start);
+    agent.tick(start, wall());
+    assert_eq!(
+        agent.failed_entries(),
+        &BTreeMap::from([("default/web".to_string(), 1)])
+    );
+    let status = agent.status_inputs(start, &CoexistenceReport::default());
+    assert!(
+        matches!(&status.sync, SyncReport::Failed { message } if message.contains("default/web") && message.contains("injected fault")),
+        "{:?}",
+        status.sync
+    );
+    // Everything else of the Service is in the maps: its ClusterIP answers.
+    assert_eq!(cluster_ip_backend_count(&mut agent, "10.96.0.10"), Some(2));
+    assert!(!agent.datapath.maps.state.frontends.contains_key(&failing));
+
+    // Retried: once the entry can be written, the report clears.
+    agent.datapath.maps.failing_frontends.clear();
+    let mut now = start;
+    for _ in 0..60 {
+        now += Duration::from_secs(1);
+        agent.tick(now, wall());
+    }
+    assert!(agent.failed_entries().is_empty());
+    assert!(agent.datapath.maps.state.frontends.contains_key(&failing));
+    let status = agent.status_inputs(now, &CoexistenceReport::default());
+    assert_eq!(status.sync, SyncReport::Synced);
+}

@@ -140,7 +140,7 @@ stop_agent() {
 
 write_service 30080 10.0.0.1 10.0.0.2
 start_agent "$WORK/first.log" --no-masquerade-rule
-wait_for_log "$WORK/first.log" "socket hooks attached" 10 || true
+check "the socket hooks are attached" wait_for_log "$WORK/first.log" "socket hooks attached" 10
 check "a pod reaches the ClusterIP and every backend" test "$(answers pod2 http://10.96.0.10/ 12)" = "pod1 pod2"
 check "a host process reaches the ClusterIP" test "$(answers host http://10.96.0.10/ 12)" = "pod1 pod2"
 check "an external client reaches the NodePort" test "$(answers client http://192.168.50.1:30080/ 12)" = "pod1 pod2"
@@ -163,8 +163,8 @@ check "mode KubeProxy drains and detaches" wait_for_log "$WORK/second.log" "drai
 check "no interface keeps a program" test "$(links)" = 0
 write_mode Ebpf
 check "mode Ebpf attaches again" wait_for_log "$WORK/second.log" "mode Ebpf: programs attached" 10
-sleep 0.5
-check "and serves again" test "$(answers pod2 http://10.96.0.10/ 4)" = "pod1"
+only_pod1_answers() { test "$(answers pod2 http://10.96.0.10/ 4)" = "pod1"; }
+check "and serves again" wait_for_log_command 5 only_pod1_answers
 stop_agent
 check "--detach-on-exit removes every pin" test ! -e "$PIN"
 check "--detach-on-exit removes the masquerade chain" bash -c '! iptables -w -t nat -S SWITCHYARD-POSTROUTING >/dev/null 2>&1'

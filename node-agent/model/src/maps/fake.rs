@@ -36,6 +36,8 @@ pub struct FakeServiceMaps {
     pub failing_mutations: std::collections::BTreeSet<u64>,
     /// Kinds of mutation that always fail.
     pub failing_kinds: std::collections::BTreeSet<MapMutation>,
+    /// Frontends whose writes always fail (an entry the kernel keeps refusing).
+    pub failing_frontends: std::collections::BTreeSet<FrontendKey>,
     /// Reads fail (as an unreadable pinned map would).
     pub failing_reads: bool,
     /// Capacities of the frontends and backend slots maps: writing a new key into
@@ -104,6 +106,12 @@ impl ServiceMaps for FakeServiceMaps {
     fn write_frontend(&mut self, key: &FrontendKey, value: &FrontendValue) -> Result<(), Error> {
         let map = switchyard_common::map_names::FRONTENDS;
         self.attempt(MapMutation::WriteFrontend, map)?;
+        if self.failing_frontends.contains(key) {
+            return Err(Error::UpdateMap {
+                map,
+                source: "injected fault: this frontend always fails".into(),
+            });
+        }
         if let Some(capacity) = self.frontend_capacity {
             if !self.state.frontends.contains_key(key) && self.state.frontends.len() >= capacity {
                 return Err(Error::UpdateMap {

@@ -74,6 +74,12 @@ impl Index {
         index
     }
 
+    /// The Service whose frontend wins `key`, as far as the index knows.
+    pub fn owner(&self, key: &FrontendKey) -> Option<ServiceName> {
+        self.winner(key)
+            .map(|frontend| frontend.group.service.clone())
+    }
+
     fn winner(&self, key: &FrontendKey) -> Option<&DesiredFrontend> {
         self.claims.get(key).and_then(|claimants| claimants.first())
     }

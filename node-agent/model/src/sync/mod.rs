@@ -14,6 +14,7 @@ use crate::gate::GateOpen;
 use crate::maps::{MapState, ServiceMaps};
 use crate::model::ServiceName;
 use crate::Error;
+use switchyard_common::{BackendSlotKey, FrontendKey, FrontendValue};
 
 use self::incremental::Index;
 
@@ -35,37 +36,161 @@ impl ApplyReport {
     }
 }
 
-/// Applies `plan` phase by phase (see `diff` for why the order is safe), stopping
-/// at the first failure. `tracked` follows every operation that succeeded, so
-/// after a failure it still equals the maps (a failed BPF map update changes
-/// nothing).
+/// A map entry, by its key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum EntryKey {
+    Frontend(FrontendKey),
+    BackendSlot(BackendSlotKey),
+}
+
+/// Why an entry was not brought to its desired state.
+#[derive(Debug)]
+pub enum EntryFault {
+    /// Its write or delete failed.
+    Failed(Error),
+    /// Held back to keep every frontend on existing slots: a frontend whose
+    /// slots could not all be written, or a slot a frontend still uses.
+    HeldBack,
+}
+
+impl std::fmt::Display for EntryFault {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            EntryFault::Failed(error) => write!(formatter, "{}", crate::error::Chain(error)),
+            EntryFault::HeldBack => formatter.write_str(
+                "held back: it depends on an entry that failed (a frontend never points at a missing slot)",
+            ),
+        }
+    }
+}
+
+/// An entry an apply could not bring to its desired state, with the Services
+/// it belongs to (empty when it belongs to none that is desired: a stale entry).
+#[derive(Debug)]
+pub struct FailedEntry {
+    pub entry: EntryKey,
+    pub services: Vec<ServiceName>,
+    pub fault: EntryFault,
+}
+
+/// Applies `plan` phase by phase (see `diff` for why the order is safe). A
+/// failed operation does not stop the apply: every other entry is still
+/// written, so that one entry that always fails (a full map) blocks nothing
+/// else, as Cilium's load-balancer reconciler goes on per frontend. Only what
+/// depends on a failure is held back, to keep the order's guarantee: a
+/// frontend whose slots are not all in the maps is not written, and a slot a
+/// frontend still uses is not deleted. `tracked` follows every operation that
+/// succeeded, so it still equals the maps (a failed BPF map update changes
+/// nothing). Returns what was done and what was not (without Services yet).
 pub fn apply(
     plan: &Plan,
     maps: &mut impl ServiceMaps,
     tracked: &mut MapState,
-) -> Result<ApplyReport, Error> {
+) -> (ApplyReport, Vec<FailedEntry>) {
     let mut report = ApplyReport::default();
+    let mut failed = Vec::new();
+    let mut fail = |entry: EntryKey, fault: EntryFault| {
+        failed.push(FailedEntry {
+            entry,
+            services: Vec::new(),
+            fault,
+        })
+    };
+    let mut any_failed = false;
     for key in &plan.stale_frontends {
-        maps.delete_frontend(key)?;
-        tracked.frontends.remove(key);
-        report.frontends_deleted += 1;
+        match maps.delete_frontend(key) {
+            Ok(()) => {
+                tracked.frontends.remove(key);
+                report.frontends_deleted += 1;
+            }
+            Err(error) => {
+                any_failed = true;
+                fail(EntryKey::Frontend(*key), EntryFault::Failed(error));
+            }
+        }
     }
     for (key, value) in &plan.backend_slot_writes {
-        maps.write_backend_slot(key, value)?;
-        tracked.backend_slots.insert(*key, *value);
-        report.backend_slots_written += 1;
+        match maps.write_backend_slot(key, value) {
+            Ok(()) => {
+                tracked.backend_slots.insert(*key, *value);
+                report.backend_slots_written += 1;
+            }
+            Err(error) => {
+                any_failed = true;
+                fail(EntryKey::BackendSlot(*key), EntryFault::Failed(error));
+            }
+        }
     }
     for (key, value) in &plan.frontend_writes {
-        maps.write_frontend(key, value)?;
-        tracked.frontends.insert(*key, *value);
-        report.frontends_written += 1;
+        // Without failures the plan's order guarantees the slots; after one,
+        // each frontend is checked (a few lookups).
+        if any_failed && !tracked.has_slots_of(value) {
+            fail(EntryKey::Frontend(*key), EntryFault::HeldBack);
+            continue;
+        }
+        match maps.write_frontend(key, value) {
+            Ok(()) => {
+                tracked.frontends.insert(*key, *value);
+                report.frontends_written += 1;
+            }
+            Err(error) => {
+                any_failed = true;
+                fail(EntryKey::Frontend(*key), EntryFault::Failed(error));
+            }
+        }
     }
+    // After a failure a frontend may still use a slot the plan deletes (its
+    // delete or rewrite failed): how many slots each group's frontends use.
+    let slots_in_use: BTreeMap<u32, u32> = if any_failed {
+        let mut in_use = BTreeMap::new();
+        for value in tracked.frontends.values() {
+            let count: &mut u32 = in_use.entry(value.group_id).or_default();
+            *count = (*count).max(value.backend_count);
+        }
+        in_use
+    } else {
+        BTreeMap::new()
+    };
     for key in &plan.unused_backend_slots {
-        maps.delete_backend_slot(key)?;
-        tracked.backend_slots.remove(key);
-        report.backend_slots_deleted += 1;
+        if slots_in_use
+            .get(&key.group_id)
+            .is_some_and(|count| key.ordinal < *count)
+        {
+            fail(EntryKey::BackendSlot(*key), EntryFault::HeldBack);
+            continue;
+        }
+        match maps.delete_backend_slot(key) {
+            Ok(()) => {
+                tracked.backend_slots.remove(key);
+                report.backend_slots_deleted += 1;
+            }
+            Err(error) => fail(EntryKey::BackendSlot(*key), EntryFault::Failed(error)),
+        }
     }
-    Ok(report)
+    (report, failed)
+}
+
+/// Names the Services of each failed entry: a frontend's owner, and for a
+/// backend slot the owners of the frontends of its group (in `frontends`:
+/// the entries desired and those in the maps).
+fn attribute<'a>(
+    failed: &mut [FailedEntry],
+    frontends: impl Iterator<Item = (&'a FrontendKey, &'a FrontendValue)> + Clone,
+    owner: impl Fn(&FrontendKey) -> Option<ServiceName>,
+) {
+    for entry in failed.iter_mut() {
+        let mut services: Vec<ServiceName> = match entry.entry {
+            EntryKey::Frontend(key) => owner(&key).into_iter().collect(),
+            EntryKey::BackendSlot(slot) => frontends
+                .clone()
+                .filter(|(_, value)| value.group_id == slot.group_id)
+                .filter_map(|(key, _)| owner(key))
+                .collect(),
+        };
+        services.sort();
+        services.dedup();
+        entry.services = services;
+    }
 }
 
 /// Keeps the Service maps equal to the desired state.
@@ -122,9 +247,26 @@ impl Syncer {
         }
         let entries = lay_out(desired, &self.current);
         let plan = plan(&self.current, &entries);
-        apply(&plan, maps, &mut self.current).inspect_err(|_| {
-            self.reread_before_next_sync = true;
-        })
+        let (report, mut failed) = apply(&plan, maps, &mut self.current);
+        if failed.is_empty() {
+            return Ok(report);
+        }
+        self.reread_before_next_sync = true;
+        let owner = |key: &FrontendKey| {
+            desired
+                .frontends
+                .get(key)
+                .map(|frontend| frontend.group.service.clone())
+        };
+        attribute(
+            &mut failed,
+            entries
+                .frontends
+                .iter()
+                .chain(self.current.frontends.iter()),
+            owner,
+        );
+        Err(Error::incomplete(report, failed))
     }
 
     /// A full sync from every Service's share (in name order), which also
@@ -174,17 +316,22 @@ impl Syncer {
             return Ok(None);
         };
         let (plan, released) = index.change(changes, &self.current);
-        match apply(&plan, maps, &mut self.current) {
-            Ok(report) => {
-                index.applied(&released);
-                Ok(Some(report))
-            }
-            Err(error) => {
-                self.index = None;
-                self.reread_before_next_sync = true;
-                Err(error)
-            }
+        let (report, mut failed) = apply(&plan, maps, &mut self.current);
+        if failed.is_empty() {
+            index.applied(&released);
+            return Ok(Some(report));
         }
+        attribute(
+            &mut failed,
+            plan.frontend_writes
+                .iter()
+                .map(|(key, value)| (key, value))
+                .chain(self.current.frontends.iter()),
+            |key| index.owner(key),
+        );
+        self.index = None;
+        self.reread_before_next_sync = true;
+        Err(Error::incomplete(report, failed))
     }
 }
 

@@ -1,3 +1,4 @@
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
@@ -219,6 +220,75 @@ fn a_failure_at_any_point_of_an_apply_leaves_no_frontend_on_a_missing_slot_and_t
     }
 }
 
+/// The defect of the old apply: it stopped at the first failed operation, so
+/// an entry that always fails (a full map, an entry the kernel refuses) kept
+/// every later entry from being written, the periodic resync's included.
+#[test]
+fn an_entry_that_always_fails_blocks_no_other_write_and_is_reported_for_its_service() {
+    let services = [service(1, None), service(2, None)];
+    let slices = [slice(1, 0..2), slice(2, 0..2)];
+    let desired = desired_services(&services, &slices, &node());
+    // The first frontend in apply order always fails.
+    let (failing_key, failing_frontend) = desired
+        .frontends
+        .iter()
+        .next()
+        .map(|(key, frontend)| (*key, frontend.clone()))
+        .expect("two Services have frontends");
+    let failing_service = failing_frontend.group.service.clone();
+    let mut maps = FakeServiceMaps {
+        watch_for_missing_slots: true,
+        ..FakeServiceMaps::default()
+    };
+    maps.failing_frontends.insert(failing_key);
+    let mut syncer = Syncer::restore(&maps).expect("restores");
+
+    let error = syncer
+        .sync(open_gate(), &desired, &mut maps)
+        .expect_err("one entry failed");
+    assert_eq!(
+        error.failed_services(),
+        Some(BTreeMap::from([(failing_service.to_string(), 1)])),
+        "{}",
+        crate::error::chain(&error)
+    );
+    let everything_else: Vec<&FrontendKey> = desired
+        .frontends
+        .keys()
+        .filter(|key| **key != failing_key)
+        .collect();
+    assert!(!everything_else.is_empty());
+    for key in &everything_else {
+        assert!(
+            maps.state.frontends.contains_key(*key),
+            "{key:?} is not written: the failing entry blocked it"
+        );
+    }
+    assert!(!maps.state.frontends.contains_key(&failing_key));
+    assert!(maps.missing_slot_violations.is_empty());
+
+    // The retry (a full sync re-reading the maps) tries the failing entry
+    // again and still writes what changed meanwhile.
+    let attempts = maps.mutations_attempted;
+    let grown = desired_services(
+        &[service(1, None), service(2, None), service(3, None)],
+        &[slice(1, 0..2), slice(2, 0..2), slice(3, 0..2)],
+        &node(),
+    );
+    assert!(syncer.sync(open_gate(), &grown, &mut maps).is_err());
+    assert!(maps.mutations_attempted > attempts, "the retry tried again");
+    for key in grown.frontends.keys().filter(|key| **key != failing_key) {
+        assert!(maps.state.frontends.contains_key(key), "{key:?} written");
+    }
+    // Once the entry can be written, the next sync converges.
+    maps.failing_frontends.clear();
+    syncer
+        .sync(open_gate(), &grown, &mut maps)
+        .expect("the retry applies");
+    assert!(plan(&maps.state, &entries_of(&grown, &maps.state)).is_empty());
+    assert!(maps.missing_slot_violations.is_empty());
+}
+
 #[test]
 fn a_failed_apply_makes_the_next_sync_reread_the_maps() {
     let (before, after) = before_and_after();
@@ -402,6 +472,43 @@ proptest! {
         // And a restart then changes nothing.
         let mut restarted = Syncer::restore(&maps).expect("restores");
         prop_assert_eq!(restarted.sync(open_gate(), &after, &mut maps).expect("applies"), ApplyReport::default());
+    }
+
+    /// Any set of failed operations: the others are all made, what depends on
+    /// a failure is held back, and no frontend ever points at a missing slot.
+    #[test]
+    fn an_apply_with_failures_makes_every_operation_that_does_not_depend_on_one(
+        current in arbitrary_state(),
+        desired in arbitrary_state(),
+        failing in prop::collection::btree_set(0u64..48, 0..6),
+    ) {
+        prop_assume!(current.frontends_with_missing_slots().is_empty());
+        let plan = plan(&current, &desired);
+        let mut maps = FakeServiceMaps::with_state(current.clone());
+        maps.watch_for_missing_slots = true;
+        maps.failing_mutations = failing;
+        let mut tracked = current;
+        let (report, failed) = apply(&plan, &mut maps, &mut tracked);
+        prop_assert!(maps.missing_slot_violations.is_empty(), "{:?}", maps.missing_slot_violations);
+        prop_assert_eq!(&maps.state, &tracked);
+        let left: BTreeSet<EntryKey> = failed.iter().map(|entry| entry.entry).collect();
+        prop_assert_eq!(report.operation_count() + failed.len(), plan.operation_count());
+        for key in &plan.stale_frontends {
+            prop_assert!(left.contains(&EntryKey::Frontend(*key)) || !maps.state.frontends.contains_key(key));
+        }
+        for (key, value) in &plan.backend_slot_writes {
+            prop_assert!(left.contains(&EntryKey::BackendSlot(*key)) || maps.state.backend_slots.get(key) == Some(value));
+        }
+        for (key, value) in &plan.frontend_writes {
+            prop_assert!(left.contains(&EntryKey::Frontend(*key)) || maps.state.frontends.get(key) == Some(value));
+        }
+        for key in &plan.unused_backend_slots {
+            prop_assert!(left.contains(&EntryKey::BackendSlot(*key)) || !maps.state.backend_slots.contains_key(key));
+        }
+        // Held back only what depends on a failure: with none, nothing is left.
+        if failed.iter().all(|entry| matches!(entry.fault, EntryFault::HeldBack)) {
+            prop_assert!(failed.is_empty());
+        }
     }
 }
 
