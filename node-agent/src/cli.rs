@@ -38,15 +38,8 @@ pub struct RunArguments {
     /// This node's name (the chart sets it from the downward API).
     #[arg(long, env = "NODE_NAME")]
     pub node_name: String,
-    #[arg(long, default_value = DEFAULT_PIN_DIRECTORY)]
-    pub bpf_pin_dir: PathBuf,
-    /// Globs (comma-separated) of pod interfaces (host side of pod veths).
-    #[arg(long, default_value = DEFAULT_POD_INTERFACE_GLOBS)]
-    pub pod_interfaces: String,
-    /// Globs of external interfaces; default: every non-loopback interface that is
-    /// not a pod interface.
-    #[arg(long)]
-    pub host_interfaces: Option<String>,
+    #[command(flatten)]
+    pub datapath: DatapathArguments,
     /// Where /metrics, /healthz and /readyz are served.
     #[arg(long, default_value = "0.0.0.0:9964")]
     pub metrics_address: std::net::SocketAddr,
@@ -57,29 +50,9 @@ pub struct RunArguments {
     /// (it keeps waiting after that).
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub gate_timeout: Duration,
-    #[command(flatten)]
-    pub map_sizes: MapSizeArguments,
     /// The agent pod's `controller-revision-hash`, reported in status.
     #[arg(long, env = "AGENT_REVISION")]
     pub agent_revision: Option<String>,
-    /// `skb->mark` bit of packets to masquerade.
-    #[arg(long, default_value_t = crate::datapath::DEFAULT_MASQUERADE_MARK)]
-    pub masquerade_mark: u32,
-    /// Do not install the SWITCHYARD-POSTROUTING masquerade rule.
-    #[arg(long)]
-    pub no_masquerade_rule: bool,
-    /// cgroup v2 directory for the host socket hooks (default: the cgroup v2 root).
-    #[arg(long, conflicts_with = "no_socket_hooks")]
-    pub cgroup: Option<PathBuf>,
-    /// Attach no socket hooks (host processes then get no Service translation).
-    #[arg(long)]
-    pub no_socket_hooks: bool,
-    /// Pods' TCP connects to Services: pointed at a backend by the connect hook
-    /// (`tcp`), or translated per packet by the TC programs (`disabled`, for
-    /// meshes that must see the Service address). UDP, session affinity,
-    /// masquerading and Services without endpoints always use the TC programs.
-    #[arg(long, value_enum, default_value_t = PodConnectBalancing::Tcp)]
-    pub pod_connect_time_load_balancing: PodConnectBalancing,
     /// kube-proxy's healthz, probed while its rules are on the node.
     #[arg(long, default_value = "http://127.0.0.1:10256/healthz")]
     pub kube_proxy_healthz: String,
@@ -96,6 +69,65 @@ pub struct RunArguments {
     pub no_replacement_healthz: bool,
     #[arg(long, default_value_t = crate::kube_proxy::health::KUBE_PROXY_HEALTHZ_PORT)]
     pub replacement_healthz_port: u16,
+}
+
+/// The flags both `run` and `standalone` take: which interfaces get programs,
+/// where the pins live, the masquerade rule, the socket hooks, the map sizes.
+#[derive(Debug, Args)]
+pub struct DatapathArguments {
+    #[arg(long, default_value = DEFAULT_PIN_DIRECTORY)]
+    pub bpf_pin_dir: PathBuf,
+    /// Globs (comma-separated) of pod interfaces (host side of pod veths).
+    #[arg(long, default_value = DEFAULT_POD_INTERFACE_GLOBS)]
+    pub pod_interfaces: String,
+    /// Globs of external interfaces; default (also when empty): every
+    /// non-loopback interface that is not a pod interface.
+    #[arg(long)]
+    pub host_interfaces: Option<String>,
+    /// `skb->mark` bit of packets to masquerade.
+    #[arg(long, default_value_t = crate::datapath::DEFAULT_MASQUERADE_MARK)]
+    pub masquerade_mark: u32,
+    /// Do not install the SWITCHYARD-POSTROUTING masquerade rule.
+    #[arg(long)]
+    pub no_masquerade_rule: bool,
+    /// cgroup v2 directory for the host socket hooks (default: the cgroup v2 root,
+    /// so every host process of this network namespace is covered).
+    #[arg(long, conflicts_with = "no_socket_hooks")]
+    pub cgroup: Option<PathBuf>,
+    /// Attach no socket hooks (host processes then get no Service translation).
+    #[arg(long)]
+    pub no_socket_hooks: bool,
+    /// Pods' TCP connects to Services: pointed at a backend by the connect hook
+    /// (`tcp`), or translated per packet by the TC programs (`disabled`, for
+    /// meshes that must see the Service address). UDP, session affinity,
+    /// masquerading and Services without endpoints always use the TC programs.
+    #[arg(long, value_enum, default_value_t = PodConnectBalancing::Tcp)]
+    pub pod_connect_time_load_balancing: PodConnectBalancing,
+    #[command(flatten)]
+    pub map_sizes: MapSizeArguments,
+}
+
+impl DatapathArguments {
+    pub fn pod_interfaces(&self) -> Globs {
+        Globs::parse(&self.pod_interfaces)
+    }
+
+    pub fn host_interfaces(&self) -> Option<Globs> {
+        self.host_interfaces
+            .as_deref()
+            .filter(|globs| !globs.is_empty())
+            .map(Globs::parse)
+    }
+
+    pub fn socket_hook_cgroup(&self) -> SocketHookCgroup {
+        if self.no_socket_hooks {
+            return SocketHookCgroup::None;
+        }
+        match &self.cgroup {
+            Some(path) => SocketHookCgroup::Path(path.clone()),
+            None => SocketHookCgroup::Root,
+        }
+    }
 }
 
 /// Entries of the maps the agent creates (maps pinned by an earlier process are
@@ -148,28 +180,17 @@ impl RunArguments {
     pub fn options(&self) -> crate::cluster::ClusterOptions {
         crate::cluster::ClusterOptions {
             node_name: self.node_name.clone(),
-            pin_directory: self.bpf_pin_dir.clone(),
-            map_sizes: self.map_sizes.map_sizes(),
-            pod_interfaces: Globs::parse(&self.pod_interfaces),
-            host_interfaces: self
-                .host_interfaces
-                .as_deref()
-                .filter(|globs| !globs.is_empty())
-                .map(Globs::parse),
+            pin_directory: self.datapath.bpf_pin_dir.clone(),
+            map_sizes: self.datapath.map_sizes.map_sizes(),
+            pod_interfaces: self.datapath.pod_interfaces(),
+            host_interfaces: self.datapath.host_interfaces(),
             metrics_address: self.metrics_address,
             min_sync_period: self.min_sync_period,
             gate_timeout: self.gate_timeout,
-            masquerade_mark: self.masquerade_mark,
-            manage_masquerade_rule: !self.no_masquerade_rule,
-            socket_hook_cgroup: if self.no_socket_hooks {
-                SocketHookCgroup::None
-            } else {
-                match &self.cgroup {
-                    Some(path) => SocketHookCgroup::Path(path.clone()),
-                    None => SocketHookCgroup::Root,
-                }
-            },
-            pod_connect_balancing: self.pod_connect_time_load_balancing,
+            masquerade_mark: self.datapath.masquerade_mark,
+            manage_masquerade_rule: !self.datapath.no_masquerade_rule,
+            socket_hook_cgroup: self.datapath.socket_hook_cgroup(),
+            pod_connect_balancing: self.datapath.pod_connect_time_load_balancing,
             agent_revision: self
                 .agent_revision
                 .clone()
@@ -188,13 +209,8 @@ pub struct StandaloneArguments {
     /// A YAML file or a directory of them (Services, EndpointSlices, DataplaneNode).
     #[arg(long)]
     pub manifests: PathBuf,
-    /// Globs (comma-separated) of pod interfaces (host side of pod veths).
-    #[arg(long, default_value = DEFAULT_POD_INTERFACE_GLOBS)]
-    pub pod_interfaces: String,
-    /// Globs of external interfaces; default: every non-loopback interface that is
-    /// not a pod interface.
-    #[arg(long)]
-    pub host_interfaces: Option<String>,
+    #[command(flatten)]
+    pub datapath: DatapathArguments,
     /// Addresses NodePorts are served on (repeatable); default: the host
     /// interfaces' global addresses.
     #[arg(long = "node-ip")]
@@ -202,8 +218,6 @@ pub struct StandaloneArguments {
     /// This node's name: which endpoints are local, which DataplaneNode to follow.
     #[arg(long, env = "NODE_NAME")]
     pub node_name: Option<String>,
-    #[arg(long, default_value = DEFAULT_PIN_DIRECTORY)]
-    pub bpf_pin_dir: PathBuf,
     /// Remove programs, links and maps on exit (default: leave them serving).
     #[arg(long)]
     pub detach_on_exit: bool,
@@ -213,27 +227,6 @@ pub struct StandaloneArguments {
     /// How often the manifests and interfaces are checked, in milliseconds.
     #[arg(long, default_value_t = 200)]
     pub poll_interval_ms: u64,
-    /// `skb->mark` bit of packets to masquerade.
-    #[arg(long, default_value_t = crate::datapath::DEFAULT_MASQUERADE_MARK)]
-    pub masquerade_mark: u32,
-    /// Do not install the SWITCHYARD-POSTROUTING masquerade rule.
-    #[arg(long)]
-    pub no_masquerade_rule: bool,
-    /// cgroup v2 directory for the host socket hooks (default: the cgroup v2 root,
-    /// so every host process of this network namespace is covered).
-    #[arg(long, conflicts_with = "no_socket_hooks")]
-    pub cgroup: Option<PathBuf>,
-    /// Attach no socket hooks (host processes then get no Service translation).
-    #[arg(long)]
-    pub no_socket_hooks: bool,
-    /// Pods' TCP connects to Services: pointed at a backend by the connect hook
-    /// (`tcp`), or translated per packet by the TC programs (`disabled`, for
-    /// meshes that must see the Service address). UDP, session affinity,
-    /// masquerading and Services without endpoints always use the TC programs.
-    #[arg(long, value_enum, default_value_t = PodConnectBalancing::Tcp)]
-    pub pod_connect_time_load_balancing: PodConnectBalancing,
-    #[command(flatten)]
-    pub map_sizes: MapSizeArguments,
 }
 
 #[derive(Debug, Args)]
@@ -253,27 +246,20 @@ impl StandaloneArguments {
     pub fn options(&self) -> StandaloneOptions {
         StandaloneOptions {
             manifests: self.manifests.clone(),
-            pod_interfaces: Globs::parse(&self.pod_interfaces),
-            host_interfaces: self.host_interfaces.as_deref().map(Globs::parse),
+            pod_interfaces: self.datapath.pod_interfaces(),
+            host_interfaces: self.datapath.host_interfaces(),
             node_ips: self.node_ips.clone(),
             node_name: self.node_name.clone().unwrap_or_else(host_name),
-            pin_directory: self.bpf_pin_dir.clone(),
+            pin_directory: self.datapath.bpf_pin_dir.clone(),
             detach_on_exit: self.detach_on_exit,
             min_sync_period: Duration::from_millis(self.min_sync_period_ms),
             poll_interval: Duration::from_millis(self.poll_interval_ms),
             gate_timeout: Duration::from_secs(30),
-            masquerade_mark: self.masquerade_mark,
-            manage_masquerade_rule: !self.no_masquerade_rule,
-            map_sizes: self.map_sizes.map_sizes(),
-            socket_hook_cgroup: if self.no_socket_hooks {
-                SocketHookCgroup::None
-            } else {
-                match &self.cgroup {
-                    Some(path) => SocketHookCgroup::Path(path.clone()),
-                    None => SocketHookCgroup::Root,
-                }
-            },
-            pod_connect_balancing: self.pod_connect_time_load_balancing,
+            masquerade_mark: self.datapath.masquerade_mark,
+            manage_masquerade_rule: !self.datapath.no_masquerade_rule,
+            map_sizes: self.datapath.map_sizes.map_sizes(),
+            socket_hook_cgroup: self.datapath.socket_hook_cgroup(),
+            pod_connect_balancing: self.datapath.pod_connect_time_load_balancing,
         }
     }
 }

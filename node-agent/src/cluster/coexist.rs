@@ -7,49 +7,19 @@
 //! `:10256/healthz` once kube-proxy has left. The decisions are the `kube_proxy`
 //! module's; this is the wiring.
 
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use switchyard_crds::{reasons, ConditionStatus};
 use tokio::sync::watch;
 
+use crate::core::round::CoexistenceRequest;
 use crate::core::status::{CoexistenceReport, ConditionValue};
 use crate::kube_proxy::detection::{CleanupStateMachine, ConditionReport};
-use crate::kube_proxy::health::{HealthzTarget, LocalServiceHealth, NodeHealth};
+use crate::kube_proxy::health::{HealthzTarget, NodeHealth};
 use crate::kube_proxy::health_server::{HealthServerSettings, HealthServers};
 use crate::kube_proxy::round::{coexistence_round, RoundSettings};
 use crate::kube_proxy::system::Tools;
 use crate::kube_proxy::Family;
-
-/// What the agent tells the coexistence loop.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CoexistenceRequest {
-    /// `Some(generation)` while the DataplaneNode says `iptablesCleanup: true`.
-    pub cleanup_generation: Option<i64>,
-    /// Programs attached (or draining): the agent's chains must come first.
-    pub serving_from_ebpf: bool,
-    /// Some Service needs the agent's masquerade rule (or the agent installed
-    /// it): without, the agent installs no chain (nothing it would hold is
-    /// marked, and the rules would turn on netfilter's connection tracking).
-    pub netfilter_chains_wanted: bool,
-    /// The maps are in sync (what the replacement healthz reports).
-    pub healthy: bool,
-    pub last_sync: SystemTime,
-    /// The `healthCheckNodePort` answers.
-    pub services: Vec<LocalServiceHealth>,
-}
-
-impl Default for CoexistenceRequest {
-    fn default() -> Self {
-        Self {
-            cleanup_generation: None,
-            serving_from_ebpf: false,
-            netfilter_chains_wanted: false,
-            healthy: false,
-            last_sync: SystemTime::UNIX_EPOCH,
-            services: Vec::new(),
-        }
-    }
-}
 
 #[derive(Clone, Debug)]
 pub struct CoexistenceSettings {

@@ -5,6 +5,7 @@ use prometheus::{
     HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
 
+use crate::core::round::RoundReport;
 use crate::core::AgentCounts;
 use crate::loader::{expiry::SweepReport, Counters};
 
@@ -191,6 +192,29 @@ impl AgentMetrics {
         self.conntrack_expired
             .inc_by(report.removed_total.saturating_sub(self.counted_expired));
         self.counted_expired = report.removed_total;
+    }
+
+    /// Writes out one round of the core: its sync, entries, gate, the
+    /// coexistence loop's count of kube-proxy rules, and the counts.
+    pub fn record_round(&mut self, round: &RoundReport, counts: &AgentCounts) {
+        if let Some((kind, elapsed)) = round.sync {
+            self.sync_duration
+                .with_label_values(&[kind])
+                .observe(elapsed.as_secs_f64());
+        }
+        self.record_counts(counts);
+        self.record_failed_entries(&round.failed_entries);
+        let count = |value: usize| i64::try_from(value).unwrap_or(i64::MAX);
+        self.map_entries
+            .with_label_values(&["frontends"])
+            .set(count(round.frontends));
+        self.map_entries
+            .with_label_values(&["backends"])
+            .set(count(round.backend_slots));
+        self.gate_wait_seconds.set(round.gate_wait.as_secs_f64());
+        if let Some(rules) = round.kube_proxy_rules {
+            self.kube_proxy_rules_present.set(count(rules));
+        }
     }
 
     /// The entries the last sync left behind, by Service (Services that have

@@ -24,20 +24,18 @@ pub mod watch;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use chrono::Utc;
-use switchyard_crds::Condition;
 use switchyard_telemetry::{Health, TelemetryServer};
 use tokio::sync::{mpsc, watch as channel};
 
-use self::coexist::{CoexistenceRequest, CoexistenceSettings};
+use self::coexist::CoexistenceSettings;
 use self::metrics::AgentMetrics;
-use crate::core::status::{self, compute_status, CoexistenceReport, SyncReport, WrittenStatus};
+use crate::core::round::StatusTracker;
+use crate::core::status::{CoexistenceReport, WrittenStatus};
 use crate::core::{AgentSettings, NodeAgent, DEFAULT_FULL_RESYNC_PERIOD};
 use crate::datapath::{Datapath, KernelDatapath, PodConnectBalancing, SocketHookCgroup};
-use crate::follow::Attachment;
-use crate::gate::GateStatus;
 use crate::interfaces::Globs;
 use crate::kube_proxy::health::HealthzTarget;
 use crate::loader::{self, MapSizes};
@@ -149,11 +147,8 @@ pub async fn run(options: ClusterOptions, shutdown: impl Future<Output = ()>) ->
     // "not serving" would make it remove the agent's chains (their masquerade
     // included) under the programs a previous process left serving, until the
     // first real request puts them back.
-    let (request_sender, request_receiver) = channel::channel(CoexistenceRequest {
-        serving_from_ebpf: agent.attachment() != Attachment::Detached,
-        netfilter_chains_wanted: agent.netfilter_chains_wanted(),
-        ..CoexistenceRequest::default()
-    });
+    let (request_sender, request_receiver) =
+        channel::channel(agent.coexistence_request(false, None));
     let (report_sender, mut reports) = channel::channel(CoexistenceReport::default());
     let coexistence = tokio::spawn(coexist::run_coexistence(
         CoexistenceSettings {
@@ -170,8 +165,7 @@ pub async fn run(options: ClusterOptions, shutdown: impl Future<Output = ()>) ->
 
     let started = Instant::now();
     let mut coexistence_report = CoexistenceReport::default();
-    let mut last_conditions: Option<Vec<Condition>> = None;
-    let mut last_written = WrittenStatus::default();
+    let mut status_tracker = StatusTracker::default();
     let mut counters_read_at: Option<Instant> = None;
     let mut status_writes_counted = 0_u64;
     tokio::pin!(shutdown);
@@ -204,34 +198,19 @@ pub async fn run(options: ClusterOptions, shutdown: impl Future<Output = ()>) ->
             _ = tokio::time::sleep_until(deadline.into()) => {}
         }
         let now = Instant::now();
-        let report = agent.tick(now, Utc::now());
+        let tick = agent.tick(now, Utc::now());
+        let round = agent.round_report(
+            &tick,
+            now,
+            Utc::now(),
+            started,
+            &coexistence_report,
+            &mut status_tracker,
+        );
 
-        // Metrics.
-        if let Some((outcome, elapsed)) = report.sync {
-            metrics
-                .sync_duration
-                .with_label_values(&[outcome.kind.name()])
-                .observe(elapsed.as_secs_f64());
-        }
-        metrics.record_counts(&agent.counts);
-        metrics.record_failed_entries(agent.failed_entries());
-        metrics
-            .map_entries
-            .with_label_values(&["frontends"])
-            .set(agent.services_programmed() as i64);
-        metrics
-            .map_entries
-            .with_label_values(&["backends"])
-            .set(agent.backend_slots_programmed() as i64);
-        match agent.gate_status(now) {
-            GateStatus::Open { waited } => metrics.gate_wait_seconds.set(waited.as_secs_f64()),
-            _ => metrics
-                .gate_wait_seconds
-                .set(now.saturating_duration_since(started).as_secs_f64()),
-        }
-        if let Some(rules) = coexistence_report.kube_proxy_rules {
-            metrics.kube_proxy_rules_present.set(rules as i64);
-        }
+        // Write the round out: metrics, readiness, the coexistence request,
+        // the CPU priority, the status.
+        metrics.record_round(&round, &agent.counts);
         if counters_read_at.is_none_or(|at| now.saturating_duration_since(at) >= COUNTERS_PERIOD) {
             counters_read_at = Some(now);
             if let Ok(counters) = agent.datapath.counters() {
@@ -246,54 +225,15 @@ pub async fn run(options: ClusterOptions, shutdown: impl Future<Output = ()>) ->
             .status_writes
             .inc_by(writes.saturating_sub(status_writes_counted));
         status_writes_counted = writes;
-        health.set_ready(agent.gate_is_open());
-
-        // kube-proxy coexistence follows the spec and the attachment.
-        let inputs = agent.status_inputs(now, &coexistence_report);
-        let request = CoexistenceRequest {
-            cleanup_generation: agent
-                .dataplane_node()
-                .filter(|view| view.spec.iptables_cleanup)
-                .map(|view| view.generation.unwrap_or(0)),
-            serving_from_ebpf: agent.attachment() != Attachment::Detached,
-            netfilter_chains_wanted: agent.netfilter_chains_wanted(),
-            healthy: inputs.sync == SyncReport::Synced,
-            services: agent.local_service_health(),
-            last_sync: inputs
-                .last_sync_time
-                .map(SystemTime::from)
-                .unwrap_or(SystemTime::UNIX_EPOCH),
-        };
+        health.set_ready(round.ready);
         request_sender.send_if_modified(|current| {
-            let changed = *current != request;
-            *current = request;
+            let changed = *current != round.coexistence;
+            *current = round.coexistence.clone();
             changed
         });
-
-        let step = catch_up.after_round(inputs.sync == SyncReport::Synced, now);
-        priority::apply(step, original_nice);
-
-        // Status: only with a DataplaneNode to write it to, only on change, not
-        // while the gate waits within its timeout.
-        if let Some(view) = agent
-            .dataplane_node()
-            .filter(|_| status::worth_reporting(&inputs.gate))
-        {
-            let previous = last_conditions.clone().unwrap_or_else(|| {
-                view.status
-                    .as_ref()
-                    .map(|status| status.conditions.clone())
-                    .unwrap_or_default()
-            });
-            let status = compute_status(&inputs, &previous, Utc::now());
-            if last_written.needs_write(view.uid.as_deref(), &status) {
-                last_conditions = Some(status.conditions.clone());
-                last_written = WrittenStatus {
-                    object_uid: view.uid.clone(),
-                    status: Some(status),
-                };
-                status_sender.send_replace(last_written.clone());
-            }
+        priority::apply(catch_up.after_round(round.synced, now), original_nice);
+        if let Some(status) = round.status {
+            status_sender.send_replace(status);
         }
     }
     tracing::info!("exiting; programs and maps stay in place");

@@ -12,6 +12,7 @@
 
 pub mod health;
 pub mod node;
+pub mod round;
 pub mod status;
 pub mod store;
 

@@ -922,3 +922,37 @@ fn a_frontend_that_always_fails_is_reported_for_its_service_and_retried_while_th
     let status = agent.status_inputs(now, &CoexistenceReport::default());
     assert_eq!(status.sync, SyncReport::Synced);
 }
+
+/// The shell writes out what the round decides: the status goes to the writer
+/// once when it changes, not again while it stays, and again for a
+/// DataplaneNode recreated under the same name (a new UID).
+#[test]
+fn a_round_hands_over_the_status_only_when_it_must_be_written() {
+    let start = Instant::now();
+    let mut agent = running_agent(DataplaneMode::Ebpf, start);
+    let coexistence = CoexistenceReport::default();
+    let mut tracker = round::StatusTracker::default();
+    let tick = agent.tick(start, wall());
+    let first = agent.round_report(&tick, start, wall(), start, &coexistence, &mut tracker);
+    let written = first.status.expect("the first status is written");
+    assert_eq!(written.object_uid.as_deref(), Some("uid-1"));
+    assert!(first.synced && first.ready);
+    assert!(first.coexistence.serving_from_ebpf);
+
+    let later = start + Duration::from_secs(1);
+    let tick = agent.tick(later, wall());
+    let unchanged = agent.round_report(&tick, later, wall(), start, &coexistence, &mut tracker);
+    assert_eq!(unchanged.status, None, "nothing changed");
+
+    let mut recreated = dataplane_node(DataplaneMode::Ebpf, 1);
+    if let Input::DataplaneNode(Some(view)) = &mut recreated {
+        view.uid = Some("uid-recreated".into());
+    }
+    agent.receive(recreated, later);
+    let tick = agent.tick(later, wall());
+    let again = agent.round_report(&tick, later, wall(), start, &coexistence, &mut tracker);
+    assert_eq!(
+        again.status.and_then(|status| status.object_uid).as_deref(),
+        Some("uid-recreated")
+    );
+}
