@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::datapath::{PodConnectBalancing, SocketHookCgroup};
+use crate::datapath::{DatapathOptions, PodConnectBalancing, SocketHookCgroup};
 use crate::interfaces::{Globs, DEFAULT_POD_INTERFACE_GLOBS};
 use crate::standalone::StandaloneOptions;
 
@@ -108,6 +108,19 @@ pub struct DatapathArguments {
 }
 
 impl DatapathArguments {
+    pub fn options(&self) -> DatapathOptions {
+        DatapathOptions {
+            pin_directory: self.bpf_pin_dir.clone(),
+            map_sizes: self.map_sizes.map_sizes(),
+            pod_interfaces: self.pod_interfaces(),
+            host_interfaces: self.host_interfaces(),
+            masquerade_mark: self.masquerade_mark,
+            manage_masquerade_rule: !self.no_masquerade_rule,
+            socket_hook_cgroup: self.socket_hook_cgroup(),
+            pod_connect_balancing: self.pod_connect_time_load_balancing,
+        }
+    }
+
     pub fn pod_interfaces(&self) -> Globs {
         Globs::parse(&self.pod_interfaces)
     }
@@ -180,17 +193,10 @@ impl RunArguments {
     pub fn options(&self) -> crate::cluster::ClusterOptions {
         crate::cluster::ClusterOptions {
             node_name: self.node_name.clone(),
-            pin_directory: self.datapath.bpf_pin_dir.clone(),
-            map_sizes: self.datapath.map_sizes.map_sizes(),
-            pod_interfaces: self.datapath.pod_interfaces(),
-            host_interfaces: self.datapath.host_interfaces(),
+            datapath: self.datapath.options(),
             metrics_address: self.metrics_address,
             min_sync_period: self.min_sync_period,
             gate_timeout: self.gate_timeout,
-            masquerade_mark: self.datapath.masquerade_mark,
-            manage_masquerade_rule: !self.datapath.no_masquerade_rule,
-            socket_hook_cgroup: self.datapath.socket_hook_cgroup(),
-            pod_connect_balancing: self.datapath.pod_connect_time_load_balancing,
             agent_revision: self
                 .agent_revision
                 .clone()
@@ -246,20 +252,13 @@ impl StandaloneArguments {
     pub fn options(&self) -> StandaloneOptions {
         StandaloneOptions {
             manifests: self.manifests.clone(),
-            pod_interfaces: self.datapath.pod_interfaces(),
-            host_interfaces: self.datapath.host_interfaces(),
+            datapath: self.datapath.options(),
             node_ips: self.node_ips.clone(),
             node_name: self.node_name.clone().unwrap_or_else(host_name),
-            pin_directory: self.datapath.bpf_pin_dir.clone(),
             detach_on_exit: self.detach_on_exit,
             min_sync_period: Duration::from_millis(self.min_sync_period_ms),
             poll_interval: Duration::from_millis(self.poll_interval_ms),
             gate_timeout: Duration::from_secs(30),
-            masquerade_mark: self.datapath.masquerade_mark,
-            manage_masquerade_rule: !self.datapath.no_masquerade_rule,
-            map_sizes: self.datapath.map_sizes.map_sizes(),
-            socket_hook_cgroup: self.datapath.socket_hook_cgroup(),
-            pod_connect_balancing: self.datapath.pod_connect_time_load_balancing,
         }
     }
 }
@@ -297,9 +296,16 @@ mod tests {
         assert_eq!(options.node_ips.len(), 2);
         assert_eq!(options.node_name, "node-a");
         assert!(options.detach_on_exit);
-        assert!(options.pod_interfaces.matches("pod7"));
-        assert!(options.host_interfaces.expect("given").matches("eth0"));
-        assert_eq!(options.pin_directory, PathBuf::from("/sys/fs/bpf/test"));
+        assert!(options.datapath.pod_interfaces.matches("pod7"));
+        assert!(options
+            .datapath
+            .host_interfaces
+            .expect("given")
+            .matches("eth0"));
+        assert_eq!(
+            options.datapath.pin_directory,
+            PathBuf::from("/sys/fs/bpf/test")
+        );
     }
 
     #[test]
@@ -325,13 +331,16 @@ mod tests {
         };
         let options = arguments.options();
         assert_eq!(options.node_name, "node-1");
-        assert_eq!(options.pod_connect_balancing, PodConnectBalancing::Tcp);
+        assert_eq!(
+            options.datapath.pod_connect_balancing,
+            PodConnectBalancing::Tcp
+        );
         assert_eq!(options.min_sync_period, Duration::from_secs(1));
-        assert_eq!(options.map_sizes.backend_slots, 262_144);
-        assert_eq!(options.map_sizes.conntrack_overflow, 65_536);
-        assert_eq!(options.host_interfaces, None);
+        assert_eq!(options.datapath.map_sizes.backend_slots, 262_144);
+        assert_eq!(options.datapath.map_sizes.conntrack_overflow, 65_536);
+        assert_eq!(options.datapath.host_interfaces, None);
         assert_eq!(options.gate_timeout, Duration::from_secs(30));
-        assert!(options.pod_interfaces.matches("veth9"));
+        assert!(options.datapath.pod_interfaces.matches("veth9"));
     }
 
     #[test]
@@ -353,13 +362,19 @@ mod tests {
         };
         let options = arguments.options();
         for name in ["veth0", "cali1", "lxc2"] {
-            assert!(options.pod_interfaces.matches(name), "{name}");
+            assert!(options.datapath.pod_interfaces.matches(name), "{name}");
         }
-        assert_eq!(options.host_interfaces, None);
+        assert_eq!(options.datapath.host_interfaces, None);
         assert!(options.node_ips.is_empty());
-        assert_eq!(options.pin_directory, PathBuf::from(DEFAULT_PIN_DIRECTORY));
+        assert_eq!(
+            options.datapath.pin_directory,
+            PathBuf::from(DEFAULT_PIN_DIRECTORY)
+        );
         assert!(!options.detach_on_exit);
-        assert_eq!(options.map_sizes, crate::loader::MapSizes::default());
+        assert_eq!(
+            options.datapath.map_sizes,
+            crate::loader::MapSizes::default()
+        );
     }
 
     #[test]
@@ -376,7 +391,7 @@ mod tests {
         let Command::Standalone(arguments) = cli.command else {
             panic!("expected standalone");
         };
-        let sizes = arguments.options().map_sizes;
+        let sizes = arguments.options().datapath.map_sizes;
         assert_eq!(sizes.frontends, 131_072);
         assert_eq!(sizes.backend_slots, 524_288);
         assert_eq!(
@@ -391,7 +406,9 @@ mod tests {
             let mut line = vec!["switchyard-agent", "run", "--node-name", "node-1"];
             line.extend_from_slice(extra);
             match Cli::try_parse_from(line).map(|cli| cli.command) {
-                Ok(Command::Run(arguments)) => Ok(arguments.options().pod_connect_balancing),
+                Ok(Command::Run(arguments)) => {
+                    Ok(arguments.options().datapath.pod_connect_balancing)
+                }
                 Ok(_) => panic!("expected run"),
                 Err(error) => Err(error.to_string()),
             }

@@ -37,7 +37,7 @@ pub fn watch_host(
                 }
                 Err(error) => {
                     if !reported_error {
-                        tracing::warn!(%error, "cannot read the host's interfaces; retrying");
+                        tracing::warn!(error = %switchyard_model::error::chain(&error), "cannot read the host's interfaces; retrying");
                         reported_error = true;
                     }
                 }

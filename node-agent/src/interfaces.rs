@@ -113,11 +113,16 @@ pub fn read_interfaces() -> Result<Vec<IpInterface>, Error> {
         .args(["-j", "addr", "show"])
         .output()
         .map_err(|error| Error::ReadInterfaces {
-            reason: format!("cannot run ip: {error}"),
+            source: Box::new(error),
         })?;
     if !output.status.success() {
         return Err(Error::ReadInterfaces {
-            reason: String::from_utf8_lossy(&output.stderr).trim().to_string(),
+            source: format!(
+                "ip -j addr show: {}: {}",
+                output.status,
+                String::from_utf8_lossy(&output.stderr).trim()
+            )
+            .into(),
         });
     }
     parse_ip_json(&output.stdout)
@@ -125,7 +130,7 @@ pub fn read_interfaces() -> Result<Vec<IpInterface>, Error> {
 
 pub fn parse_ip_json(json: &[u8]) -> Result<Vec<IpInterface>, Error> {
     serde_json::from_slice(json).map_err(|error| Error::ReadInterfaces {
-        reason: format!("cannot parse the output of ip -j addr: {error}"),
+        source: Box::new(error),
     })
 }
 

@@ -59,11 +59,7 @@ fn main() -> std::process::ExitCode {
             Command::Standalone(arguments) => {
                 let shutdown = shutdown_signal();
                 let options = arguments.options();
-                let datapath = KernelDatapath::load(
-                    options.pin_directory.clone(),
-                    options.map_sizes,
-                    &options.socket_hook_cgroup,
-                )?;
+                let datapath = KernelDatapath::load(&options.datapath)?;
                 standalone::run(options, datapath, shutdown).await
             }
             Command::Run(arguments) => {
@@ -79,7 +75,7 @@ fn main() -> std::process::ExitCode {
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(error) => {
-            tracing::error!(%error);
+            tracing::error!(error = %switchyard_model::error::chain(&error));
             std::process::ExitCode::FAILURE
         }
     }

@@ -17,7 +17,7 @@ fn iptables(arguments: &[&str]) -> Result<bool, Error> {
         .args(arguments)
         .output()
         .map_err(|error| Error::ProgramMasquerade {
-            reason: format!("cannot run iptables: {error}"),
+            source: Box::new(error),
         })?;
     Ok(output.status.success())
 }
@@ -27,7 +27,7 @@ fn require(arguments: &[&str]) -> Result<(), Error> {
         Ok(())
     } else {
         Err(Error::ProgramMasquerade {
-            reason: format!("iptables {} failed", arguments.join(" ")),
+            source: format!("iptables {} failed", arguments.join(" ")).into(),
         })
     }
 }

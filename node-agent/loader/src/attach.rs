@@ -174,11 +174,15 @@ fn clsact_marker_path(pin_directory: &Path, ifindex: u32, direction: Direction) 
     links_directory(pin_directory).join(format!("clsact-{ifindex}-{}", direction.name()))
 }
 
-fn attach_error(program: &'static str, target: &str, reason: impl std::error::Error) -> Error {
+fn attach_error(
+    program: &'static str,
+    target: &str,
+    cause: impl std::error::Error + Send + Sync + 'static,
+) -> Error {
     Error::AttachProgram {
         program,
         target: target.to_string(),
-        reason: super::describe(&reason),
+        source: Box::new(cause),
     }
 }
 
@@ -195,7 +199,7 @@ pub(crate) fn attach_interface(
     let ifindex = system::interface_index(interface).ok_or_else(|| Error::AttachProgram {
         program: ingress_program,
         target: interface.to_string(),
-        reason: "no such interface".to_string(),
+        source: "no such interface".into(),
     })?;
     let attach = |ebpf: &mut Ebpf, program, direction| match settings.attach_mode.resolve() {
         AttachMode::Clsact => attach_clsact(
@@ -383,7 +387,7 @@ fn attach_cgroup_hook(
     cgroup: &Path,
     hook: &SocketHook,
     program_fd: ProgramFd,
-    attach: impl FnOnce(&std::fs::File) -> Result<FdLink, Box<dyn std::error::Error>>,
+    attach: impl FnOnce(&std::fs::File) -> Result<FdLink, Box<dyn std::error::Error + Send + Sync>>,
 ) -> Result<AttachOutcome, Error> {
     let target = cgroup.display().to_string();
     let path = links_directory(&settings.pin_directory).join(format!("cgroup-{}", hook.hook));
@@ -414,7 +418,7 @@ fn attach_cgroup_hook(
     let link = attach(&cgroup_file).map_err(|error| Error::AttachProgram {
         program: hook.program,
         target: target.clone(),
-        reason: super::describe(error.as_ref()),
+        source: error,
     })?;
     link.pin(&path)
         .map_err(|error| attach_error(hook.program, &target, error))?;
@@ -440,7 +444,7 @@ fn remove_pin(path: &Path) -> Result<(), Error> {
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(error) => Err(Error::DetachProgram {
             target: path.display().to_string(),
-            reason: error.to_string(),
+            source: error.into(),
         }),
     }
 }
@@ -461,7 +465,7 @@ fn remove_clsact_filters(ifindex: u32, direction: Direction) -> Result<(), Error
             Err(error) => {
                 return Err(Error::DetachProgram {
                     target: interface.clone(),
-                    reason: error.to_string(),
+                    source: error.into(),
                 })
             }
         }
@@ -522,7 +526,7 @@ fn live_link_interfaces(pin_directory: &Path, prune_defunct: bool) -> Result<Vec
         Err(error) => {
             return Err(Error::DetachProgram {
                 target: directory.display().to_string(),
-                reason: error.to_string(),
+                source: error.into(),
             })
         }
     };
@@ -568,7 +572,7 @@ pub(crate) fn hooks_running_other_programs(
         Err(error) => {
             return Err(Error::DetachProgram {
                 target: directory.display().to_string(),
-                reason: error.to_string(),
+                source: error.into(),
             })
         }
     };
@@ -606,7 +610,7 @@ pub(crate) fn detach_all_links(pin_directory: &Path) -> Result<(), Error> {
         Err(error) => {
             return Err(Error::DetachProgram {
                 target: directory.display().to_string(),
-                reason: error.to_string(),
+                source: error.into(),
             })
         }
     };

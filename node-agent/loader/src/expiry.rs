@@ -404,7 +404,7 @@ fn sweep_until_stopped(
                 // Logged once per failing stretch; the overflow LRU keeps new
                 // flows working meanwhile.
                 if !failing {
-                    tracing::warn!(%error, "failed to remove expired conntrack entries; retrying");
+                    tracing::warn!(error = %switchyard_model::error::chain(&error), "failed to remove expired conntrack entries; retrying");
                     failing = true;
                 }
                 interval = LONGEST_SWEEP_INTERVAL;
@@ -426,28 +426,10 @@ impl Drop for ConntrackExpiry {
 mod tests {
     use super::*;
 
-    fn key(protocol: u8) -> ConntrackKey {
-        ConntrackKey {
-            source_address: [0; 16],
-            destination_address: [0; 16],
-            source_port_big_endian: 0,
-            destination_port_big_endian: 0,
-            protocol,
-            reserved: [0; 3],
-        }
-    }
+    use crate::test_entries::conntrack_key as key;
 
     fn value(last_seen_nanoseconds: u64, tcp_state: u8) -> ConntrackValue {
-        ConntrackValue {
-            new_source_address: [0; 16],
-            new_destination_address: [0; 16],
-            new_source_port_big_endian: 0,
-            new_destination_port_big_endian: 0,
-            flags: 0,
-            tcp_state,
-            reserved: [0; 2],
-            last_seen_nanoseconds,
-        }
+        crate::test_entries::conntrack_value(0, tcp_state, last_seen_nanoseconds)
     }
 
     const SECOND: u64 = 1_000_000_000;

@@ -22,6 +22,8 @@ mod pinned_maps;
 mod port_filter;
 pub mod schema;
 pub mod system;
+#[cfg(test)]
+mod test_entries;
 
 use std::path::{Path, PathBuf};
 
@@ -165,7 +167,8 @@ impl Datapath {
         // the pin directory exactly as it was.
         if settings.schema.current != SCHEMA_VERSION {
             return Err(Error::LoadPrograms {
-                reason: format!(
+                source: None,
+                what: format!(
                     "the schema's current version {} is not the programs' {SCHEMA_VERSION}",
                     settings.schema.current
                 ),
@@ -177,7 +180,7 @@ impl Datapath {
             .plan(&observation)
             .map_err(|refusal| Error::MigrateMaps {
                 from_version: refusal.version(),
-                reason: refusal.to_string(),
+                source: refusal.to_string().into(),
             })?;
         let version_directory = version_directory(&settings.pin_directory, SCHEMA_VERSION);
         let programs_directory = version_directory.join("programs");
@@ -242,12 +245,13 @@ impl Datapath {
         let mut ebpf = loader
             .load(PROGRAM_OBJECT)
             .map_err(|error| Error::LoadPrograms {
-                reason: describe(&error),
+                what: "the object was refused".to_string(),
+                source: Some(error.into()),
             })?;
         for (name, version, path) in &reused {
             let fd = system::open_pinned(path).map_err(|error| Error::MigrateMaps {
                 from_version: *version,
-                reason: format!("cannot open {}: {error}", path.display()),
+                source: format!("cannot open {}: {error}", path.display()).into(),
             })?;
             pin_fd(&fd, &maps_directory.join(name))?;
             tracing::info!(map = %name, from = %path.display(), "took over a map of an older schema version");
@@ -458,29 +462,20 @@ pub fn detach_everything(pin_directory: &Path) -> Result<(), Error> {
     Ok(())
 }
 
-/// An error with its chain of sources ("a: b: c"), since aya's errors keep the
-/// interesting part (the errno, the verifier log) in their sources.
-pub(crate) fn describe(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
-}
-
 fn program_mut<'a, T>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut T, Error>
 where
     &'a mut T: TryFrom<&'a mut aya::programs::Program, Error = aya::programs::ProgramError>,
 {
     let program = ebpf.program_mut(name).ok_or_else(|| Error::LoadPrograms {
-        reason: format!("program {name} is missing from the object"),
+        what: format!("program {name} is missing from the object"),
+        source: None,
     })?;
-    program.try_into().map_err(|error| Error::LoadPrograms {
-        reason: format!("program {name} has an unexpected type: {error}"),
-    })
+    program
+        .try_into()
+        .map_err(|error: aya::programs::ProgramError| Error::LoadPrograms {
+            what: format!("program {name} has an unexpected type"),
+            source: Some(error.into()),
+        })
 }
 
 fn program_identity(
@@ -490,14 +485,16 @@ fn program_identity(
     use std::os::fd::AsFd as _;
     let fd = fd.map_err(|error| load_error(name, error))?;
     attach::ProgramIdentity::of_fd(fd.as_fd()).map_err(|error| Error::LoadPrograms {
-        reason: format!("cannot read the identity of program {name}: {error}"),
+        what: format!("cannot read the identity of program {name}"),
+        source: Some(error.into()),
     })
 }
 
 fn load_error(name: &str, error: aya::programs::ProgramError) -> Error {
     // The verifier log is in the Debug form of the error; keep all of it.
     Error::LoadPrograms {
-        reason: format!("program {name} was rejected: {error:?}"),
+        what: format!("program {name} was rejected: {error:?}"),
+        source: None,
     }
 }
 
@@ -520,30 +517,8 @@ fn pin_program(
 }
 
 pub(crate) fn pin_fd(fd: &impl std::os::fd::AsFd, path: &Path) -> Result<(), Error> {
-    use std::os::{fd::AsRawFd as _, unix::ffi::OsStrExt as _};
-    const BPF_OBJ_PIN: libc::c_long = 6;
-    let path_string =
-        std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(|_| Error::PinObject {
-            path: path.to_path_buf(),
-            reason: "the path contains a NUL byte".to_string(),
-        })?;
-    let mut attribute = [0u8; 16];
-    attribute[..8].copy_from_slice(&(path_string.as_ptr() as u64).to_ne_bytes());
-    attribute[8..12].copy_from_slice(&(fd.as_fd().as_raw_fd() as u32).to_ne_bytes());
-    // SAFETY: valid attribute buffer of the length passed.
-    let result = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_OBJ_PIN,
-            attribute.as_mut_ptr(),
-            attribute.len() as libc::c_uint,
-        )
-    };
-    if result < 0 {
-        return Err(Error::PinObject {
-            path: path.to_path_buf(),
-            reason: std::io::Error::last_os_error().to_string(),
-        });
-    }
-    Ok(())
+    system::pin_object(fd.as_fd(), path).map_err(|source| Error::PinObject {
+        path: path.to_path_buf(),
+        source: source.into(),
+    })
 }

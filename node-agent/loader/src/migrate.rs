@@ -39,10 +39,10 @@ pub(crate) fn staging_directory(pin_directory: &Path) -> PathBuf {
     pin_directory.join(format!("v{SCHEMA_VERSION}-converting"))
 }
 
-fn migrate_error(version: u32, reason: String) -> Error {
+fn migrate_error(version: u32, cause: String) -> Error {
     Error::MigrateMaps {
         from_version: version,
-        reason,
+        source: cause.into(),
     }
 }
 

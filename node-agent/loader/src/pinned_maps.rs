@@ -392,24 +392,8 @@ mod tests {
         last_seen: u64,
     ) -> (ConntrackKey, ConntrackValue) {
         (
-            ConntrackKey {
-                source_address: [0; 16],
-                destination_address: [0; 16],
-                source_port_big_endian: 0,
-                destination_port_big_endian: 0,
-                protocol,
-                reserved: [0; 3],
-            },
-            ConntrackValue {
-                new_source_address: [0; 16],
-                new_destination_address: [0; 16],
-                new_source_port_big_endian: 0,
-                new_destination_port_big_endian: 0,
-                flags,
-                tcp_state,
-                reserved: [0; 2],
-                last_seen_nanoseconds: last_seen,
-            },
+            crate::test_entries::conntrack_key(protocol),
+            crate::test_entries::conntrack_value(flags, tcp_state, last_seen),
         )
     }
 

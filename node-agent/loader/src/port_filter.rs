@@ -82,16 +82,7 @@ mod tests {
                 protocol: PROTOCOL_UDP,
                 reserved: [0; 3],
             },
-            ConntrackValue {
-                new_source_address: [0; 16],
-                new_destination_address: [0; 16],
-                new_source_port_big_endian: 0,
-                new_destination_port_big_endian: 0,
-                flags,
-                tcp_state: 0,
-                reserved: [0; 2],
-                last_seen_nanoseconds: 0,
-            },
+            crate::test_entries::conntrack_value(flags, 0, 0),
         )
     }
 

@@ -12,6 +12,8 @@ use std::time::Duration;
 use switchyard_crds::{reasons, ConditionStatus};
 use tokio::sync::watch;
 
+use switchyard_model::error::chain;
+
 use crate::core::round::CoexistenceRequest;
 use crate::core::status::{CoexistenceReport, ConditionValue};
 use crate::kube_proxy::detection::{CleanupStateMachine, ConditionReport};
@@ -132,7 +134,7 @@ async fn round(
     .await
     {
         Ok(outcome) => outcome,
-        Err(error) => return failed_read(error.to_string()),
+        Err(error) => return failed_read(chain(&error)),
     };
     let found = outcome.footprint;
     let mut rules_present = value(outcome.verdict.rules_present.clone());
@@ -257,7 +259,8 @@ async fn run_blocking<T: Send + 'static>(
 ) -> Result<T, String> {
     match tokio::task::spawn_blocking(work).await {
         Ok(Ok(value)) => Ok(value),
-        Ok(Err(error)) => Err(error.to_string()),
+        // With its causes: the string is what the logs and conditions show.
+        Ok(Err(error)) => Err(chain(&error)),
         Err(error) => Err(format!("failed to run the netfilter task: {error}")),
     }
 }

@@ -34,10 +34,8 @@ pub struct AgentMetrics {
     counted_expired: u64,
 }
 
-fn metric_error(error: prometheus::Error) -> crate::Error {
-    crate::Error::RegisterMetrics {
-        reason: error.to_string(),
-    }
+fn metric_error(source: prometheus::Error) -> crate::Error {
+    crate::Error::RegisterMetrics { source }
 }
 
 impl AgentMetrics {

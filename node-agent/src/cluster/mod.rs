@@ -23,7 +23,6 @@ pub mod watch;
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
@@ -34,29 +33,20 @@ use self::coexist::CoexistenceSettings;
 use self::metrics::AgentMetrics;
 use crate::core::round::StatusTracker;
 use crate::core::status::{CoexistenceReport, WrittenStatus};
-use crate::core::{AgentSettings, NodeAgent, DEFAULT_FULL_RESYNC_PERIOD};
-use crate::datapath::{Datapath, KernelDatapath, PodConnectBalancing, SocketHookCgroup};
-use crate::interfaces::Globs;
+use crate::core::{AgentSettings, NodeAgent};
+use crate::datapath::{Datapath, DatapathOptions, KernelDatapath};
 use crate::kube_proxy::health::HealthzTarget;
-use crate::loader::{self, MapSizes};
+use crate::loader;
 use crate::priority::{self, CatchUpPriority};
 use crate::Error;
 
 #[derive(Clone, Debug)]
 pub struct ClusterOptions {
     pub node_name: String,
-    pub pin_directory: PathBuf,
-    pub map_sizes: MapSizes,
-    pub pod_interfaces: Globs,
-    /// `None`: every non-loopback interface that is not a pod interface.
-    pub host_interfaces: Option<Globs>,
+    pub datapath: DatapathOptions,
     pub metrics_address: SocketAddr,
     pub min_sync_period: Duration,
     pub gate_timeout: Duration,
-    pub masquerade_mark: u32,
-    pub manage_masquerade_rule: bool,
-    pub socket_hook_cgroup: SocketHookCgroup,
-    pub pod_connect_balancing: PodConnectBalancing,
     /// The pod's `controller-revision-hash` (`AGENT_REVISION`).
     pub agent_revision: Option<String>,
     /// kube-proxy's healthz, probed while its rules are present.
@@ -77,10 +67,10 @@ async fn kube_client() -> Result<kube::Client, Error> {
     let config = kube::Config::infer()
         .await
         .map_err(|error| Error::ConfigureClient {
-            reason: error.to_string(),
+            source: Box::new(error),
         })?;
     kube::Client::try_from(config).map_err(|error| Error::ConfigureClient {
-        reason: error.to_string(),
+        source: Box::new(error),
     })
 }
 
@@ -95,37 +85,27 @@ pub async fn run(options: ClusterOptions, shutdown: impl Future<Output = ()>) ->
     )
     .await
     .map_err(|error| Error::ServeTelemetry {
-        reason: error.to_string(),
+        source: error.into(),
     })?;
     // Decided before loading: loading the programs and restoring the maps' state
     // are catch-up work too.
     let original_nice = priority::current_nice().unwrap_or(0);
-    let serving = loader::programs_attached_under(&options.pin_directory);
+    let serving = loader::programs_attached_under(&options.datapath.pin_directory);
     let (mut catch_up, step) = CatchUpPriority::start(
         serving,
         priority::this_process_may_restore_priority(),
         Instant::now(),
     );
     priority::apply(step, original_nice);
-    let datapath = KernelDatapath::load(
-        options.pin_directory.clone(),
-        options.map_sizes,
-        &options.socket_hook_cgroup,
-    )?;
+    let datapath = KernelDatapath::load(&options.datapath)?;
     let settings = AgentSettings {
-        node_name: options.node_name.clone(),
-        pod_interfaces: options.pod_interfaces.clone(),
-        host_interfaces: options.host_interfaces.clone(),
-        node_ips: Vec::new(),
-        min_sync_period: options.min_sync_period,
-        gate_timeout: options.gate_timeout,
-        masquerade_mark: options.masquerade_mark,
-        manage_masquerade_rule: options.manage_masquerade_rule,
-        socket_hooks: options.socket_hook_cgroup != SocketHookCgroup::None,
-        pod_connect_balancing: options.pod_connect_balancing,
-        agent_version: env!("CARGO_PKG_VERSION").to_string(),
         agent_revision: options.agent_revision.clone(),
-        full_resync_period: DEFAULT_FULL_RESYNC_PERIOD,
+        ..AgentSettings::new(
+            options.node_name.clone(),
+            &options.datapath,
+            options.min_sync_period,
+            options.gate_timeout,
+        )
     };
     let mut agent = NodeAgent::start(settings, datapath, Instant::now())?;
 
@@ -154,7 +134,7 @@ pub async fn run(options: ClusterOptions, shutdown: impl Future<Output = ()>) ->
         CoexistenceSettings {
             round_interval: options.coexistence_interval,
             kube_proxy_healthz: HealthzTarget::parse(&options.kube_proxy_healthz)?,
-            masquerade_mark: options.masquerade_mark,
+            masquerade_mark: options.datapath.masquerade_mark,
             serve_replacement_healthz: options.serve_replacement_healthz,
             healthz_port: options.replacement_healthz_port,
             absence_confirmation: options.kube_proxy_absence_confirmation,

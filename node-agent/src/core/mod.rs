@@ -30,7 +30,9 @@ use self::health::{local_endpoint_count, ServiceEntry};
 use self::node::{node_update_is_relevant, NodeFacts};
 use self::status::{AttachmentReport, CoexistenceReport, DrainEnd, StatusInputs, SyncReport};
 use self::store::StoreChange;
-use crate::datapath::{datapath_config, Datapath, PodConnectBalancing};
+use crate::datapath::{
+    datapath_config, Datapath, DatapathOptions, PodConnectBalancing, SocketHookCgroup,
+};
 use crate::desired::NodeView;
 use crate::follow::{
     detach_interfaces, follow_mode, instruction, interfaces_to_detach, Attachment, Instruction,
@@ -121,6 +123,33 @@ pub struct AgentSettings {
     /// How often a full sync re-reads the maps and recomputes every Service
     /// (the safety net under the partial syncs).
     pub full_resync_period: Duration,
+}
+
+impl AgentSettings {
+    /// The settings of this node's core: its name, its datapath, how often
+    /// it may apply, how long the gate waits before it reports.
+    pub fn new(
+        node_name: String,
+        datapath: &DatapathOptions,
+        min_sync_period: Duration,
+        gate_timeout: Duration,
+    ) -> Self {
+        Self {
+            node_name,
+            pod_interfaces: datapath.pod_interfaces.clone(),
+            host_interfaces: datapath.host_interfaces.clone(),
+            node_ips: Vec::new(),
+            min_sync_period,
+            gate_timeout,
+            masquerade_mark: datapath.masquerade_mark,
+            manage_masquerade_rule: datapath.manage_masquerade_rule,
+            socket_hooks: datapath.socket_hook_cgroup != SocketHookCgroup::None,
+            pod_connect_balancing: datapath.pod_connect_balancing,
+            agent_version: env!("CARGO_PKG_VERSION").to_string(),
+            agent_revision: None,
+            full_resync_period: DEFAULT_FULL_RESYNC_PERIOD,
+        }
+    }
 }
 
 /// Default of [`AgentSettings::full_resync_period`]. A resync of 10,000
@@ -618,8 +647,8 @@ impl<D: Datapath> NodeAgent<D> {
                     self.attached.insert(name.clone(), *index);
                 }
                 Err(error) => {
-                    tracing::warn!(interface = %name, %error, "cannot attach");
-                    errors.push(error.to_string());
+                    tracing::warn!(interface = %name, error = %chain(&error), "cannot attach");
+                    errors.push(chain(&error));
                 }
             }
         }
@@ -700,7 +729,11 @@ impl<D: Datapath> NodeAgent<D> {
                 let names =
                     interfaces_to_detach(self.attachment, &self.detach_left, self.roles.keys());
                 let datapath = &mut self.datapath;
-                let round = detach_interfaces(&names, |name| datapath.detach_interface(name));
+                let round = detach_interfaces(&names, |name| {
+                    datapath
+                        .detach_interface(name)
+                        .map_err(|error| chain(&error))
+                });
                 self.attached.clear();
                 if !retrying {
                     // The drain ended now, whatever the detaches do.
@@ -775,8 +808,8 @@ impl<D: Datapath> NodeAgent<D> {
         // Maps first: programs attached for the first time then find them filled.
         report.sync = self.sync(now, wall);
         if let Err(error) = self.follow(now) {
-            tracing::error!(%error, "cannot follow the mode; retrying");
-            self.attach_error = Some(error.to_string());
+            tracing::error!(error = %chain(&error), "cannot follow the mode; retrying");
+            self.attach_error = Some(chain(&error));
         }
         report
     }

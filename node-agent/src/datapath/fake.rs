@@ -44,7 +44,7 @@ impl Datapath for FakeDatapath {
         if self.failing_detaches.contains(name) {
             return Err(Error::Loader(switchyard_loader::Error::DetachProgram {
                 target: name.into(),
-                reason: "device or resource busy".into(),
+                source: "device or resource busy".into(),
             }));
         }
         self.attached.remove(name);

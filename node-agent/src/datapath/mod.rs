@@ -56,6 +56,22 @@ pub enum SocketHookCgroup {
     None,
 }
 
+/// How the datapath is set up on this node, the same in both modes (the
+/// `DatapathArguments` of the command line).
+#[derive(Clone, Debug)]
+pub struct DatapathOptions {
+    pub pin_directory: PathBuf,
+    pub map_sizes: MapSizes,
+    pub pod_interfaces: crate::interfaces::Globs,
+    /// `None`: every non-loopback interface that is not a pod interface.
+    pub host_interfaces: Option<crate::interfaces::Globs>,
+    pub masquerade_mark: u32,
+    /// Install the agent's masquerade rule (off in environments without iptables).
+    pub manage_masquerade_rule: bool,
+    pub socket_hook_cgroup: SocketHookCgroup,
+    pub pod_connect_balancing: PodConnectBalancing,
+}
+
 /// The config entry for `mode` (a `DATAPATH_MODE_*`).
 pub fn datapath_config(
     mode: u32,
@@ -115,16 +131,13 @@ pub struct KernelDatapath {
 }
 
 impl KernelDatapath {
-    pub fn load(
-        pin_directory: PathBuf,
-        map_sizes: MapSizes,
-        cgroup: &SocketHookCgroup,
-    ) -> Result<Self, Error> {
+    pub fn load(options: &DatapathOptions) -> Result<Self, Error> {
+        let pin_directory = options.pin_directory.clone();
         let defaults = LoaderSettings::default();
         let settings = LoaderSettings {
             pin_directory: pin_directory.clone(),
-            map_sizes,
-            cgroup_path: match cgroup {
+            map_sizes: options.map_sizes,
+            cgroup_path: match &options.socket_hook_cgroup {
                 SocketHookCgroup::Root => defaults.cgroup_path.clone(),
                 SocketHookCgroup::Path(path) => Some(path.clone()),
                 SocketHookCgroup::None => None,

@@ -20,37 +20,28 @@ use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use switchyard_crds::{DataplaneMode, DataplaneNodeSpec};
+use switchyard_model::error::chain;
 use tokio::sync::mpsc;
 
 use self::manifests::{Fingerprint, Manifests};
 use crate::core::node::NodeFacts;
 use crate::core::store::StoreChange;
 use crate::core::{report_once, AgentSettings, DataplaneNodeView, Input, NodeAgent, TickReport};
-use crate::datapath::{Datapath, PodConnectBalancing, SocketHookCgroup};
-use crate::interfaces::Globs;
+use crate::datapath::{Datapath, DatapathOptions};
 use crate::priority::{self, CatchUpPriority};
 use crate::Error;
 
 #[derive(Clone, Debug)]
 pub struct StandaloneOptions {
     pub manifests: PathBuf,
-    pub pod_interfaces: Globs,
-    /// `None`: every non-loopback interface that is not a pod interface.
-    pub host_interfaces: Option<Globs>,
+    pub datapath: DatapathOptions,
     /// Empty: the global addresses of the host interfaces.
     pub node_ips: Vec<IpAddr>,
     pub node_name: String,
-    pub pin_directory: PathBuf,
     pub detach_on_exit: bool,
     pub min_sync_period: Duration,
     pub poll_interval: Duration,
     pub gate_timeout: Duration,
-    pub masquerade_mark: u32,
-    /// Install the agent's masquerade rule (off in environments without iptables).
-    pub manage_masquerade_rule: bool,
-    pub socket_hook_cgroup: SocketHookCgroup,
-    pub pod_connect_balancing: PodConnectBalancing,
-    pub map_sizes: crate::loader::MapSizes,
 }
 
 /// How often a full sync re-reads the maps and recomputes every Service (the
@@ -60,19 +51,14 @@ pub const FULL_RESYNC_PERIOD: Duration = crate::core::DEFAULT_FULL_RESYNC_PERIOD
 /// The core's settings in standalone mode.
 pub fn agent_settings(options: &StandaloneOptions) -> AgentSettings {
     AgentSettings {
-        node_name: options.node_name.clone(),
-        pod_interfaces: options.pod_interfaces.clone(),
-        host_interfaces: options.host_interfaces.clone(),
         node_ips: options.node_ips.clone(),
-        min_sync_period: options.min_sync_period,
-        gate_timeout: options.gate_timeout,
-        masquerade_mark: options.masquerade_mark,
-        manage_masquerade_rule: options.manage_masquerade_rule,
-        socket_hooks: options.socket_hook_cgroup != SocketHookCgroup::None,
-        pod_connect_balancing: options.pod_connect_balancing,
-        agent_version: env!("CARGO_PKG_VERSION").to_string(),
-        agent_revision: None,
         full_resync_period: FULL_RESYNC_PERIOD,
+        ..AgentSettings::new(
+            options.node_name.clone(),
+            &options.datapath,
+            options.min_sync_period,
+            options.gate_timeout,
+        )
     }
 }
 
@@ -195,7 +181,7 @@ impl<D: Datapath> Standalone<D> {
             agent,
             manifests: ManifestSource::new(options.manifests, options.node_name),
             detach_on_exit: options.detach_on_exit,
-            manage_masquerade_rule: options.manage_masquerade_rule,
+            manage_masquerade_rule: options.datapath.manage_masquerade_rule,
         })
     }
 
@@ -244,6 +230,17 @@ pub async fn run<D: Datapath>(
     );
     priority::apply(step, original_nice);
     let mut standalone = Standalone::start(options, datapath, Instant::now())?;
+    // The first round has every input it needs at once (the watcher's first
+    // view may come after a SIGTERM during start-up, which ends the loop after
+    // that round): a round started must serve, with its programs pinned.
+    match crate::interfaces::read_interfaces() {
+        Ok(interfaces) => standalone
+            .agent
+            .receive(Input::Host(interfaces), Instant::now()),
+        Err(error) => {
+            tracing::warn!(error = %chain(&error), "cannot read the host's interfaces yet")
+        }
+    }
     let (inputs, mut received) = mpsc::unbounded_channel();
     let _host_thread = crate::host::watch_host(inputs)?;
     let mut next_poll = Instant::now();

@@ -4,8 +4,10 @@ use switchyard_common::DATAPATH_MODE_ACTIVE;
 
 use super::*;
 use crate::datapath::fake::FakeDatapath;
+use crate::datapath::{DatapathOptions, PodConnectBalancing, SocketHookCgroup};
 use crate::follow::Attachment;
 use crate::gate::{GateInput, GateStatus};
+use crate::interfaces::Globs;
 use crate::interfaces::{InterfaceRole, IpAddressInfo, IpInterface, DEFAULT_POD_INTERFACE_GLOBS};
 
 struct FakeHost(Vec<IpInterface>);
@@ -101,20 +103,22 @@ impl Drop for TempDirectory {
 fn options(manifests: &Path) -> StandaloneOptions {
     StandaloneOptions {
         manifests: manifests.to_path_buf(),
-        pod_interfaces: Globs::parse(DEFAULT_POD_INTERFACE_GLOBS),
-        host_interfaces: None,
+        datapath: DatapathOptions {
+            pin_directory: PathBuf::from("/nonexistent"),
+            map_sizes: crate::loader::MapSizes::default(),
+            pod_interfaces: Globs::parse(DEFAULT_POD_INTERFACE_GLOBS),
+            host_interfaces: None,
+            masquerade_mark: 0x4000,
+            manage_masquerade_rule: false,
+            socket_hook_cgroup: SocketHookCgroup::Root,
+            pod_connect_balancing: PodConnectBalancing::Tcp,
+        },
         node_ips: vec![],
         node_name: "node-a".to_string(),
-        pin_directory: PathBuf::from("/nonexistent"),
         detach_on_exit: false,
         min_sync_period: Duration::ZERO,
         poll_interval: Duration::from_millis(200),
         gate_timeout: Duration::from_secs(30),
-        masquerade_mark: 0x4000,
-        manage_masquerade_rule: false,
-        socket_hook_cgroup: SocketHookCgroup::Root,
-        pod_connect_balancing: PodConnectBalancing::Tcp,
-        map_sizes: crate::loader::MapSizes::default(),
     }
 }
 

@@ -92,6 +92,23 @@ impl FakeServiceMaps {
     }
 }
 
+/// Whether a map of `capacity` holding `length` entries takes a write of a key
+/// (`present`: already there): a new key into a full BPF hash map fails.
+fn room_for(
+    map: &'static str,
+    present: bool,
+    length: usize,
+    capacity: Option<usize>,
+) -> Result<(), Error> {
+    match capacity {
+        Some(capacity) if !present && length >= capacity => Err(Error::UpdateMap {
+            map,
+            source: "map is full".into(),
+        }),
+        _ => Ok(()),
+    }
+}
+
 impl ServiceMaps for FakeServiceMaps {
     fn frontends(&self) -> Result<BTreeMap<FrontendKey, FrontendValue>, Error> {
         self.read_check(switchyard_common::map_names::FRONTENDS)?;
@@ -112,14 +129,13 @@ impl ServiceMaps for FakeServiceMaps {
                 source: "injected fault: this frontend always fails".into(),
             });
         }
-        if let Some(capacity) = self.frontend_capacity {
-            if !self.state.frontends.contains_key(key) && self.state.frontends.len() >= capacity {
-                return Err(Error::UpdateMap {
-                    map,
-                    source: "map is full".into(),
-                });
-            }
-        }
+        let present = self.state.frontends.contains_key(key);
+        room_for(
+            map,
+            present,
+            self.state.frontends.len(),
+            self.frontend_capacity,
+        )?;
         self.state.frontends.insert(*key, *value);
         self.applied();
         Ok(())
@@ -142,16 +158,13 @@ impl ServiceMaps for FakeServiceMaps {
     ) -> Result<(), Error> {
         let map = switchyard_common::map_names::BACKEND_SLOTS;
         self.attempt(MapMutation::WriteBackendSlot, map)?;
-        if let Some(capacity) = self.backend_slot_capacity {
-            if !self.state.backend_slots.contains_key(key)
-                && self.state.backend_slots.len() >= capacity
-            {
-                return Err(Error::UpdateMap {
-                    map,
-                    source: "map is full".into(),
-                });
-            }
-        }
+        let present = self.state.backend_slots.contains_key(key);
+        room_for(
+            map,
+            present,
+            self.state.backend_slots.len(),
+            self.backend_slot_capacity,
+        )?;
         self.state.backend_slots.insert(*key, *value);
         self.applied();
         Ok(())

@@ -490,31 +490,45 @@ pub(crate) fn endpoint_slice_from_fields<'a>(
     }))
 }
 
+/// An EndpointSlice of either API version read through
+/// [`endpoint_slice_from_fields`]: their types differ, their fields have the
+/// same names, save the topology (`topology_field`).
+macro_rules! endpoint_slice_fields {
+    ($slice:expr, $topology_field:ident) => {
+        endpoint_slice_from_fields(
+            &$slice.metadata,
+            &$slice.address_type,
+            $slice
+                .ports
+                .iter()
+                .flatten()
+                .map(|port| EndpointPortFields {
+                    name: port.name.as_deref(),
+                    protocol: port.protocol.as_deref(),
+                    port: port.port,
+                }),
+            $slice.endpoints.iter().map(|endpoint| {
+                let conditions = endpoint.conditions.as_ref();
+                EndpointFields {
+                    addresses: &endpoint.addresses,
+                    ready: conditions.and_then(|conditions| conditions.ready),
+                    serving: conditions.and_then(|conditions| conditions.serving),
+                    terminating: conditions.and_then(|conditions| conditions.terminating),
+                    node_name: endpoint.node_name.as_deref(),
+                    topology: endpoint.$topology_field.as_ref(),
+                }
+            }),
+        )
+    };
+}
+pub(crate) use endpoint_slice_fields;
+
 /// A `discovery.k8s.io/v1` EndpointSlice in the model; `Ok(None)` for slices the
 /// datapath does not use.
 pub fn endpoint_slice_from_v1(
     slice: &EndpointSlice,
 ) -> Result<Option<EndpointSliceModel>, FieldError> {
-    endpoint_slice_from_fields(
-        &slice.metadata,
-        &slice.address_type,
-        slice.ports.iter().flatten().map(|port| EndpointPortFields {
-            name: port.name.as_deref(),
-            protocol: port.protocol.as_deref(),
-            port: port.port,
-        }),
-        slice.endpoints.iter().map(|endpoint| {
-            let conditions = endpoint.conditions.as_ref();
-            EndpointFields {
-                addresses: &endpoint.addresses,
-                ready: conditions.and_then(|conditions| conditions.ready),
-                serving: conditions.and_then(|conditions| conditions.serving),
-                terminating: conditions.and_then(|conditions| conditions.terminating),
-                node_name: endpoint.node_name.as_deref(),
-                topology: endpoint.deprecated_topology.as_ref(),
-            }
-        }),
-    )
+    endpoint_slice_fields!(slice, deprecated_topology)
 }
 
 #[cfg(test)]

@@ -9,7 +9,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
 
 use super::{
-    endpoint_slice_from_fields, EndpointFields, EndpointPortFields, EndpointSliceModel, FieldError,
+    endpoint_slice_fields, endpoint_slice_from_fields, EndpointFields, EndpointPortFields,
+    EndpointSliceModel, FieldError,
 };
 
 pub const API_VERSION: &str = "discovery.k8s.io/v1beta1";
@@ -70,24 +71,5 @@ pub struct EndpointPort {
 pub fn endpoint_slice_from_v1beta1(
     slice: &EndpointSlice,
 ) -> Result<Option<EndpointSliceModel>, FieldError> {
-    endpoint_slice_from_fields(
-        &slice.metadata,
-        &slice.address_type,
-        slice.ports.iter().flatten().map(|port| EndpointPortFields {
-            name: port.name.as_deref(),
-            protocol: port.protocol.as_deref(),
-            port: port.port,
-        }),
-        slice.endpoints.iter().map(|endpoint| {
-            let conditions = endpoint.conditions.as_ref();
-            EndpointFields {
-                addresses: &endpoint.addresses,
-                ready: conditions.and_then(|conditions| conditions.ready),
-                serving: conditions.and_then(|conditions| conditions.serving),
-                terminating: conditions.and_then(|conditions| conditions.terminating),
-                node_name: endpoint.node_name.as_deref(),
-                topology: endpoint.topology.as_ref(),
-            }
-        }),
-    )
+    endpoint_slice_fields!(slice, topology)
 }
