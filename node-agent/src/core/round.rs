@@ -35,19 +35,6 @@ pub struct CoexistenceRequest {
     pub services: Vec<LocalServiceHealth>,
 }
 
-impl Default for CoexistenceRequest {
-    fn default() -> Self {
-        Self {
-            cleanup_generation: None,
-            serving_from_ebpf: false,
-            netfilter_chains_wanted: false,
-            healthy: false,
-            last_sync: SystemTime::UNIX_EPOCH,
-            services: Vec::new(),
-        }
-    }
-}
-
 /// What a round asks of the shell.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RoundReport {

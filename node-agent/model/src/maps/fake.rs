@@ -81,6 +81,29 @@ impl FakeServiceMaps {
         }
     }
 
+    /// Writes `key` into the entries `select` picks, a map of `capacity`
+    /// named `map`: a new key into a full BPF hash map fails.
+    fn write<K: Ord + Copy, V: Copy>(
+        &mut self,
+        select: impl FnOnce(&mut MapState) -> &mut BTreeMap<K, V>,
+        capacity: Option<usize>,
+        map: &'static str,
+        key: &K,
+        value: &V,
+    ) -> Result<(), Error> {
+        let entries = select(&mut self.state);
+        if capacity.is_some_and(|capacity| !entries.contains_key(key) && entries.len() >= capacity)
+        {
+            return Err(Error::UpdateMap {
+                map,
+                source: "map is full".into(),
+            });
+        }
+        entries.insert(*key, *value);
+        self.applied();
+        Ok(())
+    }
+
     fn read_check(&self, map: &'static str) -> Result<(), Error> {
         if self.failing_reads {
             return Err(Error::ReadMap {
@@ -89,23 +112,6 @@ impl FakeServiceMaps {
             });
         }
         Ok(())
-    }
-}
-
-/// Whether a map of `capacity` holding `length` entries takes a write of a key
-/// (`present`: already there): a new key into a full BPF hash map fails.
-fn room_for(
-    map: &'static str,
-    present: bool,
-    length: usize,
-    capacity: Option<usize>,
-) -> Result<(), Error> {
-    match capacity {
-        Some(capacity) if !present && length >= capacity => Err(Error::UpdateMap {
-            map,
-            source: "map is full".into(),
-        }),
-        _ => Ok(()),
     }
 }
 
@@ -129,16 +135,8 @@ impl ServiceMaps for FakeServiceMaps {
                 source: "injected fault: this frontend always fails".into(),
             });
         }
-        let present = self.state.frontends.contains_key(key);
-        room_for(
-            map,
-            present,
-            self.state.frontends.len(),
-            self.frontend_capacity,
-        )?;
-        self.state.frontends.insert(*key, *value);
-        self.applied();
-        Ok(())
+        let capacity = self.frontend_capacity;
+        self.write(|state| &mut state.frontends, capacity, map, key, value)
     }
 
     fn delete_frontend(&mut self, key: &FrontendKey) -> Result<(), Error> {
@@ -158,16 +156,8 @@ impl ServiceMaps for FakeServiceMaps {
     ) -> Result<(), Error> {
         let map = switchyard_common::map_names::BACKEND_SLOTS;
         self.attempt(MapMutation::WriteBackendSlot, map)?;
-        let present = self.state.backend_slots.contains_key(key);
-        room_for(
-            map,
-            present,
-            self.state.backend_slots.len(),
-            self.backend_slot_capacity,
-        )?;
-        self.state.backend_slots.insert(*key, *value);
-        self.applied();
-        Ok(())
+        let capacity = self.backend_slot_capacity;
+        self.write(|state| &mut state.backend_slots, capacity, map, key, value)
     }
 
     fn delete_backend_slot(&mut self, key: &BackendSlotKey) -> Result<(), Error> {

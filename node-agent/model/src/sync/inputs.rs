@@ -163,18 +163,27 @@ impl SyncInputs {
             .into_iter()
             .map(|service| (service.name.clone(), service))
             .collect();
+        let present: Vec<ServiceName> = self.services.keys().cloned().collect();
+        self.replace(present, listed, Self::remove_service, Self::upsert_service)
+    }
+
+    /// Makes a complete list (`listed`, by name) of what `present` names:
+    /// removes what is not listed, upserts the rest; returns whether
+    /// anything changed.
+    fn replace<V>(
+        &mut self,
+        present: Vec<ServiceName>,
+        listed: impl IntoIterator<Item = (ServiceName, V)>,
+        remove: fn(&mut Self, &ServiceName) -> bool,
+        upsert: fn(&mut Self, V) -> bool,
+    ) -> bool {
+        let listed: HashMap<ServiceName, V> = listed.into_iter().collect();
         let mut changed = false;
-        let gone: Vec<ServiceName> = self
-            .services
-            .keys()
-            .filter(|name| !listed.contains_key(*name))
-            .cloned()
-            .collect();
-        for name in gone {
-            changed |= self.remove_service(&name);
+        for name in present.iter().filter(|name| !listed.contains_key(*name)) {
+            changed |= remove(self, name);
         }
-        for service in listed.into_values() {
-            changed |= self.upsert_service(service);
+        for value in listed.into_values() {
+            changed |= upsert(self, value);
         }
         changed
     }
@@ -211,24 +220,11 @@ impl SyncInputs {
 
     /// A complete list of EndpointSlices: everything not in it is gone.
     pub fn replace_slices(&mut self, slices: impl IntoIterator<Item = EndpointSliceModel>) -> bool {
-        let listed: HashMap<ServiceName, EndpointSliceModel> = slices
+        let listed = slices
             .into_iter()
-            .map(|slice| (slice.slice_name.clone(), slice))
-            .collect();
-        let gone: Vec<ServiceName> = self
-            .slices
-            .keys()
-            .filter(|name| !listed.contains_key(*name))
-            .cloned()
-            .collect();
-        let mut changed = false;
-        for name in gone {
-            changed |= self.remove_slice(&name);
-        }
-        for slice in listed.into_values() {
-            changed |= self.upsert_slice(slice);
-        }
-        changed
+            .map(|slice| (slice.slice_name.clone(), slice));
+        let present: Vec<ServiceName> = self.slices.keys().cloned().collect();
+        self.replace(present, listed, Self::remove_slice, Self::upsert_slice)
     }
 
     fn share_of(&self, name: &ServiceName, node: &NodeView) -> Option<ServiceDesired> {

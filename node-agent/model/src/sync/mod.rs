@@ -87,87 +87,87 @@ pub fn apply(
     maps: &mut impl ServiceMaps,
     tracked: &mut MapState,
 ) -> (ApplyReport, Vec<FailedEntry>) {
-    let mut report = ApplyReport::default();
-    let mut failed = Vec::new();
-    let mut fail = |entry: EntryKey, fault: EntryFault| {
-        failed.push(FailedEntry {
-            entry,
-            services: Vec::new(),
-            fault,
-        })
-    };
-    let mut any_failed = false;
+    let mut progress = Progress::default();
     for key in &plan.stale_frontends {
-        match maps.delete_frontend(key) {
-            Ok(()) => {
-                tracked.frontends.remove(key);
-                report.frontends_deleted += 1;
-            }
-            Err(error) => {
-                any_failed = true;
-                fail(EntryKey::Frontend(*key), EntryFault::Failed(error));
-            }
+        if progress.record(EntryKey::Frontend(*key), maps.delete_frontend(key)) {
+            tracked.frontends.remove(key);
+            progress.report.frontends_deleted += 1;
         }
     }
     for (key, value) in &plan.backend_slot_writes {
-        match maps.write_backend_slot(key, value) {
-            Ok(()) => {
-                tracked.backend_slots.insert(*key, *value);
-                report.backend_slots_written += 1;
-            }
-            Err(error) => {
-                any_failed = true;
-                fail(EntryKey::BackendSlot(*key), EntryFault::Failed(error));
-            }
+        if progress.record(
+            EntryKey::BackendSlot(*key),
+            maps.write_backend_slot(key, value),
+        ) {
+            tracked.backend_slots.insert(*key, *value);
+            progress.report.backend_slots_written += 1;
         }
     }
     for (key, value) in &plan.frontend_writes {
         // Without failures the plan's order guarantees the slots; after one,
         // each frontend is checked (a few lookups).
-        if any_failed && !tracked.has_slots_of(value) {
-            fail(EntryKey::Frontend(*key), EntryFault::HeldBack);
-            continue;
-        }
-        match maps.write_frontend(key, value) {
-            Ok(()) => {
-                tracked.frontends.insert(*key, *value);
-                report.frontends_written += 1;
-            }
-            Err(error) => {
-                any_failed = true;
-                fail(EntryKey::Frontend(*key), EntryFault::Failed(error));
-            }
+        if progress.any_failed && !tracked.has_slots_of(value) {
+            progress.hold_back(EntryKey::Frontend(*key));
+        } else if progress.record(EntryKey::Frontend(*key), maps.write_frontend(key, value)) {
+            tracked.frontends.insert(*key, *value);
+            progress.report.frontends_written += 1;
         }
     }
     // After a failure a frontend may still use a slot the plan deletes (its
     // delete or rewrite failed): how many slots each group's frontends use.
-    let slots_in_use: BTreeMap<u32, u32> = if any_failed {
-        let mut in_use = BTreeMap::new();
+    let mut slots_in_use: BTreeMap<u32, u32> = BTreeMap::new();
+    if progress.any_failed {
         for value in tracked.frontends.values() {
-            let count: &mut u32 = in_use.entry(value.group_id).or_default();
+            let count = slots_in_use.entry(value.group_id).or_default();
             *count = (*count).max(value.backend_count);
         }
-        in_use
-    } else {
-        BTreeMap::new()
-    };
+    }
     for key in &plan.unused_backend_slots {
-        if slots_in_use
+        let in_use = slots_in_use
             .get(&key.group_id)
-            .is_some_and(|count| key.ordinal < *count)
-        {
-            fail(EntryKey::BackendSlot(*key), EntryFault::HeldBack);
-            continue;
-        }
-        match maps.delete_backend_slot(key) {
-            Ok(()) => {
-                tracked.backend_slots.remove(key);
-                report.backend_slots_deleted += 1;
-            }
-            Err(error) => fail(EntryKey::BackendSlot(*key), EntryFault::Failed(error)),
+            .is_some_and(|count| key.ordinal < *count);
+        if in_use {
+            progress.hold_back(EntryKey::BackendSlot(*key));
+        } else if progress.record(EntryKey::BackendSlot(*key), maps.delete_backend_slot(key)) {
+            tracked.backend_slots.remove(key);
+            progress.report.backend_slots_deleted += 1;
         }
     }
-    (report, failed)
+    (progress.report, progress.failed)
+}
+
+/// What an apply has done so far, and what it could not.
+#[derive(Default)]
+struct Progress {
+    report: ApplyReport,
+    failed: Vec<FailedEntry>,
+    /// Some operation failed: what depends on one is checked from now on.
+    any_failed: bool,
+}
+
+impl Progress {
+    /// Records the failure of `entry`'s operation, if it failed; returns
+    /// whether it succeeded.
+    fn record(&mut self, entry: EntryKey, result: Result<(), Error>) -> bool {
+        let Err(error) = result else {
+            return true;
+        };
+        self.any_failed = true;
+        self.failed.push(FailedEntry {
+            entry,
+            services: Vec::new(),
+            fault: EntryFault::Failed(error),
+        });
+        false
+    }
+
+    fn hold_back(&mut self, entry: EntryKey) {
+        self.failed.push(FailedEntry {
+            entry,
+            services: Vec::new(),
+            fault: EntryFault::HeldBack,
+        });
+    }
 }
 
 /// Names the Services of each failed entry: a frontend's owner, and for a
