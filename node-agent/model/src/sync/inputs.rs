@@ -15,7 +15,7 @@
 //!   which endpoints are local): everything, as a full sync.
 //!
 //! [`SyncInputs::sync`] then recomputes only the dirty Services' shares and
-//! hands them to [`Syncer::sync_changes`]; it falls back to a full sync when
+//! hands them to [`super::PartialSync::sync_changes`]; it falls back to a full sync when
 //! the node changed, when the syncer has no index (the first sync after start,
 //! from the restored pinned state) or lost it (a failed apply), and when the
 //! caller asks for the periodic full resync. Dirty marks are cleared only by a
@@ -265,7 +265,12 @@ impl SyncInputs {
         let Some(node) = self.node.clone() else {
             return Ok(None);
         };
-        if !resync && !self.node_changed && !syncer.needs_full_sync() {
+        // The one place that decides: a partial sync of the dirty Services
+        // unless the caller wants the periodic resync, the node's view changed
+        // (every NodePort moves), or the syncer cannot make one (no index yet,
+        // or the last apply failed).
+        let partial_possible = !resync && !self.node_changed;
+        if let Some(partial) = syncer.partial().filter(|_| partial_possible) {
             let changes: Vec<(ServiceName, Option<ServiceDesired>)> = self
                 .dirty
                 .iter()
@@ -277,13 +282,12 @@ impl SyncInputs {
                 }
             }
             let services = changes.len();
-            if let Some(report) = syncer.sync_changes(gate_is_open, changes, maps)? {
-                self.dirty.clear();
-                return Ok(Some(SyncOutcome {
-                    kind: SyncKind::Partial { services },
-                    report,
-                }));
-            }
+            let report = partial.sync_changes(gate_is_open, changes, maps)?;
+            self.dirty.clear();
+            return Ok(Some(SyncOutcome {
+                kind: SyncKind::Partial { services },
+                report,
+            }));
         }
         if resync {
             syncer.reread_maps_before_next_sync();

@@ -301,37 +301,70 @@ impl Syncer {
         self.index.is_none() || self.reread_before_next_sync
     }
 
+    /// The syncer as a partial syncer, when it can be one: it has the index of
+    /// its last full sync and trusts its tracked entries. `None`: the next
+    /// sync must be a full one. A partial sync cannot be asked of a syncer
+    /// that cannot make one, so whoever holds the syncer decides full versus
+    /// partial in one place ([`inputs::SyncInputs::sync`]).
+    pub fn partial(&mut self) -> Option<PartialSync<'_>> {
+        if self.reread_before_next_sync {
+            return None;
+        }
+        let index = self.index.take()?;
+        Some(PartialSync {
+            syncer: self,
+            index: Some(index),
+        })
+    }
+}
+
+/// A syncer that can sync only what changed ([`Syncer::partial`]). It holds
+/// the syncer's index; dropping it gives the index back.
+pub struct PartialSync<'a> {
+    syncer: &'a mut Syncer,
+    index: Option<Index>,
+}
+
+impl PartialSync<'_> {
     /// A partial sync: only the Services in `changes` changed (`None`: deleted).
-    /// Returns `Ok(None)` without writing when a full sync is needed instead.
+    /// After a failure the syncer has no index: its next sync is a full one
+    /// from re-read maps.
     pub fn sync_changes(
-        &mut self,
+        mut self,
         _gate_is_open: GateOpen,
         changes: Vec<(ServiceName, Option<ServiceDesired>)>,
         maps: &mut impl ServiceMaps,
-    ) -> Result<Option<ApplyReport>, Error> {
-        if self.reread_before_next_sync {
-            return Ok(None);
-        }
+    ) -> Result<ApplyReport, Error> {
         let Some(index) = self.index.as_mut() else {
-            return Ok(None);
+            // Only `Syncer::partial` makes one, always with an index.
+            return Ok(ApplyReport::default());
         };
-        let (plan, released) = index.change(changes, &self.current);
-        let (report, mut failed) = apply(&plan, maps, &mut self.current);
+        let current = &mut self.syncer.current;
+        let (plan, released) = index.change(changes, current);
+        let (report, mut failed) = apply(&plan, maps, current);
         if failed.is_empty() {
             index.applied(&released);
-            return Ok(Some(report));
+            return Ok(report);
         }
         attribute(
             &mut failed,
             plan.frontend_writes
                 .iter()
                 .map(|(key, value)| (key, value))
-                .chain(self.current.frontends.iter()),
+                .chain(current.frontends.iter()),
             |key| index.owner(key),
         );
         self.index = None;
-        self.reread_before_next_sync = true;
+        self.syncer.reread_before_next_sync = true;
         Err(Error::incomplete(report, failed))
+    }
+}
+
+impl Drop for PartialSync<'_> {
+    fn drop(&mut self) {
+        if let Some(index) = self.index.take() {
+            self.syncer.index = Some(index);
+        }
     }
 }
 

@@ -574,9 +574,10 @@ mod partial {
         let changes = changes_between(&before, &after);
         assert_eq!(changes.len(), 1);
         let report = syncer
+            .partial()
+            .expect("a partial sync")
             .sync_changes(open_gate(), changes, &mut maps)
-            .expect("applies")
-            .expect("a partial sync");
+            .expect("applies");
         // One endpoint gone: the last slot moves into its place, the frontend's
         // count shrinks, the last slot goes.
         assert_eq!(report.backend_slots_written, 1);
@@ -623,9 +624,10 @@ mod partial {
 
         let after = services_desired(&[second.clone()], &slices, &node());
         syncer
+            .partial()
+            .expect("a partial sync")
             .sync_changes(open_gate(), changes_between(&before, &after), &mut maps)
-            .expect("applies")
-            .expect("a partial sync");
+            .expect("applies");
         assert_eq!(
             maps.state.frontends[&external].backend_count, 3,
             "b-second took over"
@@ -636,22 +638,23 @@ mod partial {
 
         // And back: a-first returns and takes the address again.
         syncer
+            .partial()
+            .expect("a partial sync")
             .sync_changes(open_gate(), changes_between(&after, &before), &mut maps)
-            .expect("applies")
-            .expect("a partial sync");
+            .expect("applies");
         assert_eq!(maps.state.frontends[&external].backend_count, 2);
         assert_eq!(maps.state, lay_out(&merge(before.values()), &maps.state));
     }
 
     #[test]
     fn a_partial_sync_before_any_full_sync_asks_for_a_full_one() {
-        let mut maps = FakeServiceMaps::default();
+        let maps = FakeServiceMaps::default();
         let mut syncer = Syncer::restore(&maps).expect("restores");
         assert!(syncer.needs_full_sync());
-        let result = syncer
-            .sync_changes(open_gate(), vec![], &mut maps)
-            .expect("no error");
-        assert_eq!(result, None);
+        assert!(
+            syncer.partial().is_none(),
+            "no partial syncer without an index"
+        );
         assert_eq!(maps.mutations_attempted, 0);
     }
 
@@ -676,12 +679,14 @@ mod partial {
             }
             for window in shares.windows(2) {
                 let (before, after) = (&window[0], &window[1]);
-                let partial = syncer.sync_changes(open_gate(), changes_between(before, after), &mut maps);
+                let partial = syncer
+                    .partial()
+                    .map(|partial| partial.sync_changes(open_gate(), changes_between(before, after), &mut maps));
                 match partial {
-                    Ok(Some(_)) => {}
+                    Some(Ok(_)) => {}
                     // After a failure (or without an index) the caller falls back
                     // to a full sync.
-                    Ok(None) | Err(_) => {
+                    None | Some(Err(_)) => {
                         prop_assert!(syncer.needs_full_sync());
                         syncer.sync_services(open_gate(), after.clone(), &mut maps).expect("the full sync applies");
                     }
