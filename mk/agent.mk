@@ -1,6 +1,6 @@
-# The node agent's syncer and standalone mode (node-agent/src/{model,desired,diff,
-# sync,gate,standalone}): the end-to-end standalone check and the programming
-# benchmark.
+# The node agent: its pure core (node-agent/model, switchyard-model), the loader
+# (node-agent/loader) and the agent itself (node-agent/src: core, standalone,
+# cluster): the end-to-end standalone check and the programming benchmark.
 .PHONY: standalone-test bench-programming
 
 AGENT_TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)

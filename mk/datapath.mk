@@ -1,4 +1,4 @@
-# The eBPF datapath (ebpf/, node-agent/src/loader): privileged netns tests and the
+# The eBPF datapath (ebpf/, node-agent/loader): privileged netns tests and the
 # benchmark. Each test re-executes itself under `unshare` in private network,
 # mount and PID namespaces (see node-agent/tests/datapath_support), needs root,
 # and runs serially: they share the machine's two CPUs with nothing else of ours.

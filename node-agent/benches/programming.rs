@@ -123,13 +123,11 @@ fn timed_sync(
     let entries = lay_out(&desired, tracked);
     let change = plan(tracked, &entries);
     let planned = Instant::now();
-    let report = match apply(&change, maps, tracked) {
-        Ok(report) => report,
-        Err(error) => {
-            eprintln!("apply failed: {error}");
-            std::process::exit(1);
-        }
-    };
+    let (report, failed) = apply(&change, maps, tracked);
+    if !failed.is_empty() {
+        eprintln!("apply failed: {failed:?}");
+        std::process::exit(1);
+    }
     let applied = Instant::now();
     (
         computed - started,
@@ -226,16 +224,16 @@ fn run<M: ServiceMaps>(label: &str, mut fresh_maps: impl FnMut() -> M, rows: &mu
         let started = Instant::now();
         let share = service_desired(&services[index as usize], &[&slices[index as usize]], &node);
         let computed = Instant::now();
-        match syncer.sync_changes(
+        let Some(partial) = syncer.partial() else {
+            eprintln!("the partial sync asked for a full one");
+            std::process::exit(1);
+        };
+        match partial.sync_changes(
             open_gate(),
             vec![(services[index as usize].name.clone(), Some(share))],
             &mut maps,
         ) {
-            Ok(Some(report)) => operations = report.operation_count(),
-            Ok(None) => {
-                eprintln!("the partial sync asked for a full one");
-                std::process::exit(1);
-            }
+            Ok(report) => operations = report.operation_count(),
             Err(error) => {
                 eprintln!("partial sync failed: {error}");
                 std::process::exit(1);

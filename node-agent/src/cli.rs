@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::standalone::interfaces::{Globs, DEFAULT_POD_INTERFACE_GLOBS};
-use crate::standalone::{PodConnectBalancing, SocketHookCgroup, StandaloneOptions};
+use crate::datapath::{DatapathOptions, PodConnectBalancing, SocketHookCgroup};
+use crate::interfaces::{Globs, DEFAULT_POD_INTERFACE_GLOBS};
+use crate::standalone::StandaloneOptions;
 
 pub const DEFAULT_PIN_DIRECTORY: &str = "/sys/fs/bpf/switchyard";
 
@@ -37,15 +38,8 @@ pub struct RunArguments {
     /// This node's name (the chart sets it from the downward API).
     #[arg(long, env = "NODE_NAME")]
     pub node_name: String,
-    #[arg(long, default_value = DEFAULT_PIN_DIRECTORY)]
-    pub bpf_pin_dir: PathBuf,
-    /// Globs (comma-separated) of pod interfaces (host side of pod veths).
-    #[arg(long, default_value = DEFAULT_POD_INTERFACE_GLOBS)]
-    pub pod_interfaces: String,
-    /// Globs of external interfaces; default: every non-loopback interface that is
-    /// not a pod interface.
-    #[arg(long)]
-    pub host_interfaces: Option<String>,
+    #[command(flatten)]
+    pub datapath: DatapathArguments,
     /// Where /metrics, /healthz and /readyz are served.
     #[arg(long, default_value = "0.0.0.0:9964")]
     pub metrics_address: std::net::SocketAddr,
@@ -56,29 +50,9 @@ pub struct RunArguments {
     /// (it keeps waiting after that).
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub gate_timeout: Duration,
-    #[command(flatten)]
-    pub map_sizes: MapSizeArguments,
     /// The agent pod's `controller-revision-hash`, reported in status.
     #[arg(long, env = "AGENT_REVISION")]
     pub agent_revision: Option<String>,
-    /// `skb->mark` bit of packets to masquerade.
-    #[arg(long, default_value_t = crate::standalone::datapath::DEFAULT_MASQUERADE_MARK)]
-    pub masquerade_mark: u32,
-    /// Do not install the SWITCHYARD-POSTROUTING masquerade rule.
-    #[arg(long)]
-    pub no_masquerade_rule: bool,
-    /// cgroup v2 directory for the host socket hooks (default: the cgroup v2 root).
-    #[arg(long, conflicts_with = "no_socket_hooks")]
-    pub cgroup: Option<PathBuf>,
-    /// Attach no socket hooks (host processes then get no Service translation).
-    #[arg(long)]
-    pub no_socket_hooks: bool,
-    /// Pods' TCP connects to Services: pointed at a backend by the connect hook
-    /// (`tcp`), or translated per packet by the TC programs (`disabled`, for
-    /// meshes that must see the Service address). UDP, session affinity,
-    /// masquerading and Services without endpoints always use the TC programs.
-    #[arg(long, value_enum, default_value_t = PodConnectBalancing::Tcp)]
-    pub pod_connect_time_load_balancing: PodConnectBalancing,
     /// kube-proxy's healthz, probed while its rules are on the node.
     #[arg(long, default_value = "http://127.0.0.1:10256/healthz")]
     pub kube_proxy_healthz: String,
@@ -95,6 +69,78 @@ pub struct RunArguments {
     pub no_replacement_healthz: bool,
     #[arg(long, default_value_t = crate::kube_proxy::health::KUBE_PROXY_HEALTHZ_PORT)]
     pub replacement_healthz_port: u16,
+}
+
+/// The flags both `run` and `standalone` take: which interfaces get programs,
+/// where the pins live, the masquerade rule, the socket hooks, the map sizes.
+#[derive(Debug, Args)]
+pub struct DatapathArguments {
+    #[arg(long, default_value = DEFAULT_PIN_DIRECTORY)]
+    pub bpf_pin_dir: PathBuf,
+    /// Globs (comma-separated) of pod interfaces (host side of pod veths).
+    #[arg(long, default_value = DEFAULT_POD_INTERFACE_GLOBS)]
+    pub pod_interfaces: String,
+    /// Globs of external interfaces; default (also when empty): every
+    /// non-loopback interface that is not a pod interface.
+    #[arg(long)]
+    pub host_interfaces: Option<String>,
+    /// `skb->mark` bit of packets to masquerade.
+    #[arg(long, default_value_t = crate::datapath::DEFAULT_MASQUERADE_MARK)]
+    pub masquerade_mark: u32,
+    /// Do not install the SWITCHYARD-POSTROUTING masquerade rule.
+    #[arg(long)]
+    pub no_masquerade_rule: bool,
+    /// cgroup v2 directory for the host socket hooks (default: the cgroup v2 root,
+    /// so every host process of this network namespace is covered).
+    #[arg(long, conflicts_with = "no_socket_hooks")]
+    pub cgroup: Option<PathBuf>,
+    /// Attach no socket hooks (host processes then get no Service translation).
+    #[arg(long)]
+    pub no_socket_hooks: bool,
+    /// Pods' TCP connects to Services: pointed at a backend by the connect hook
+    /// (`tcp`), or translated per packet by the TC programs (`disabled`, for
+    /// meshes that must see the Service address). UDP, session affinity,
+    /// masquerading and Services without endpoints always use the TC programs.
+    #[arg(long, value_enum, default_value_t = PodConnectBalancing::Tcp)]
+    pub pod_connect_time_load_balancing: PodConnectBalancing,
+    #[command(flatten)]
+    pub map_sizes: MapSizeArguments,
+}
+
+impl DatapathArguments {
+    pub fn options(&self) -> DatapathOptions {
+        DatapathOptions {
+            pin_directory: self.bpf_pin_dir.clone(),
+            map_sizes: self.map_sizes.map_sizes(),
+            pod_interfaces: self.pod_interfaces(),
+            host_interfaces: self.host_interfaces(),
+            masquerade_mark: self.masquerade_mark,
+            manage_masquerade_rule: !self.no_masquerade_rule,
+            socket_hook_cgroup: self.socket_hook_cgroup(),
+            pod_connect_balancing: self.pod_connect_time_load_balancing,
+        }
+    }
+
+    pub fn pod_interfaces(&self) -> Globs {
+        Globs::parse(&self.pod_interfaces)
+    }
+
+    pub fn host_interfaces(&self) -> Option<Globs> {
+        self.host_interfaces
+            .as_deref()
+            .filter(|globs| !globs.is_empty())
+            .map(Globs::parse)
+    }
+
+    pub fn socket_hook_cgroup(&self) -> SocketHookCgroup {
+        if self.no_socket_hooks {
+            return SocketHookCgroup::None;
+        }
+        match &self.cgroup {
+            Some(path) => SocketHookCgroup::Path(path.clone()),
+            None => SocketHookCgroup::Root,
+        }
+    }
 }
 
 /// Entries of the maps the agent creates (maps pinned by an earlier process are
@@ -147,28 +193,10 @@ impl RunArguments {
     pub fn options(&self) -> crate::cluster::ClusterOptions {
         crate::cluster::ClusterOptions {
             node_name: self.node_name.clone(),
-            pin_directory: self.bpf_pin_dir.clone(),
-            map_sizes: self.map_sizes.map_sizes(),
-            pod_interfaces: Globs::parse(&self.pod_interfaces),
-            host_interfaces: self
-                .host_interfaces
-                .as_deref()
-                .filter(|globs| !globs.is_empty())
-                .map(Globs::parse),
+            datapath: self.datapath.options(),
             metrics_address: self.metrics_address,
             min_sync_period: self.min_sync_period,
             gate_timeout: self.gate_timeout,
-            masquerade_mark: self.masquerade_mark,
-            manage_masquerade_rule: !self.no_masquerade_rule,
-            socket_hook_cgroup: if self.no_socket_hooks {
-                SocketHookCgroup::None
-            } else {
-                match &self.cgroup {
-                    Some(path) => SocketHookCgroup::Path(path.clone()),
-                    None => SocketHookCgroup::Root,
-                }
-            },
-            pod_connect_balancing: self.pod_connect_time_load_balancing,
             agent_revision: self
                 .agent_revision
                 .clone()
@@ -187,13 +215,8 @@ pub struct StandaloneArguments {
     /// A YAML file or a directory of them (Services, EndpointSlices, DataplaneNode).
     #[arg(long)]
     pub manifests: PathBuf,
-    /// Globs (comma-separated) of pod interfaces (host side of pod veths).
-    #[arg(long, default_value = DEFAULT_POD_INTERFACE_GLOBS)]
-    pub pod_interfaces: String,
-    /// Globs of external interfaces; default: every non-loopback interface that is
-    /// not a pod interface.
-    #[arg(long)]
-    pub host_interfaces: Option<String>,
+    #[command(flatten)]
+    pub datapath: DatapathArguments,
     /// Addresses NodePorts are served on (repeatable); default: the host
     /// interfaces' global addresses.
     #[arg(long = "node-ip")]
@@ -201,8 +224,6 @@ pub struct StandaloneArguments {
     /// This node's name: which endpoints are local, which DataplaneNode to follow.
     #[arg(long, env = "NODE_NAME")]
     pub node_name: Option<String>,
-    #[arg(long, default_value = DEFAULT_PIN_DIRECTORY)]
-    pub bpf_pin_dir: PathBuf,
     /// Remove programs, links and maps on exit (default: leave them serving).
     #[arg(long)]
     pub detach_on_exit: bool,
@@ -212,27 +233,6 @@ pub struct StandaloneArguments {
     /// How often the manifests and interfaces are checked, in milliseconds.
     #[arg(long, default_value_t = 200)]
     pub poll_interval_ms: u64,
-    /// `skb->mark` bit of packets to masquerade.
-    #[arg(long, default_value_t = crate::standalone::datapath::DEFAULT_MASQUERADE_MARK)]
-    pub masquerade_mark: u32,
-    /// Do not install the SWITCHYARD-POSTROUTING masquerade rule.
-    #[arg(long)]
-    pub no_masquerade_rule: bool,
-    /// cgroup v2 directory for the host socket hooks (default: the cgroup v2 root,
-    /// so every host process of this network namespace is covered).
-    #[arg(long, conflicts_with = "no_socket_hooks")]
-    pub cgroup: Option<PathBuf>,
-    /// Attach no socket hooks (host processes then get no Service translation).
-    #[arg(long)]
-    pub no_socket_hooks: bool,
-    /// Pods' TCP connects to Services: pointed at a backend by the connect hook
-    /// (`tcp`), or translated per packet by the TC programs (`disabled`, for
-    /// meshes that must see the Service address). UDP, session affinity,
-    /// masquerading and Services without endpoints always use the TC programs.
-    #[arg(long, value_enum, default_value_t = PodConnectBalancing::Tcp)]
-    pub pod_connect_time_load_balancing: PodConnectBalancing,
-    #[command(flatten)]
-    pub map_sizes: MapSizeArguments,
 }
 
 #[derive(Debug, Args)]
@@ -252,27 +252,13 @@ impl StandaloneArguments {
     pub fn options(&self) -> StandaloneOptions {
         StandaloneOptions {
             manifests: self.manifests.clone(),
-            pod_interfaces: Globs::parse(&self.pod_interfaces),
-            host_interfaces: self.host_interfaces.as_deref().map(Globs::parse),
+            datapath: self.datapath.options(),
             node_ips: self.node_ips.clone(),
             node_name: self.node_name.clone().unwrap_or_else(host_name),
-            pin_directory: self.bpf_pin_dir.clone(),
             detach_on_exit: self.detach_on_exit,
             min_sync_period: Duration::from_millis(self.min_sync_period_ms),
             poll_interval: Duration::from_millis(self.poll_interval_ms),
             gate_timeout: Duration::from_secs(30),
-            masquerade_mark: self.masquerade_mark,
-            manage_masquerade_rule: !self.no_masquerade_rule,
-            map_sizes: self.map_sizes.map_sizes(),
-            socket_hook_cgroup: if self.no_socket_hooks {
-                SocketHookCgroup::None
-            } else {
-                match &self.cgroup {
-                    Some(path) => SocketHookCgroup::Path(path.clone()),
-                    None => SocketHookCgroup::Root,
-                }
-            },
-            pod_connect_balancing: self.pod_connect_time_load_balancing,
         }
     }
 }
@@ -310,9 +296,16 @@ mod tests {
         assert_eq!(options.node_ips.len(), 2);
         assert_eq!(options.node_name, "node-a");
         assert!(options.detach_on_exit);
-        assert!(options.pod_interfaces.matches("pod7"));
-        assert!(options.host_interfaces.expect("given").matches("eth0"));
-        assert_eq!(options.pin_directory, PathBuf::from("/sys/fs/bpf/test"));
+        assert!(options.datapath.pod_interfaces.matches("pod7"));
+        assert!(options
+            .datapath
+            .host_interfaces
+            .expect("given")
+            .matches("eth0"));
+        assert_eq!(
+            options.datapath.pin_directory,
+            PathBuf::from("/sys/fs/bpf/test")
+        );
     }
 
     #[test]
@@ -338,13 +331,16 @@ mod tests {
         };
         let options = arguments.options();
         assert_eq!(options.node_name, "node-1");
-        assert_eq!(options.pod_connect_balancing, PodConnectBalancing::Tcp);
+        assert_eq!(
+            options.datapath.pod_connect_balancing,
+            PodConnectBalancing::Tcp
+        );
         assert_eq!(options.min_sync_period, Duration::from_secs(1));
-        assert_eq!(options.map_sizes.backend_slots, 262_144);
-        assert_eq!(options.map_sizes.conntrack_overflow, 65_536);
-        assert_eq!(options.host_interfaces, None);
+        assert_eq!(options.datapath.map_sizes.backend_slots, 262_144);
+        assert_eq!(options.datapath.map_sizes.conntrack_overflow, 65_536);
+        assert_eq!(options.datapath.host_interfaces, None);
         assert_eq!(options.gate_timeout, Duration::from_secs(30));
-        assert!(options.pod_interfaces.matches("veth9"));
+        assert!(options.datapath.pod_interfaces.matches("veth9"));
     }
 
     #[test]
@@ -366,13 +362,19 @@ mod tests {
         };
         let options = arguments.options();
         for name in ["veth0", "cali1", "lxc2"] {
-            assert!(options.pod_interfaces.matches(name), "{name}");
+            assert!(options.datapath.pod_interfaces.matches(name), "{name}");
         }
-        assert_eq!(options.host_interfaces, None);
+        assert_eq!(options.datapath.host_interfaces, None);
         assert!(options.node_ips.is_empty());
-        assert_eq!(options.pin_directory, PathBuf::from(DEFAULT_PIN_DIRECTORY));
+        assert_eq!(
+            options.datapath.pin_directory,
+            PathBuf::from(DEFAULT_PIN_DIRECTORY)
+        );
         assert!(!options.detach_on_exit);
-        assert_eq!(options.map_sizes, crate::loader::MapSizes::default());
+        assert_eq!(
+            options.datapath.map_sizes,
+            crate::loader::MapSizes::default()
+        );
     }
 
     #[test]
@@ -389,7 +391,7 @@ mod tests {
         let Command::Standalone(arguments) = cli.command else {
             panic!("expected standalone");
         };
-        let sizes = arguments.options().map_sizes;
+        let sizes = arguments.options().datapath.map_sizes;
         assert_eq!(sizes.frontends, 131_072);
         assert_eq!(sizes.backend_slots, 524_288);
         assert_eq!(
@@ -404,7 +406,9 @@ mod tests {
             let mut line = vec!["switchyard-agent", "run", "--node-name", "node-1"];
             line.extend_from_slice(extra);
             match Cli::try_parse_from(line).map(|cli| cli.command) {
-                Ok(Command::Run(arguments)) => Ok(arguments.options().pod_connect_balancing),
+                Ok(Command::Run(arguments)) => {
+                    Ok(arguments.options().datapath.pod_connect_balancing)
+                }
                 Ok(_) => panic!("expected run"),
                 Err(error) => Err(error.to_string()),
             }
@@ -422,7 +426,7 @@ mod tests {
         // What the programs read: zero (the old reserved field) is "disabled".
         assert_eq!(PodConnectBalancing::Disabled.config_value(), 0);
         assert_eq!(
-            crate::standalone::datapath::datapath_config(
+            crate::datapath::datapath_config(
                 switchyard_common::DATAPATH_MODE_ACTIVE,
                 7,
                 0x4000,

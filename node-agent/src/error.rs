@@ -1,5 +1,13 @@
-//! The agent's one error enum. Variants are named after the step that failed;
-//! messages start with "failed to ...".
+//! The agent's error enum (the core's map errors and the loader's are kept
+//! whole inside it). Variants are named after the step that failed; messages
+//! start with "failed to ..." and say only that step: what went wrong below it
+//! is the error's source, nested per step (log with
+//! `switchyard_model::error::chain`). Parse errors of input the agent reads
+//! (iptables-save, nft, a URL) describe the input instead: nothing failed below.
+
+/// What went wrong below a step: the underlying error, or a description where
+/// there is none (a tool that is not installed, its stderr).
+pub type Cause = Box<dyn std::error::Error + Send + Sync>;
 
 /// Everything that can go wrong in the agent.
 #[derive(Debug, thiserror::Error)]
@@ -9,36 +17,12 @@ pub enum Error {
         path: std::path::PathBuf,
         source: std::io::Error,
     },
-    #[error("failed to update map {map}: {reason}")]
-    UpdateMap { map: &'static str, reason: String },
-    #[error("failed to read map {map}: {reason}")]
-    ReadMap { map: &'static str, reason: String },
-    // Loader (datapath): loading, pinning, attaching, migrating.
-    #[error("failed to load the datapath programs: {reason}")]
-    LoadPrograms { reason: String },
-    #[error("failed to {step} the pin directory {path}: {source}")]
-    PreparePinDirectory {
-        step: &'static str,
-        path: std::path::PathBuf,
-        source: std::io::Error,
-    },
-    #[error("failed to pin {path}: {reason}")]
-    PinObject {
-        path: std::path::PathBuf,
-        reason: String,
-    },
-    #[error("failed to attach {program} to {target}: {reason}")]
-    AttachProgram {
-        program: &'static str,
-        target: String,
-        reason: String,
-    },
-    #[error("failed to detach from {target}: {reason}")]
-    DetachProgram { target: String, reason: String },
-    #[error("failed to watch network interfaces: {source}")]
-    WatchInterfaces { source: std::io::Error },
-    #[error("failed to migrate the maps of schema version {from_version}: {reason}")]
-    MigrateMaps { from_version: u32, reason: String },
+    /// A failed read or update of the Service maps (the core's error).
+    #[error(transparent)]
+    Map(#[from] switchyard_model::Error),
+    /// Loading, pinning, attaching or migrating the programs and maps.
+    #[error(transparent)]
+    Loader(#[from] switchyard_loader::Error),
     #[error("failed to read manifest {path}, document {document}: field {field}: {reason}")]
     InvalidManifest {
         path: std::path::PathBuf,
@@ -46,21 +30,39 @@ pub enum Error {
         field: String,
         reason: String,
     },
-    #[error("failed to read the host's interfaces: {reason}")]
-    ReadInterfaces { reason: String },
-    #[error("failed to program the masquerade rule: {reason}")]
-    ProgramMasquerade { reason: String },
+    #[error("failed to read the host's interfaces")]
+    ReadInterfaces {
+        #[source]
+        source: Cause,
+    },
+    #[error("failed to program the masquerade rule")]
+    ProgramMasquerade {
+        #[source]
+        source: Cause,
+    },
     // kube-proxy coexistence (kube_proxy): cleanup, chain order, health endpoints.
     #[error("failed to parse iptables-save output at line {line}: {reason}")]
     ParseIptablesSave { line: usize, reason: String },
     #[error("failed to parse nft output: {reason}")]
     ParseNftables { reason: String },
-    #[error("failed to run {command}: {reason}")]
-    RunNetfilterTool { command: String, reason: String },
-    #[error("failed to clean up kube-proxy's rules: {reason}")]
-    CleanUpKubeProxyRules { reason: String },
-    #[error("failed to keep the agent's chains first: {reason}")]
-    GuardChainOrder { reason: String },
+    #[error("failed to run {command}")]
+    RunNetfilterTool {
+        command: String,
+        #[source]
+        source: Cause,
+    },
+    #[error("failed to clean up kube-proxy's rules in {backend}")]
+    CleanUpKubeProxyRules {
+        backend: String,
+        #[source]
+        source: Box<Error>,
+    },
+    #[error("failed to keep the agent's chains first in {backend}")]
+    GuardChainOrder {
+        backend: &'static str,
+        #[source]
+        source: Box<Error>,
+    },
     #[error("failed to parse the kube-proxy healthz URL {url}: {reason}")]
     ParseHealthzUrl { url: String, reason: String },
     #[error("failed to serve health checks on {address}: {source}")]
@@ -69,10 +71,19 @@ pub enum Error {
         source: std::io::Error,
     },
     // Cluster mode (cluster): the API server client, metrics, status.
-    #[error("failed to configure the Kubernetes client: {reason}")]
-    ConfigureClient { reason: String },
-    #[error("failed to register the metrics: {reason}")]
-    RegisterMetrics { reason: String },
-    #[error("failed to serve metrics and health checks: {reason}")]
-    ServeTelemetry { reason: String },
+    #[error("failed to configure the Kubernetes client")]
+    ConfigureClient {
+        #[source]
+        source: Cause,
+    },
+    #[error("failed to register the metrics")]
+    RegisterMetrics {
+        #[source]
+        source: prometheus::Error,
+    },
+    #[error("failed to serve metrics and health checks")]
+    ServeTelemetry {
+        #[source]
+        source: Cause,
+    },
 }

@@ -2,7 +2,8 @@
 
 use clap::Parser;
 use switchyard_agent::cli::{Cli, Command};
-use switchyard_agent::standalone::{self, datapath::KernelDatapath, IpCommand};
+use switchyard_agent::datapath::KernelDatapath;
+use switchyard_agent::standalone;
 
 /// Installs the SIGTERM and SIGINT handlers now and returns a future that
 /// completes on either.
@@ -58,12 +59,8 @@ fn main() -> std::process::ExitCode {
             Command::Standalone(arguments) => {
                 let shutdown = shutdown_signal();
                 let options = arguments.options();
-                let datapath = KernelDatapath::load(
-                    options.pin_directory.clone(),
-                    &options.socket_hook_cgroup,
-                    options.map_sizes,
-                )?;
-                standalone::run(options, datapath, IpCommand, shutdown).await
+                let datapath = KernelDatapath::load(&options.datapath)?;
+                standalone::run(options, datapath, shutdown).await
             }
             Command::Run(arguments) => {
                 let shutdown = shutdown_signal();
@@ -71,14 +68,14 @@ fn main() -> std::process::ExitCode {
             }
             Command::Detach(arguments) => {
                 switchyard_agent::loader::detach_everything(&arguments.bpf_pin_dir)?;
-                switchyard_agent::standalone::masquerade::remove()
+                switchyard_agent::masquerade::remove()
             }
         }
     });
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(error) => {
-            tracing::error!(%error);
+            tracing::error!(error = %switchyard_model::error::chain(&error));
             std::process::ExitCode::FAILURE
         }
     }

@@ -567,7 +567,8 @@ fn maps_of_a_newer_schema_version_are_refused_and_left_untouched() {
 
             let error = match Datapath::load(node.loader_settings()) {
                 Ok(_) => panic!("the loader took over maps of a newer version"),
-                Err(error) => error.to_string(),
+                // With its causes: the refusal is the cause of the failed step.
+                Err(error) => switchyard_model::error::chain(&error),
             };
             assert!(
                 error.contains(&format!(

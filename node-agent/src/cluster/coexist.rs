@@ -7,49 +7,21 @@
 //! `:10256/healthz` once kube-proxy has left. The decisions are the `kube_proxy`
 //! module's; this is the wiring.
 
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use switchyard_crds::{reasons, ConditionStatus};
 use tokio::sync::watch;
 
-use super::status::{CoexistenceReport, ConditionValue};
+use switchyard_model::error::chain;
+
+use crate::core::round::CoexistenceRequest;
+use crate::core::status::{CoexistenceReport, ConditionValue};
 use crate::kube_proxy::detection::{CleanupStateMachine, ConditionReport};
-use crate::kube_proxy::health::{HealthzTarget, LocalServiceHealth, NodeHealth};
+use crate::kube_proxy::health::{HealthzTarget, NodeHealth};
 use crate::kube_proxy::health_server::{HealthServerSettings, HealthServers};
 use crate::kube_proxy::round::{coexistence_round, RoundSettings};
 use crate::kube_proxy::system::Tools;
 use crate::kube_proxy::Family;
-
-/// What the agent tells the coexistence loop.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CoexistenceRequest {
-    /// `Some(generation)` while the DataplaneNode says `iptablesCleanup: true`.
-    pub cleanup_generation: Option<i64>,
-    /// Programs attached (or draining): the agent's chains must come first.
-    pub serving_from_ebpf: bool,
-    /// Some Service needs the agent's masquerade rule (or the agent installed
-    /// it): without, the agent installs no chain (nothing it would hold is
-    /// marked, and the rules would turn on netfilter's connection tracking).
-    pub netfilter_chains_wanted: bool,
-    /// The maps are in sync (what the replacement healthz reports).
-    pub healthy: bool,
-    pub last_sync: SystemTime,
-    /// The `healthCheckNodePort` answers.
-    pub services: Vec<LocalServiceHealth>,
-}
-
-impl Default for CoexistenceRequest {
-    fn default() -> Self {
-        Self {
-            cleanup_generation: None,
-            serving_from_ebpf: false,
-            netfilter_chains_wanted: false,
-            healthy: false,
-            last_sync: SystemTime::UNIX_EPOCH,
-            services: Vec::new(),
-        }
-    }
-}
 
 #[derive(Clone, Debug)]
 pub struct CoexistenceSettings {
@@ -162,7 +134,7 @@ async fn round(
     .await
     {
         Ok(outcome) => outcome,
-        Err(error) => return failed_read(error.to_string()),
+        Err(error) => return failed_read(chain(&error)),
     };
     let found = outcome.footprint;
     let mut rules_present = value(outcome.verdict.rules_present.clone());
@@ -287,7 +259,8 @@ async fn run_blocking<T: Send + 'static>(
 ) -> Result<T, String> {
     match tokio::task::spawn_blocking(work).await {
         Ok(Ok(value)) => Ok(value),
-        Ok(Err(error)) => Err(error.to_string()),
+        // With its causes: the string is what the logs and conditions show.
+        Ok(Err(error)) => Err(chain(&error)),
         Err(error) => Err(format!("failed to run the netfilter task: {error}")),
     }
 }

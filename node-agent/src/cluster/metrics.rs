@@ -5,7 +5,8 @@ use prometheus::{
     HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
 
-use super::agent::AgentCounts;
+use crate::core::round::RoundReport;
+use crate::core::AgentCounts;
 use crate::loader::{expiry::SweepReport, Counters};
 
 pub struct AgentMetrics {
@@ -25,16 +26,16 @@ pub struct AgentMetrics {
     pub conntrack_capacity: IntGauge,
     pub conntrack_sweep_seconds: prometheus::Gauge,
     pub conntrack_expired: IntCounter,
+    /// Map entries the last sync could not write, by Service.
+    pub sync_failed_entries: IntGaugeVec,
     /// Counts already added to the counters (they only grow by differences).
     counted: AgentCounts,
     counted_packets: Counters,
     counted_expired: u64,
 }
 
-fn metric_error(error: prometheus::Error) -> crate::Error {
-    crate::Error::RegisterMetrics {
-        reason: error.to_string(),
-    }
+fn metric_error(source: prometheus::Error) -> crate::Error {
+    crate::Error::RegisterMetrics { source }
 }
 
 impl AgentMetrics {
@@ -126,7 +127,18 @@ impl AgentMetrics {
             "Expired conntrack entries the sweeps removed.",
         )
         .map_err(metric_error)?;
+        let sync_failed_entries = IntGaugeVec::new(
+            Opts::new(
+                "switchyard_agent_sync_failed_entries",
+                "Map entries the last sync could not bring to their desired state, by Service \
+                 (namespace/name; empty for entries of no desired Service). Every other entry \
+                 was written; these are retried. 0 when the last sync succeeded.",
+            ),
+            &["service"],
+        )
+        .map_err(metric_error)?;
         let collectors: Vec<Box<dyn prometheus::core::Collector>> = vec![
+            Box::new(sync_failed_entries.clone()),
             Box::new(conntrack_entries.clone()),
             Box::new(conntrack_capacity.clone()),
             Box::new(conntrack_sweep_seconds.clone()),
@@ -161,6 +173,7 @@ impl AgentMetrics {
             conntrack_capacity,
             conntrack_sweep_seconds,
             conntrack_expired,
+            sync_failed_entries,
             counted: AgentCounts::default(),
             counted_packets: Counters::default(),
             counted_expired: 0,
@@ -177,6 +190,40 @@ impl AgentMetrics {
         self.conntrack_expired
             .inc_by(report.removed_total.saturating_sub(self.counted_expired));
         self.counted_expired = report.removed_total;
+    }
+
+    /// Writes out one round of the core: its sync, entries, gate, the
+    /// coexistence loop's count of kube-proxy rules, and the counts.
+    pub fn record_round(&mut self, round: &RoundReport, counts: &AgentCounts) {
+        if let Some((kind, elapsed)) = round.sync {
+            self.sync_duration
+                .with_label_values(&[kind])
+                .observe(elapsed.as_secs_f64());
+        }
+        self.record_counts(counts);
+        self.record_failed_entries(&round.failed_entries);
+        let count = |value: usize| i64::try_from(value).unwrap_or(i64::MAX);
+        self.map_entries
+            .with_label_values(&["frontends"])
+            .set(count(round.frontends));
+        self.map_entries
+            .with_label_values(&["backends"])
+            .set(count(round.backend_slots));
+        self.gate_wait_seconds.set(round.gate_wait.as_secs_f64());
+        if let Some(rules) = round.kube_proxy_rules {
+            self.kube_proxy_rules_present.set(count(rules));
+        }
+    }
+
+    /// The entries the last sync left behind, by Service (Services that have
+    /// none any more drop out).
+    pub fn record_failed_entries(&self, by_service: &std::collections::BTreeMap<String, usize>) {
+        self.sync_failed_entries.reset();
+        for (service, entries) in by_service {
+            self.sync_failed_entries
+                .with_label_values(&[service.as_str()])
+                .set(i64::try_from(*entries).unwrap_or(i64::MAX));
+        }
     }
 
     /// Brings the counters up to the agent's counts.

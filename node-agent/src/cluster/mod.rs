@@ -17,55 +17,36 @@
 //!
 //! SIGTERM leaves programs and maps in place for the next process.
 
-pub mod agent;
 pub mod coexist;
-pub mod datapath;
-pub mod health;
-pub mod host;
 pub mod metrics;
-pub mod node;
-pub mod status;
-pub mod store;
 pub mod watch;
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use chrono::Utc;
-use switchyard_crds::Condition;
 use switchyard_telemetry::{Health, TelemetryServer};
 use tokio::sync::{mpsc, watch as channel};
 
-use self::agent::{AgentSettings, ClusterAgent, DEFAULT_FULL_RESYNC_PERIOD};
-use self::coexist::{CoexistenceRequest, CoexistenceSettings};
-use self::datapath::{KernelDatapath, NodeDatapath, SocketHookCgroup};
+use self::coexist::CoexistenceSettings;
 use self::metrics::AgentMetrics;
-use self::status::{compute_status, CoexistenceReport, SyncReport, WrittenStatus};
-use crate::gate::GateStatus;
+use crate::core::round::StatusTracker;
+use crate::core::status::{CoexistenceReport, WrittenStatus};
+use crate::core::{AgentSettings, NodeAgent};
+use crate::datapath::{Datapath, DatapathOptions, KernelDatapath};
 use crate::kube_proxy::health::HealthzTarget;
-use crate::loader::{self, MapSizes};
+use crate::loader;
 use crate::priority::{self, CatchUpPriority};
-use crate::standalone::follow::Attachment;
-use crate::standalone::interfaces::Globs;
 use crate::Error;
 
 #[derive(Clone, Debug)]
 pub struct ClusterOptions {
     pub node_name: String,
-    pub pin_directory: PathBuf,
-    pub map_sizes: MapSizes,
-    pub pod_interfaces: Globs,
-    /// `None`: every non-loopback interface that is not a pod interface.
-    pub host_interfaces: Option<Globs>,
+    pub datapath: DatapathOptions,
     pub metrics_address: SocketAddr,
     pub min_sync_period: Duration,
     pub gate_timeout: Duration,
-    pub masquerade_mark: u32,
-    pub manage_masquerade_rule: bool,
-    pub socket_hook_cgroup: SocketHookCgroup,
-    pub pod_connect_balancing: crate::standalone::PodConnectBalancing,
     /// The pod's `controller-revision-hash` (`AGENT_REVISION`).
     pub agent_revision: Option<String>,
     /// kube-proxy's healthz, probed while its rules are present.
@@ -86,10 +67,10 @@ async fn kube_client() -> Result<kube::Client, Error> {
     let config = kube::Config::infer()
         .await
         .map_err(|error| Error::ConfigureClient {
-            reason: error.to_string(),
+            source: Box::new(error),
         })?;
     kube::Client::try_from(config).map_err(|error| Error::ConfigureClient {
-        reason: error.to_string(),
+        source: Box::new(error),
     })
 }
 
@@ -104,41 +85,32 @@ pub async fn run(options: ClusterOptions, shutdown: impl Future<Output = ()>) ->
     )
     .await
     .map_err(|error| Error::ServeTelemetry {
-        reason: error.to_string(),
+        source: error.into(),
     })?;
     // Decided before loading: loading the programs and restoring the maps' state
     // are catch-up work too.
     let original_nice = priority::current_nice().unwrap_or(0);
-    let serving = loader::programs_attached_under(&options.pin_directory);
+    let serving = loader::programs_attached_under(&options.datapath.pin_directory);
     let (mut catch_up, step) = CatchUpPriority::start(
         serving,
         priority::this_process_may_restore_priority(),
         Instant::now(),
     );
     priority::apply(step, original_nice);
-    let datapath = KernelDatapath::load(
-        options.pin_directory.clone(),
-        options.map_sizes,
-        &options.socket_hook_cgroup,
-    )?;
+    let datapath = KernelDatapath::load(&options.datapath)?;
     let settings = AgentSettings {
-        node_name: options.node_name.clone(),
-        pod_interfaces: options.pod_interfaces.clone(),
-        host_interfaces: options.host_interfaces.clone(),
-        min_sync_period: options.min_sync_period,
-        gate_timeout: options.gate_timeout,
-        masquerade_mark: options.masquerade_mark,
-        manage_masquerade_rule: options.manage_masquerade_rule,
-        socket_hooks: options.socket_hook_cgroup != SocketHookCgroup::None,
-        pod_connect_balancing: options.pod_connect_balancing,
-        agent_version: env!("CARGO_PKG_VERSION").to_string(),
         agent_revision: options.agent_revision.clone(),
-        full_resync_period: DEFAULT_FULL_RESYNC_PERIOD,
+        ..AgentSettings::new(
+            options.node_name.clone(),
+            &options.datapath,
+            options.min_sync_period,
+            options.gate_timeout,
+        )
     };
-    let mut agent = ClusterAgent::start(settings, datapath, Instant::now())?;
+    let mut agent = NodeAgent::start(settings, datapath, Instant::now())?;
 
     let (inputs, mut received) = mpsc::unbounded_channel();
-    let _host_thread = host::watch_host(inputs.clone())?;
+    let _host_thread = crate::host::watch_host(inputs.clone())?;
     let client = kube_client().await?;
     let watchers = watch::spawn_watchers(client.clone(), options.node_name.clone(), inputs);
 
@@ -155,17 +127,14 @@ pub async fn run(options: ClusterOptions, shutdown: impl Future<Output = ()>) ->
     // "not serving" would make it remove the agent's chains (their masquerade
     // included) under the programs a previous process left serving, until the
     // first real request puts them back.
-    let (request_sender, request_receiver) = channel::channel(CoexistenceRequest {
-        serving_from_ebpf: agent.attachment() != Attachment::Detached,
-        netfilter_chains_wanted: agent.netfilter_chains_wanted(),
-        ..CoexistenceRequest::default()
-    });
+    let (request_sender, request_receiver) =
+        channel::channel(agent.coexistence_request(false, None));
     let (report_sender, mut reports) = channel::channel(CoexistenceReport::default());
     let coexistence = tokio::spawn(coexist::run_coexistence(
         CoexistenceSettings {
             round_interval: options.coexistence_interval,
             kube_proxy_healthz: HealthzTarget::parse(&options.kube_proxy_healthz)?,
-            masquerade_mark: options.masquerade_mark,
+            masquerade_mark: options.datapath.masquerade_mark,
             serve_replacement_healthz: options.serve_replacement_healthz,
             healthz_port: options.replacement_healthz_port,
             absence_confirmation: options.kube_proxy_absence_confirmation,
@@ -176,8 +145,7 @@ pub async fn run(options: ClusterOptions, shutdown: impl Future<Output = ()>) ->
 
     let started = Instant::now();
     let mut coexistence_report = CoexistenceReport::default();
-    let mut last_conditions: Option<Vec<Condition>> = None;
-    let mut last_written = WrittenStatus::default();
+    let mut status_tracker = StatusTracker::default();
     let mut counters_read_at: Option<Instant> = None;
     let mut status_writes_counted = 0_u64;
     tokio::pin!(shutdown);
@@ -210,33 +178,19 @@ pub async fn run(options: ClusterOptions, shutdown: impl Future<Output = ()>) ->
             _ = tokio::time::sleep_until(deadline.into()) => {}
         }
         let now = Instant::now();
-        let report = agent.tick(now, Utc::now());
+        let tick = agent.tick(now, Utc::now());
+        let round = agent.round_report(
+            &tick,
+            now,
+            Utc::now(),
+            started,
+            &coexistence_report,
+            &mut status_tracker,
+        );
 
-        // Metrics.
-        if let Some((outcome, elapsed)) = report.sync {
-            metrics
-                .sync_duration
-                .with_label_values(&[outcome.kind.name()])
-                .observe(elapsed.as_secs_f64());
-        }
-        metrics.record_counts(&agent.counts);
-        metrics
-            .map_entries
-            .with_label_values(&["frontends"])
-            .set(agent.services_programmed() as i64);
-        metrics
-            .map_entries
-            .with_label_values(&["backends"])
-            .set(agent.backend_slots_programmed() as i64);
-        match agent.gate_status(now) {
-            GateStatus::Open { waited } => metrics.gate_wait_seconds.set(waited.as_secs_f64()),
-            _ => metrics
-                .gate_wait_seconds
-                .set(now.saturating_duration_since(started).as_secs_f64()),
-        }
-        if let Some(rules) = coexistence_report.kube_proxy_rules {
-            metrics.kube_proxy_rules_present.set(rules as i64);
-        }
+        // Write the round out: metrics, readiness, the coexistence request,
+        // the CPU priority, the status.
+        metrics.record_round(&round, &agent.counts);
         if counters_read_at.is_none_or(|at| now.saturating_duration_since(at) >= COUNTERS_PERIOD) {
             counters_read_at = Some(now);
             if let Ok(counters) = agent.datapath.counters() {
@@ -251,54 +205,15 @@ pub async fn run(options: ClusterOptions, shutdown: impl Future<Output = ()>) ->
             .status_writes
             .inc_by(writes.saturating_sub(status_writes_counted));
         status_writes_counted = writes;
-        health.set_ready(agent.gate_is_open());
-
-        // kube-proxy coexistence follows the spec and the attachment.
-        let inputs = agent.status_inputs(now, &coexistence_report);
-        let request = CoexistenceRequest {
-            cleanup_generation: agent
-                .dataplane_node()
-                .filter(|view| view.spec.iptables_cleanup)
-                .map(|view| view.generation.unwrap_or(0)),
-            serving_from_ebpf: agent.attachment() != Attachment::Detached,
-            netfilter_chains_wanted: agent.netfilter_chains_wanted(),
-            healthy: inputs.sync == SyncReport::Synced,
-            services: agent.local_service_health(),
-            last_sync: inputs
-                .last_sync_time
-                .map(SystemTime::from)
-                .unwrap_or(SystemTime::UNIX_EPOCH),
-        };
+        health.set_ready(round.ready);
         request_sender.send_if_modified(|current| {
-            let changed = *current != request;
-            *current = request;
+            let changed = *current != round.coexistence;
+            *current = round.coexistence.clone();
             changed
         });
-
-        let step = catch_up.after_round(inputs.sync == SyncReport::Synced, now);
-        priority::apply(step, original_nice);
-
-        // Status: only with a DataplaneNode to write it to, only on change, not
-        // while the gate waits within its timeout.
-        if let Some(view) = agent
-            .dataplane_node()
-            .filter(|_| status::worth_reporting(&inputs.gate))
-        {
-            let previous = last_conditions.clone().unwrap_or_else(|| {
-                view.status
-                    .as_ref()
-                    .map(|status| status.conditions.clone())
-                    .unwrap_or_default()
-            });
-            let status = compute_status(&inputs, &previous, Utc::now());
-            if last_written.needs_write(view.uid.as_deref(), &status) {
-                last_conditions = Some(status.conditions.clone());
-                last_written = WrittenStatus {
-                    object_uid: view.uid.clone(),
-                    status: Some(status),
-                };
-                status_sender.send_replace(last_written.clone());
-            }
+        priority::apply(catch_up.after_round(round.synced, now), original_nice);
+        if let Some(status) = round.status {
+            status_sender.send_replace(status);
         }
     }
     tracing::info!("exiting; programs and maps stay in place");

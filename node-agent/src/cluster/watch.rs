@@ -26,11 +26,11 @@ use serde::de::DeserializeOwned;
 use switchyard_crds::{DataplaneNode, DataplaneNodeStatus};
 use tokio::sync::{mpsc, watch};
 
-use super::agent::{DataplaneNodeView, Input};
-use super::health::{health_check_node_port, ServiceEntry};
-use super::node::NodeFacts;
-use super::status::WrittenStatus;
-use super::store::StoreChange;
+use crate::core::health::{health_check_node_port, ServiceEntry};
+use crate::core::node::NodeFacts;
+use crate::core::status::WrittenStatus;
+use crate::core::store::StoreChange;
+use crate::core::{DataplaneNodeView, Input};
 use crate::model::{self, v1beta1, EndpointSliceModel, FieldError, ServiceName};
 
 /// The agent's field manager for Server-Side Apply.
@@ -367,27 +367,23 @@ pub async fn run_status_writer(
     written: watch::Sender<u64>,
 ) {
     let api = Api::<DataplaneNode>::all(client);
-    // What was last written, and to which object: a DataplaneNode recreated under the same
-    // name is a new object that needs the status even when it did not change.
-    let mut last_written = WrittenStatus::default();
     let mut backoff = BACKOFF_START;
     loop {
         let wanted = statuses.borrow_and_update().clone();
+        // The core hands over a status only when it must be written
+        // (`core::round`); a failed write is retried with the latest one.
         if let Some(status) = &wanted.status {
-            if last_written.needs_write(wanted.object_uid.as_deref(), status) {
-                match write_status(&api, &node_name, status).await {
-                    Ok(()) => {
-                        tracing::debug!("status written");
-                        last_written = wanted;
-                        backoff = BACKOFF_START;
-                        written.send_modify(|count| *count += 1);
-                    }
-                    Err(error) => {
-                        tracing::warn!(%error, "cannot write the DataplaneNode status; retrying");
-                        tokio::time::sleep(backoff).await;
-                        backoff = (backoff * 2).min(BACKOFF_MAX);
-                        continue;
-                    }
+            match write_status(&api, &node_name, status).await {
+                Ok(()) => {
+                    tracing::debug!("status written");
+                    backoff = BACKOFF_START;
+                    written.send_modify(|count| *count += 1);
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "cannot write the DataplaneNode status; retrying");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(BACKOFF_MAX);
+                    continue;
                 }
             }
         }

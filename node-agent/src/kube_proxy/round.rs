@@ -111,6 +111,6 @@ async fn blocking<T: Send + 'static>(
         .await
         .map_err(|error| Error::RunNetfilterTool {
             command: "the netfilter tools".into(),
-            reason: format!("the blocking task failed: {error}"),
+            source: Box::new(error),
         })?
 }

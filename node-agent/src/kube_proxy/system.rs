@@ -78,7 +78,7 @@ impl Tools {
             Err(error) => {
                 return Err(Error::RunNetfilterTool {
                     command: described,
-                    reason: error.to_string(),
+                    source: Box::new(error),
                 })
             }
         };
@@ -87,14 +87,14 @@ impl Tools {
                 .write_all(text.as_bytes())
                 .map_err(|error| Error::RunNetfilterTool {
                     command: described.clone(),
-                    reason: format!("cannot write its input: {error}"),
+                    source: Box::new(error),
                 })?;
         }
         let output = child
             .wait_with_output()
             .map_err(|error| Error::RunNetfilterTool {
                 command: described.clone(),
-                reason: error.to_string(),
+                source: Box::new(error),
             })?;
         // Under `ip netns exec`, a missing program shows as exit status 255 with
         // "No such file or directory"; treat it as missing too.
@@ -108,7 +108,7 @@ impl Tools {
         if !output.status.success() {
             return Err(Error::RunNetfilterTool {
                 command: described,
-                reason: format!("{}: {stderr}", output.status),
+                source: format!("{}: {stderr}", output.status).into(),
             });
         }
         Ok(Some(String::from_utf8_lossy(&output.stdout).into_owned()))
@@ -132,7 +132,7 @@ impl Tools {
             Some(_) => Ok(()),
             None => Err(Error::RunNetfilterTool {
                 command: program,
-                reason: "not installed".into(),
+                source: "not installed".into(),
             }),
         }
     }
@@ -155,7 +155,7 @@ impl Tools {
             Some(_) => Ok(()),
             None => Err(Error::RunNetfilterTool {
                 command: "nft".into(),
-                reason: "not installed".into(),
+                source: "not installed".into(),
             }),
         }
     }
@@ -165,7 +165,7 @@ impl Tools {
         let Some(text) = self.run("ip", &["-o", "link", "show"], None)? else {
             return Err(Error::RunNetfilterTool {
                 command: "ip".into(),
-                reason: "not installed".into(),
+                source: "not installed".into(),
             });
         };
         // `2: eth0@if5: <BROADCAST,...> ...`
@@ -223,16 +223,18 @@ impl Tools {
                 &cleanup.plan.restore_input(),
             )
             .map_err(|error| Error::CleanUpKubeProxyRules {
-                reason: format!(
-                    "{} {}: {error}",
+                backend: format!(
+                    "{} {}",
                     cleanup.backend.name(),
                     cleanup.family.iptables_command()
                 ),
+                source: Box::new(error),
             })?;
         }
         self.nft_apply(&plan.nftables.script())
             .map_err(|error| Error::CleanUpKubeProxyRules {
-                reason: format!("nftables: {error}"),
+                backend: "nftables".to_string(),
+                source: Box::new(error),
             })
     }
 
@@ -279,7 +281,8 @@ impl Tools {
             let repair = plan_chain_order_repair(&ruleset, &chains);
             self.restore(backend, family, &repair)
                 .map_err(|error| Error::GuardChainOrder {
-                    reason: format!("{}: {error}", backend.name()),
+                    backend: backend.name(),
+                    source: Box::new(error),
                 })?;
             let after =
                 check_chain_order(&self.save(backend, family)?.unwrap_or_default(), &chains);
@@ -336,7 +339,8 @@ impl Tools {
                 &plan_agent_chain_removal(&ruleset, &chains),
             )
             .map_err(|error| Error::GuardChainOrder {
-                reason: format!("{}: {error}", backend.name()),
+                backend: backend.name(),
+                source: Box::new(error),
             })?;
         }
         Ok(())

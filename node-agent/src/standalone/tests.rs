@@ -1,70 +1,61 @@
-use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use switchyard_common::DATAPATH_MODE_ACTIVE;
 
-use super::interfaces::{IpAddressInfo, IpInterface, DEFAULT_POD_INTERFACE_GLOBS};
 use super::*;
-use crate::maps::FakeServiceMaps;
-
-#[derive(Default)]
-struct FakeDatapath {
-    maps: FakeServiceMaps,
-    attached: BTreeMap<String, InterfaceRole>,
-    attach_calls: usize,
-    socket_hooks: bool,
-    live_flows: usize,
-    detached_everything: bool,
-    /// Interfaces whose detach fails.
-    failing_detaches: BTreeSet<String>,
-}
-
-impl Datapath for FakeDatapath {
-    type Maps = FakeServiceMaps;
-    fn maps(&mut self) -> &mut FakeServiceMaps {
-        &mut self.maps
-    }
-    fn attach_interface(&mut self, name: &str, role: InterfaceRole) -> Result<(), Error> {
-        self.attach_calls += 1;
-        self.attached.insert(name.to_string(), role);
-        Ok(())
-    }
-    fn attach_socket_hooks(&mut self) -> Result<(), Error> {
-        self.socket_hooks = true;
-        Ok(())
-    }
-    fn detach_interface(&mut self, name: &str) -> Result<(), Error> {
-        if self.failing_detaches.contains(name) {
-            return Err(Error::DetachProgram {
-                target: name.into(),
-                reason: "device or resource busy".into(),
-            });
-        }
-        self.attached.remove(name);
-        Ok(())
-    }
-    fn attached_interfaces(&self) -> Result<Vec<u32>, Error> {
-        Ok((1..=self.attached.len() as u32).collect())
-    }
-    fn live_tcp_flows(&self) -> Result<usize, Error> {
-        Ok(self.live_flows)
-    }
-    fn network_namespace_cookie(&self) -> Result<u64, Error> {
-        Ok(4096)
-    }
-    fn detach_everything(&mut self) -> Result<(), Error> {
-        self.attached.clear();
-        self.socket_hooks = false;
-        self.detached_everything = true;
-        Ok(())
-    }
-}
+use crate::datapath::fake::FakeDatapath;
+use crate::datapath::{DatapathOptions, PodConnectBalancing, SocketHookCgroup};
+use crate::follow::Attachment;
+use crate::gate::{GateInput, GateStatus};
+use crate::interfaces::Globs;
+use crate::interfaces::{InterfaceRole, IpAddressInfo, IpInterface, DEFAULT_POD_INTERFACE_GLOBS};
 
 struct FakeHost(Vec<IpInterface>);
 
-impl HostView for FakeHost {
-    fn interfaces(&mut self) -> Result<Vec<IpInterface>, Error> {
-        Ok(self.0.clone())
+/// The standalone agent as `run` drives it, without the threads: the manifests
+/// polled, the host's interfaces as the netlink watcher would send them (every
+/// round: the core ignores a view that did not change), one round of the core.
+struct Harness {
+    standalone: Standalone<FakeDatapath>,
+    host: FakeHost,
+}
+
+impl Harness {
+    fn start(
+        options: StandaloneOptions,
+        datapath: FakeDatapath,
+        host: FakeHost,
+        now: Instant,
+    ) -> Result<Self, Error> {
+        Ok(Self {
+            standalone: Standalone::start(options, datapath, now)?,
+            host,
+        })
+    }
+
+    fn tick(&mut self, now: Instant) {
+        self.standalone.poll_manifests(now);
+        self.standalone
+            .agent
+            .receive(Input::Host(self.host.0.clone()), now);
+        self.standalone.tick(now);
+    }
+
+    fn shut_down(&mut self) -> Result<(), Error> {
+        self.standalone.shut_down()
+    }
+}
+
+impl std::ops::Deref for Harness {
+    type Target = NodeAgent<FakeDatapath>;
+    fn deref(&self) -> &Self::Target {
+        &self.standalone.agent
+    }
+}
+
+impl std::ops::DerefMut for Harness {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.standalone.agent
     }
 }
 
@@ -112,20 +103,22 @@ impl Drop for TempDirectory {
 fn options(manifests: &Path) -> StandaloneOptions {
     StandaloneOptions {
         manifests: manifests.to_path_buf(),
-        pod_interfaces: Globs::parse(DEFAULT_POD_INTERFACE_GLOBS),
-        host_interfaces: None,
+        datapath: DatapathOptions {
+            pin_directory: PathBuf::from("/nonexistent"),
+            map_sizes: crate::loader::MapSizes::default(),
+            pod_interfaces: Globs::parse(DEFAULT_POD_INTERFACE_GLOBS),
+            host_interfaces: None,
+            masquerade_mark: 0x4000,
+            manage_masquerade_rule: false,
+            socket_hook_cgroup: SocketHookCgroup::Root,
+            pod_connect_balancing: PodConnectBalancing::Tcp,
+        },
         node_ips: vec![],
         node_name: "node-a".to_string(),
-        pin_directory: PathBuf::from("/nonexistent"),
         detach_on_exit: false,
         min_sync_period: Duration::ZERO,
         poll_interval: Duration::from_millis(200),
         gate_timeout: Duration::from_secs(30),
-        masquerade_mark: 0x4000,
-        manage_masquerade_rule: false,
-        socket_hook_cgroup: SocketHookCgroup::None,
-        pod_connect_balancing: PodConnectBalancing::Tcp,
-        map_sizes: crate::loader::MapSizes::default(),
     }
 }
 
@@ -167,8 +160,8 @@ fn nothing_is_written_or_attached_before_the_manifests_are_read() {
     let directory = TempDirectory::new("gate");
     let manifests = directory.0.join("missing.yaml");
     let now = Instant::now();
-    let mut agent = Standalone::start(options(&manifests), FakeDatapath::default(), host(), now)
-        .expect("starts");
+    let mut agent =
+        Harness::start(options(&manifests), FakeDatapath::default(), host(), now).expect("starts");
     agent.tick(now);
     agent.tick(now + Duration::from_secs(1));
     assert_eq!(agent.datapath.maps.mutations_attempted, 0);
@@ -190,7 +183,7 @@ fn manifests_are_programmed_and_every_interface_attached_without_a_dataplane_nod
     let directory = TempDirectory::new("program");
     write(&directory, "web.yaml", SERVICE);
     let now = Instant::now();
-    let mut agent = Standalone::start(options(&directory.0), FakeDatapath::default(), host(), now)
+    let mut agent = Harness::start(options(&directory.0), FakeDatapath::default(), host(), now)
         .expect("starts");
     agent.tick(now);
     let datapath = &agent.datapath;
@@ -224,7 +217,7 @@ fn a_bad_manifest_keeps_the_last_good_state_and_a_fixed_one_is_applied() {
     let directory = TempDirectory::new("bad");
     write(&directory, "web.yaml", SERVICE);
     let now = Instant::now();
-    let mut agent = Standalone::start(options(&directory.0), FakeDatapath::default(), host(), now)
+    let mut agent = Harness::start(options(&directory.0), FakeDatapath::default(), host(), now)
         .expect("starts");
     agent.tick(now);
     let good = agent.datapath.maps.state.clone();
@@ -257,7 +250,7 @@ fn a_kube_proxy_dataplane_node_keeps_maps_in_sync_with_nothing_attached() {
         "apiVersion: switchyard.dev/v1alpha1\nkind: DataplaneNode\nmetadata: {name: node-a}\nspec: {mode: KubeProxy}\n",
     );
     let now = Instant::now();
-    let mut agent = Standalone::start(options(&directory.0), FakeDatapath::default(), host(), now)
+    let mut agent = Harness::start(options(&directory.0), FakeDatapath::default(), host(), now)
         .expect("starts");
     agent.tick(now);
     assert!(agent
@@ -275,7 +268,7 @@ fn switching_to_kube_proxy_drains_and_detaches_when_the_last_flow_closes() {
     let directory = TempDirectory::new("drain");
     write(&directory, "web.yaml", SERVICE);
     let now = Instant::now();
-    let mut agent = Standalone::start(options(&directory.0), FakeDatapath::default(), host(), now)
+    let mut agent = Harness::start(options(&directory.0), FakeDatapath::default(), host(), now)
         .expect("starts");
     agent.tick(now);
     agent.datapath.live_flows = 2;
@@ -310,7 +303,7 @@ fn a_failed_detach_is_retried_every_round_and_the_node_is_detached_only_once_it_
     let directory = TempDirectory::new("detach-retry");
     write(&directory, "web.yaml", SERVICE);
     let now = Instant::now();
-    let mut agent = Standalone::start(options(&directory.0), FakeDatapath::default(), host(), now)
+    let mut agent = Harness::start(options(&directory.0), FakeDatapath::default(), host(), now)
         .expect("starts");
     agent.tick(now);
     agent.datapath.failing_detaches.insert("veth1".into());
@@ -345,7 +338,7 @@ fn a_restarted_agent_writes_nothing_and_detaches_only_when_asked() {
     let directory = TempDirectory::new("restart");
     write(&directory, "web.yaml", SERVICE);
     let now = Instant::now();
-    let mut first = Standalone::start(options(&directory.0), FakeDatapath::default(), host(), now)
+    let mut first = Harness::start(options(&directory.0), FakeDatapath::default(), host(), now)
         .expect("starts");
     first.tick(now);
     first.shut_down().expect("shuts down");
@@ -356,7 +349,7 @@ fn a_restarted_agent_writes_nothing_and_detaches_only_when_asked() {
 
     let mut second_options = options(&directory.0);
     second_options.detach_on_exit = true;
-    let mut second = Standalone::start(second_options, survivor, host(), now).expect("starts");
+    let mut second = Harness::start(second_options, survivor, host(), now).expect("starts");
     assert_eq!(second.attachment(), Attachment::Attached);
     second.tick(now);
     assert_eq!(
@@ -372,8 +365,8 @@ fn manifests_that_appear_later_are_programmed_then() {
     let directory = TempDirectory::new("later");
     let manifests = directory.0.join("later.yaml");
     let now = Instant::now();
-    let mut agent = Standalone::start(options(&manifests), FakeDatapath::default(), host(), now)
-        .expect("starts");
+    let mut agent =
+        Harness::start(options(&manifests), FakeDatapath::default(), host(), now).expect("starts");
     for tick in 0..3 {
         agent.tick(now + Duration::from_millis(200 * tick));
     }
@@ -393,7 +386,7 @@ fn a_new_node_address_adds_its_node_ports() {
     let directory = TempDirectory::new("address");
     write(&directory, "web.yaml", SERVICE);
     let now = Instant::now();
-    let mut agent = Standalone::start(options(&directory.0), FakeDatapath::default(), host(), now)
+    let mut agent = Harness::start(options(&directory.0), FakeDatapath::default(), host(), now)
         .expect("starts");
     agent.tick(now);
     agent.host.0[1].addr_info.push(IpAddressInfo {
@@ -429,8 +422,7 @@ fn programs_found_attached_but_never_activated_are_activated() {
         .attached
         .insert("veth0".to_string(), InterfaceRole::Pod);
     let now = Instant::now();
-    let mut agent =
-        Standalone::start(options(&directory.0), datapath, host(), now).expect("starts");
+    let mut agent = Harness::start(options(&directory.0), datapath, host(), now).expect("starts");
     assert_eq!(agent.attachment(), Attachment::Detached);
     agent.tick(now);
     assert_eq!(agent.attachment(), Attachment::Attached);
@@ -452,15 +444,16 @@ fn a_change_to_one_services_manifest_is_a_partial_sync_and_a_resync_follows_the_
         .replace("nodePort: 30080", "nodePort: 30081");
     write(&directory, "api.yaml", &api);
     let now = Instant::now();
-    let mut agent = Standalone::start(options(&directory.0), FakeDatapath::default(), host(), now)
+    let mut agent = Harness::start(options(&directory.0), FakeDatapath::default(), host(), now)
         .expect("starts");
     agent.tick(now);
     assert_eq!(
-        agent.sync_counts,
-        SyncCounts {
-            full: 1,
-            ..SyncCounts::default()
-        }
+        (
+            agent.counts.full_syncs,
+            agent.counts.partial_syncs,
+            agent.counts.resyncs
+        ),
+        (1, 0, 0)
     );
     let api_entries: Vec<_> = agent
         .datapath
@@ -481,7 +474,7 @@ fn a_change_to_one_services_manifest_is_a_partial_sync_and_a_resync_follows_the_
         &SERVICE.replace("- {addresses: [10.0.0.6], nodeName: node-a}\n", ""),
     );
     agent.tick(now + Duration::from_secs(1));
-    assert_eq!(agent.sync_counts.partial, 1);
+    assert_eq!(agent.counts.partial_syncs, 1);
     assert_eq!(
         agent.datapath.maps.state.frontends[&node_port_key()].backend_count,
         1
@@ -496,10 +489,10 @@ fn a_change_to_one_services_manifest_is_a_partial_sync_and_a_resync_follows_the_
     let writes = agent.datapath.maps.mutations_attempted;
     agent.tick(now + FULL_RESYNC_PERIOD - Duration::from_secs(1));
     assert_eq!(
-        agent.sync_counts.resync, 0,
+        agent.counts.resyncs, 0,
         "not yet: a period after the first sync"
     );
     agent.tick(now + FULL_RESYNC_PERIOD);
-    assert_eq!(agent.sync_counts.resync, 1);
+    assert_eq!(agent.counts.resyncs, 1);
     assert_eq!(agent.datapath.maps.mutations_attempted, writes);
 }

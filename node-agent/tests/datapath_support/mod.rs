@@ -130,6 +130,16 @@ impl Node {
     /// `<work>/manifests`, pins in this node's bpffs); its output goes to
     /// `<work>/<log_name>`.
     pub fn start_standalone_agent(&self, node_name: &str, log_name: &str) -> std::process::Child {
+        self.start_standalone_agent_with(node_name, log_name, &[])
+    }
+
+    /// [`Node::start_standalone_agent`] with more arguments.
+    pub fn start_standalone_agent_with(
+        &self,
+        node_name: &str,
+        log_name: &str,
+        more_arguments: &[&str],
+    ) -> std::process::Child {
         let log = std::fs::File::create(self.work.join(log_name)).expect("agent log");
         let error_log = log.try_clone().expect("agent log");
         // The socket hooks go to the test's own cgroup, never the machine's root.
@@ -159,6 +169,7 @@ impl Node {
             // flows' state across restarts and upgrades); connect-time translation
             // would take pods' TCP away from them.
             .args(["--pod-connect-time-load-balancing", "disabled"])
+            .args(more_arguments)
             .env("RUST_LOG", "info")
             .stdin(std::process::Stdio::null())
             .stdout(log)

@@ -290,7 +290,10 @@ fn a_silent_server_times_out_quickly() {
         );
         // A busy kube-proxy answers late: that is not a kube-proxy that has left.
         assert!(health.kube_proxy_may_run());
-        assert!(started.elapsed() < Duration::from_secs(2));
+        // The probe gave up instead of waiting for the server, which holds the
+        // connection for 10 s: a bound well under that, generous for a busy
+        // machine running the tests in parallel (the probe's own timeout is 300 ms).
+        assert!(started.elapsed() < Duration::from_secs(5));
     });
 }
 

@@ -1,0 +1,535 @@
+//! Kubernetes objects -> the agent's internal Service model.
+//!
+//! The model keeps only what the datapath needs, already validated and typed:
+//! addresses are `IpAddr`, ports are `u16`, policies are enums. Conversion follows
+//! kube-proxy's reading of the API, so that the eBPF datapath and kube-proxy agree
+//! on what a Service means:
+//! - ExternalName Services and Services without a cluster IP (headless, or not yet
+//!   allocated) are ignored (kube-proxy's `ShouldSkipService`).
+//! - Node ports count only for `type: NodePort` and `type: LoadBalancer`.
+//! - Load-balancer ingress addresses count only for `type: LoadBalancer` and not
+//!   with `ipMode: Proxy` (the load balancer proxies, so the node must not capture
+//!   the address: KEP-1860).
+//! - SCTP ports are skipped: the datapath translates TCP and UDP.
+//! - An endpoint's conditions default as the API documents: unknown `ready` is
+//!   ready, unknown `serving` is the value of `ready`, unknown `terminating` is
+//!   not terminating. Only an endpoint's first address is used, as kube-proxy does.
+
+pub mod v1beta1;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::IpAddr;
+
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+/// Label that ties an EndpointSlice to its Service.
+pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+/// Topology key that v1beta1 EndpointSlices use for the endpoint's node.
+pub const HOSTNAME_TOPOLOGY_KEY: &str = "kubernetes.io/hostname";
+/// `sessionAffinityConfig.clientIP.timeoutSeconds` when unset (3 hours).
+pub const DEFAULT_AFFINITY_TIMEOUT_SECONDS: u32 = 10_800;
+/// The API's upper bound for the affinity timeout (one day).
+pub const MAX_AFFINITY_TIMEOUT_SECONDS: u32 = 86_400;
+
+/// A field of a Kubernetes object that the agent cannot use, with the reason.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FieldError {
+    /// Path of the field, as in the object's YAML (`spec.ports[1].port`).
+    pub field: String,
+    pub reason: String,
+}
+
+impl FieldError {
+    fn new(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        Self {
+            field: field.into(),
+            reason: reason.into(),
+        }
+    }
+}
+
+impl fmt::Display for FieldError {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(formatter, "{}: {}", self.field, self.reason)
+    }
+}
+
+/// Namespace and name of a Service.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ServiceName {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl ServiceName {
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        Self {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+}
+
+impl fmt::Display for ServiceName {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(formatter, "{}/{}", self.namespace, self.name)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Protocol {
+    Tcp,
+    Udp,
+}
+
+impl Protocol {
+    /// The IP protocol number, as in the map keys.
+    pub fn number(self) -> u8 {
+        match self {
+            Protocol::Tcp => switchyard_common::PROTOCOL_TCP,
+            Protocol::Udp => switchyard_common::PROTOCOL_UDP,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum AddressFamily {
+    Ipv4,
+    Ipv6,
+}
+
+impl AddressFamily {
+    pub fn of(address: &IpAddr) -> Self {
+        match address {
+            IpAddr::V4(_) => AddressFamily::Ipv4,
+            IpAddr::V6(_) => AddressFamily::Ipv6,
+        }
+    }
+}
+
+/// `externalTrafficPolicy` / `internalTrafficPolicy`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub enum TrafficPolicy {
+    /// Every endpoint of the cluster.
+    #[default]
+    Cluster,
+    /// Only endpoints on this node.
+    Local,
+}
+
+/// `targetPort` of a Service port. The datapath takes target ports from the
+/// EndpointSlices (whose ports are already resolved per endpoint), so this is kept
+/// for reporting only.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum TargetPort {
+    Number(u16),
+    Name(String),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServicePortModel {
+    /// Empty for a Service's single unnamed port.
+    pub name: String,
+    pub protocol: Protocol,
+    pub port: u16,
+    pub node_port: Option<u16>,
+    pub target_port: TargetPort,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServiceModel {
+    pub name: ServiceName,
+    /// `spec.clusterIPs` (or `spec.clusterIP`), never empty.
+    pub cluster_ips: Vec<IpAddr>,
+    pub external_ips: Vec<IpAddr>,
+    /// `status.loadBalancer.ingress[].ip` of a LoadBalancer Service.
+    pub load_balancer_ips: Vec<IpAddr>,
+    pub ports: Vec<ServicePortModel>,
+    pub external_traffic_policy: TrafficPolicy,
+    pub internal_traffic_policy: TrafficPolicy,
+    /// `Some(timeout)` for `sessionAffinity: ClientIP`.
+    pub session_affinity_timeout_seconds: Option<u32>,
+}
+
+impl ServiceModel {
+    /// Address families the Service serves (those of its cluster IPs).
+    pub fn families(&self) -> Vec<AddressFamily> {
+        let mut families: Vec<AddressFamily> =
+            self.cluster_ips.iter().map(AddressFamily::of).collect();
+        families.sort();
+        families.dedup();
+        families
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EndpointPortModel {
+    pub name: String,
+    pub protocol: Protocol,
+    pub port: u16,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EndpointModel {
+    pub address: IpAddr,
+    pub ready: bool,
+    pub serving: bool,
+    pub terminating: bool,
+    /// `nodeName`, or the `kubernetes.io/hostname` topology of older slices.
+    pub node_name: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EndpointSliceModel {
+    /// Namespace and name of the slice itself.
+    pub slice_name: ServiceName,
+    pub service: ServiceName,
+    pub family: AddressFamily,
+    pub ports: Vec<EndpointPortModel>,
+    pub endpoints: Vec<EndpointModel>,
+}
+
+fn required_name(metadata: &ObjectMeta) -> Result<ServiceName, FieldError> {
+    let name = metadata
+        .name
+        .as_deref()
+        .filter(|name| !name.is_empty())
+        .ok_or_else(|| FieldError::new("metadata.name", "is missing"))?;
+    // Manifests applied without a namespace land in `default`, as with kubectl.
+    let namespace = metadata
+        .namespace
+        .as_deref()
+        .filter(|namespace| !namespace.is_empty())
+        .unwrap_or("default");
+    Ok(ServiceName::new(namespace, name))
+}
+
+fn parse_address(field: String, text: &str) -> Result<IpAddr, FieldError> {
+    text.trim()
+        .parse()
+        .map_err(|_| FieldError::new(field, format!("{text:?} is not an IP address")))
+}
+
+fn parse_port(field: String, value: i32) -> Result<u16, FieldError> {
+    u16::try_from(value)
+        .ok()
+        .filter(|port| *port != 0)
+        .ok_or_else(|| FieldError::new(field, format!("{value} is not a port number (1-65535)")))
+}
+
+/// `None` for SCTP (skipped), an error for anything else unknown.
+fn parse_protocol(field: String, protocol: Option<&str>) -> Result<Option<Protocol>, FieldError> {
+    match protocol.unwrap_or("TCP") {
+        "TCP" => Ok(Some(Protocol::Tcp)),
+        "UDP" => Ok(Some(Protocol::Udp)),
+        "SCTP" => Ok(None),
+        other => Err(FieldError::new(
+            field,
+            format!("{other:?} is not a protocol (TCP, UDP or SCTP)"),
+        )),
+    }
+}
+
+fn parse_traffic_policy(field: &str, policy: Option<&str>) -> Result<TrafficPolicy, FieldError> {
+    match policy {
+        None | Some("") | Some("Cluster") => Ok(TrafficPolicy::Cluster),
+        Some("Local") => Ok(TrafficPolicy::Local),
+        Some(other) => Err(FieldError::new(
+            field,
+            format!("{other:?} is not a traffic policy (Cluster or Local)"),
+        )),
+    }
+}
+
+/// A `v1` Service in the model; `Ok(None)` for Services the datapath does not
+/// implement (ExternalName, headless, no cluster IP yet).
+pub fn service_from_v1(service: &Service) -> Result<Option<ServiceModel>, FieldError> {
+    let name = required_name(&service.metadata)?;
+    let Some(spec) = service.spec.as_ref() else {
+        return Ok(None);
+    };
+    let service_type = spec.type_.as_deref().unwrap_or("ClusterIP");
+    if service_type == "ExternalName" {
+        return Ok(None);
+    }
+    let cluster_ip_texts: Vec<(String, &str)> = match spec.cluster_ips.as_ref() {
+        Some(cluster_ips) if !cluster_ips.is_empty() => cluster_ips
+            .iter()
+            .enumerate()
+            .map(|(index, ip)| (format!("spec.clusterIPs[{index}]"), ip.as_str()))
+            .collect(),
+        _ => spec
+            .cluster_ip
+            .iter()
+            .map(|ip| ("spec.clusterIP".to_string(), ip.as_str()))
+            .collect(),
+    };
+    if cluster_ip_texts
+        .iter()
+        .any(|(_, text)| text.is_empty() || *text == "None")
+        || cluster_ip_texts.is_empty()
+    {
+        return Ok(None);
+    }
+    let cluster_ips = cluster_ip_texts
+        .into_iter()
+        .map(|(field, text)| parse_address(field, text))
+        .collect::<Result<Vec<_>, _>>()?;
+
+    let exposes_node_ports = matches!(service_type, "NodePort" | "LoadBalancer");
+    let mut ports = Vec::new();
+    for (index, port) in spec.ports.iter().flatten().enumerate() {
+        let field = |name: &str| format!("spec.ports[{index}].{name}");
+        let Some(protocol) = parse_protocol(field("protocol"), port.protocol.as_deref())? else {
+            continue;
+        };
+        let number = parse_port(field("port"), port.port)?;
+        let node_port = match port.node_port {
+            Some(node_port) if exposes_node_ports && node_port != 0 => {
+                Some(parse_port(field("nodePort"), node_port)?)
+            }
+            _ => None,
+        };
+        let target_port = match port.target_port.as_ref() {
+            None => TargetPort::Number(number),
+            Some(IntOrString::Int(target)) => {
+                TargetPort::Number(parse_port(field("targetPort"), *target)?)
+            }
+            Some(IntOrString::String(target)) => match target.parse::<i32>() {
+                Ok(target) => TargetPort::Number(parse_port(field("targetPort"), target)?),
+                Err(_) => TargetPort::Name(target.clone()),
+            },
+        };
+        ports.push(ServicePortModel {
+            name: port.name.clone().unwrap_or_default(),
+            protocol,
+            port: number,
+            node_port,
+            target_port,
+        });
+    }
+
+    let external_ips = spec
+        .external_ips
+        .iter()
+        .flatten()
+        .enumerate()
+        .map(|(index, ip)| parse_address(format!("spec.externalIPs[{index}]"), ip))
+        .collect::<Result<Vec<_>, _>>()?;
+
+    let mut load_balancer_ips = Vec::new();
+    if service_type == "LoadBalancer" {
+        let ingresses = service
+            .status
+            .as_ref()
+            .and_then(|status| status.load_balancer.as_ref())
+            .and_then(|load_balancer| load_balancer.ingress.as_ref());
+        for (index, ingress) in ingresses.into_iter().flatten().enumerate() {
+            if ingress.ip_mode.as_deref() == Some("Proxy") {
+                continue;
+            }
+            if let Some(ip) = ingress.ip.as_deref().filter(|ip| !ip.is_empty()) {
+                load_balancer_ips.push(parse_address(
+                    format!("status.loadBalancer.ingress[{index}].ip"),
+                    ip,
+                )?);
+            }
+        }
+    }
+
+    let session_affinity_timeout_seconds = match spec.session_affinity.as_deref() {
+        None | Some("") | Some("None") => None,
+        Some("ClientIP") => {
+            let configured = spec
+                .session_affinity_config
+                .as_ref()
+                .and_then(|config| config.client_ip.as_ref())
+                .and_then(|client_ip| client_ip.timeout_seconds);
+            Some(match configured {
+                None => DEFAULT_AFFINITY_TIMEOUT_SECONDS,
+                Some(seconds) => u32::try_from(seconds)
+                    .ok()
+                    .filter(|seconds| (1..=MAX_AFFINITY_TIMEOUT_SECONDS).contains(seconds))
+                    .ok_or_else(|| {
+                        FieldError::new(
+                            "spec.sessionAffinityConfig.clientIP.timeoutSeconds",
+                            format!(
+                                "{seconds} is not between 1 and {MAX_AFFINITY_TIMEOUT_SECONDS}"
+                            ),
+                        )
+                    })?,
+            })
+        }
+        Some(other) => {
+            return Err(FieldError::new(
+                "spec.sessionAffinity",
+                format!("{other:?} is not a session affinity (None or ClientIP)"),
+            ))
+        }
+    };
+
+    Ok(Some(ServiceModel {
+        name,
+        cluster_ips,
+        external_ips,
+        load_balancer_ips,
+        ports,
+        external_traffic_policy: parse_traffic_policy(
+            "spec.externalTrafficPolicy",
+            spec.external_traffic_policy.as_deref(),
+        )?,
+        internal_traffic_policy: parse_traffic_policy(
+            "spec.internalTrafficPolicy",
+            spec.internal_traffic_policy.as_deref(),
+        )?,
+        session_affinity_timeout_seconds,
+    }))
+}
+
+/// The parts of an EndpointSlice endpoint that both API versions share.
+pub(crate) struct EndpointFields<'a> {
+    pub addresses: &'a [String],
+    pub ready: Option<bool>,
+    pub serving: Option<bool>,
+    pub terminating: Option<bool>,
+    pub node_name: Option<&'a str>,
+    pub topology: Option<&'a BTreeMap<String, String>>,
+}
+
+/// The parts of an EndpointSlice port that both API versions share.
+pub(crate) struct EndpointPortFields<'a> {
+    pub name: Option<&'a str>,
+    pub protocol: Option<&'a str>,
+    pub port: Option<i32>,
+}
+
+/// Shared by the v1 and v1beta1 conversions: `Ok(None)` for slices the datapath
+/// does not use (FQDN addresses, no Service label).
+pub(crate) fn endpoint_slice_from_fields<'a>(
+    metadata: &ObjectMeta,
+    address_type: &str,
+    ports: impl Iterator<Item = EndpointPortFields<'a>>,
+    endpoints: impl Iterator<Item = EndpointFields<'a>>,
+) -> Result<Option<EndpointSliceModel>, FieldError> {
+    let slice_name = required_name(metadata)?;
+    let Some(service_name) = metadata
+        .labels
+        .as_ref()
+        .and_then(|labels| labels.get(SERVICE_NAME_LABEL))
+        .filter(|name| !name.is_empty())
+    else {
+        return Ok(None);
+    };
+    let family = match address_type {
+        "IPv4" => AddressFamily::Ipv4,
+        "IPv6" => AddressFamily::Ipv6,
+        "FQDN" => return Ok(None),
+        other => {
+            return Err(FieldError::new(
+                "addressType",
+                format!("{other:?} is not an address type (IPv4, IPv6 or FQDN)"),
+            ))
+        }
+    };
+    let mut port_models = Vec::new();
+    for (index, port) in ports.enumerate() {
+        let Some(protocol) = parse_protocol(format!("ports[{index}].protocol"), port.protocol)?
+        else {
+            continue;
+        };
+        // A port without a number means "all ports" for selector-less slices,
+        // which kube-proxy does not implement either.
+        let Some(number) = port.port else { continue };
+        port_models.push(EndpointPortModel {
+            name: port.name.unwrap_or_default().to_string(),
+            protocol,
+            port: parse_port(format!("ports[{index}].port"), number)?,
+        });
+    }
+    let mut endpoint_models = Vec::new();
+    for (index, endpoint) in endpoints.enumerate() {
+        let Some(first_address) = endpoint.addresses.first() else {
+            continue;
+        };
+        let address = parse_address(format!("endpoints[{index}].addresses[0]"), first_address)?;
+        if AddressFamily::of(&address) != family {
+            return Err(FieldError::new(
+                format!("endpoints[{index}].addresses[0]"),
+                format!("{first_address} is not of the slice's addressType {address_type}"),
+            ));
+        }
+        let ready = endpoint.ready.unwrap_or(true);
+        let node_name = endpoint
+            .node_name
+            .filter(|name| !name.is_empty())
+            .or_else(|| {
+                endpoint
+                    .topology
+                    .and_then(|topology| topology.get(HOSTNAME_TOPOLOGY_KEY))
+                    .map(String::as_str)
+            })
+            .map(str::to_string);
+        endpoint_models.push(EndpointModel {
+            address,
+            ready,
+            serving: endpoint.serving.unwrap_or(ready),
+            terminating: endpoint.terminating.unwrap_or(false),
+            node_name,
+        });
+    }
+    Ok(Some(EndpointSliceModel {
+        service: ServiceName::new(slice_name.namespace.clone(), service_name.clone()),
+        slice_name,
+        family,
+        ports: port_models,
+        endpoints: endpoint_models,
+    }))
+}
+
+/// An EndpointSlice of either API version read through
+/// [`endpoint_slice_from_fields`]: their types differ, their fields have the
+/// same names, save the topology (`topology_field`).
+macro_rules! endpoint_slice_fields {
+    ($slice:expr, $topology_field:ident) => {
+        endpoint_slice_from_fields(
+            &$slice.metadata,
+            &$slice.address_type,
+            $slice
+                .ports
+                .iter()
+                .flatten()
+                .map(|port| EndpointPortFields {
+                    name: port.name.as_deref(),
+                    protocol: port.protocol.as_deref(),
+                    port: port.port,
+                }),
+            $slice.endpoints.iter().map(|endpoint| {
+                let conditions = endpoint.conditions.as_ref();
+                EndpointFields {
+                    addresses: &endpoint.addresses,
+                    ready: conditions.and_then(|conditions| conditions.ready),
+                    serving: conditions.and_then(|conditions| conditions.serving),
+                    terminating: conditions.and_then(|conditions| conditions.terminating),
+                    node_name: endpoint.node_name.as_deref(),
+                    topology: endpoint.$topology_field.as_ref(),
+                }
+            }),
+        )
+    };
+}
+pub(crate) use endpoint_slice_fields;
+
+/// A `discovery.k8s.io/v1` EndpointSlice in the model; `Ok(None)` for slices the
+/// datapath does not use.
+pub fn endpoint_slice_from_v1(
+    slice: &EndpointSlice,
+) -> Result<Option<EndpointSliceModel>, FieldError> {
+    endpoint_slice_fields!(slice, deprecated_topology)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,148 @@
+//! What one round of the core means for the outside, decided here and pure:
+//! the metrics' values, the request to the coexistence loop, whether the maps
+//! are in sync (readiness, the catch-up priority), and whether and what status
+//! to write. The shells only write it out ([`crate::cluster::run`]).
+
+use std::time::{Duration, Instant, SystemTime};
+
+use chrono::{DateTime, Utc};
+use switchyard_crds::Condition;
+
+use super::status::{
+    compute_status, worth_reporting, CoexistenceReport, SyncReport, WrittenStatus,
+};
+use super::{NodeAgent, TickReport};
+use crate::datapath::Datapath;
+use crate::follow::Attachment;
+use crate::gate::GateStatus;
+use crate::kube_proxy::health::LocalServiceHealth;
+
+/// What the agent tells the coexistence loop.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CoexistenceRequest {
+    /// `Some(generation)` while the DataplaneNode says `iptablesCleanup: true`.
+    pub cleanup_generation: Option<i64>,
+    /// Programs attached (or draining): the agent's chains must come first.
+    pub serving_from_ebpf: bool,
+    /// Some Service needs the agent's masquerade rule (or the agent installed
+    /// it): without, the agent installs no chain (nothing it would hold is
+    /// marked, and the rules would turn on netfilter's connection tracking).
+    pub netfilter_chains_wanted: bool,
+    /// The maps are in sync (what the replacement healthz reports).
+    pub healthy: bool,
+    pub last_sync: SystemTime,
+    /// The `healthCheckNodePort` answers.
+    pub services: Vec<LocalServiceHealth>,
+}
+
+/// What a round asks of the shell.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RoundReport {
+    /// An apply ran: its kind (`partial`, `full`, `resync`) and how long it took.
+    pub sync: Option<(&'static str, Duration)>,
+    pub frontends: usize,
+    pub backend_slots: usize,
+    /// How long the start-of-day gate stayed closed (so far, while closed).
+    pub gate_wait: Duration,
+    /// The gate is open: `/readyz` answers ready.
+    pub ready: bool,
+    /// The last sync succeeded (the catch-up priority ends with it).
+    pub synced: bool,
+    pub kube_proxy_rules: Option<usize>,
+    /// Map entries the last sync could not write, by Service.
+    pub failed_entries: std::collections::BTreeMap<String, usize>,
+    pub coexistence: CoexistenceRequest,
+    /// The status to hand to the writer, when it must be written.
+    pub status: Option<WrittenStatus>,
+}
+
+/// The status as last handed to the writer, kept between rounds.
+#[derive(Clone, Debug, Default)]
+pub struct StatusTracker {
+    /// The conditions last handed over (their transition times carry on).
+    last_conditions: Option<Vec<Condition>>,
+    last_written: WrittenStatus,
+}
+
+impl<D: Datapath> NodeAgent<D> {
+    /// What the coexistence loop must do for this state of the agent.
+    pub fn coexistence_request(
+        &self,
+        synced: bool,
+        last_sync: Option<DateTime<Utc>>,
+    ) -> CoexistenceRequest {
+        CoexistenceRequest {
+            cleanup_generation: self
+                .dataplane_node()
+                .filter(|view| view.spec.iptables_cleanup)
+                .map(|view| view.generation.unwrap_or(0)),
+            serving_from_ebpf: self.attachment() != Attachment::Detached,
+            netfilter_chains_wanted: self.netfilter_chains_wanted(),
+            healthy: synced,
+            services: self.local_service_health(),
+            last_sync: last_sync
+                .map(SystemTime::from)
+                .unwrap_or(SystemTime::UNIX_EPOCH),
+        }
+    }
+
+    /// The round's report: `tick` is what the round's tick did, `started` when
+    /// the agent started, `coexistence` the coexistence loop's last report.
+    /// The status is handed over only with a DataplaneNode to write it to,
+    /// only when it changed (or the object is new), and not while the gate
+    /// waits within its timeout.
+    pub fn round_report(
+        &self,
+        tick: &TickReport,
+        now: Instant,
+        wall: DateTime<Utc>,
+        started: Instant,
+        coexistence: &CoexistenceReport,
+        status: &mut StatusTracker,
+    ) -> RoundReport {
+        let inputs = self.status_inputs(now, coexistence);
+        let synced = inputs.sync == SyncReport::Synced;
+        let gate_wait = match &inputs.gate {
+            GateStatus::Open { waited } => *waited,
+            _ => now.saturating_duration_since(started),
+        };
+        let status_write = self
+            .dataplane_node()
+            .filter(|_| worth_reporting(&inputs.gate))
+            .and_then(|view| {
+                let previous = status.last_conditions.clone().unwrap_or_else(|| {
+                    view.status
+                        .as_ref()
+                        .map(|status| status.conditions.clone())
+                        .unwrap_or_default()
+                });
+                let computed = compute_status(&inputs, &previous, wall);
+                if !status
+                    .last_written
+                    .needs_write(view.uid.as_deref(), &computed)
+                {
+                    return None;
+                }
+                status.last_conditions = Some(computed.conditions.clone());
+                status.last_written = WrittenStatus {
+                    object_uid: view.uid.clone(),
+                    status: Some(computed),
+                };
+                Some(status.last_written.clone())
+            });
+        RoundReport {
+            sync: tick
+                .sync
+                .map(|(outcome, elapsed)| (outcome.kind.name(), elapsed)),
+            frontends: self.services_programmed(),
+            backend_slots: self.backend_slots_programmed(),
+            gate_wait,
+            ready: self.gate_is_open(),
+            synced,
+            kube_proxy_rules: coexistence.kube_proxy_rules,
+            failed_entries: self.failed_entries().clone(),
+            coexistence: self.coexistence_request(synced, inputs.last_sync_time),
+            status: status_write,
+        }
+    }
+}
