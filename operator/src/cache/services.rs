@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::watcher;
 
 use crate::planner::UnsupportedService;
@@ -112,11 +113,35 @@ impl UnsupportedServices {
     }
 }
 
+/// The name of the trigger for a completed relist (no one Service changed).
+const RELISTED: &str = "services-relisted";
+
+/// What a Service watch event triggers the controller with: a Service with only the name and
+/// namespace of the one that changed (`services-relisted` for a relist). kube-runtime names every
+/// trigger by its object and panics on an object without a name.
+pub fn trigger(event: &watcher::Event<Service>) -> Service {
+    let (namespace, name) = match event {
+        watcher::Event::Apply(service)
+        | watcher::Event::InitApply(service)
+        | watcher::Event::Delete(service) => key_of(service),
+        watcher::Event::Init | watcher::Event::InitDone => (String::new(), String::new()),
+    };
+    Service {
+        metadata: ObjectMeta {
+            name: Some(name)
+                .filter(|name| !name.is_empty())
+                .or_else(|| Some(RELISTED.to_owned())),
+            namespace: Some(namespace).filter(|namespace| !namespace.is_empty()),
+            ..ObjectMeta::default()
+        },
+        ..Service::default()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::{ServicePort, ServiceSpec};
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
     fn service(name: &str, protocol: &str) -> Service {
         Service {
@@ -173,6 +198,31 @@ mod tests {
         assert!(services.apply(&watcher::Event::Delete(service("pbx", "SCTP"))));
         assert!(services.list().is_empty());
         assert!(!services.apply(&watcher::Event::Delete(service("pbx", "SCTP"))));
+    }
+
+    #[test]
+    fn every_trigger_carries_a_name_as_the_controller_needs() {
+        use kube::runtime::reflector::ObjectRef;
+        for event in [
+            watcher::Event::Apply(service("pbx", "SCTP")),
+            watcher::Event::Delete(service("pbx", "SCTP")),
+            watcher::Event::InitDone,
+            watcher::Event::Apply(Service::default()),
+        ] {
+            let trigger = trigger(&event);
+            assert!(trigger.metadata.name.is_some(), "{event:?}");
+            // What kube-runtime does with every trigger (it panics without a name).
+            let _ = ObjectRef::from_obj(&trigger);
+        }
+        let pbx = trigger(&watcher::Event::Apply(service("pbx", "SCTP")));
+        assert_eq!(
+            (
+                pbx.metadata.namespace.as_deref(),
+                pbx.metadata.name.as_deref()
+            ),
+            (Some("shop"), Some("pbx"))
+        );
+        assert_eq!(pbx.spec, None, "nothing else is carried");
     }
 
     #[test]

@@ -230,8 +230,9 @@ async fn pod_namespaces(client: &Client, agent_namespace: &str) -> Vec<String> {
 
 /// Services of every namespace that kube-proxy proxies (the same selector as its informers: no
 /// `service.kubernetes.io/service-proxy-name` label; a Service that gains it leaves the watch as a
-/// deletion), mapped to summaries as they arrive ([`UnsupportedServices`]); yields an empty
-/// Service, as a trigger, only when what the planner reads changed.
+/// deletion), mapped to summaries as they arrive ([`UnsupportedServices`]); yields a Service
+/// holding only the changed one's name (the controller names every trigger), only when what the
+/// planner reads changed.
 fn watched_services(
     api: Api<Service>,
     unsupported: &Arc<UnsupportedServices>,
@@ -242,7 +243,9 @@ fn watched_services(
         .default_backoff()
         .filter_map(move |event| {
             let trigger = match event {
-                Ok(event) => unsupported.apply(&event).then(|| Ok(Service::default())),
+                Ok(event) => unsupported
+                    .apply(&event)
+                    .then(|| Ok(cache::services::trigger(&event))),
                 Err(error) => Some(Err(error)),
             };
             std::future::ready(trigger)
