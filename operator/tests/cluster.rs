@@ -1,7 +1,8 @@
 //! The operator against a real Kubernetes 1.20 API server (the `e2e/` cluster), for what the
 //! real-agent scenarios of `e2e/tests/migration_scenarios.rs` do not cover: leader election
 //! between two replicas, the CRD self-apply of an upgraded CRD, Events about cluster-scoped
-//! objects on a 1.20 server, and Preflight without the API server address.
+//! objects on a 1.20 server, Preflight without the API server address, and the parity preflight
+//! refusing while an SCTP Service exists (the Service watch on a 1.20 server).
 //!
 //! Run by `make e2e-operator` (`e2e/scripts/migration.sh`) on the migration scenarios' cluster,
 //! before them, inside its private network namespace: `cargo test -p switchyard-operator --test
@@ -13,7 +14,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Event, Namespace};
+use k8s_openapi::api::core::v1::{Event, Namespace, Service};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
     CustomResourceDefinition, JSONSchemaProps,
 };
@@ -517,6 +518,171 @@ async fn preflight_refuses_without_the_api_server_address_and_other_configs_are_
     .await?;
     // Leave the cluster as found: no DataplaneConfig (the migration scenarios run next on it).
     configs.delete("other", &DeleteParams::default()).await?;
+    configs.delete("default", &DeleteParams::default()).await?;
+    Ok(())
+}
+
+/// Waits until DataplaneConfig `default` has the condition `type_` for which `holds` is true;
+/// returns it.
+async fn wait_for_condition(
+    configs: &Api<DataplaneConfig>,
+    what: &str,
+    type_: &str,
+    holds: impl Fn(&switchyard_crds::Condition) -> bool,
+) -> Result<switchyard_crds::Condition, Box<dyn std::error::Error>> {
+    let condition = wait_for(what, WaitOptions::new(Duration::from_secs(60)), || async {
+        let status = configs.get("default").await?.status.unwrap_or_default();
+        let found = find_condition(&status.conditions, type_).cloned();
+        Ok::<_, kube::Error>(match found {
+            Some(condition) if holds(&condition) => Check::Ready(condition),
+            other => Check::NotYet(format!("phase {}, {type_} {other:?}", status.phase)),
+        })
+    })
+    .await?;
+    Ok(condition)
+}
+
+#[tokio::test]
+#[ignore = "needs the e2e cluster: make e2e-operator"]
+async fn the_parity_preflight_refuses_while_an_sctp_service_exists_and_not_once_it_is_deleted(
+) -> TestResult {
+    let client = admin_client(&ClusterPaths::from_environment()).await?;
+    ensure_namespace(&client).await?;
+    let operator = Operator::start(
+        "operator-parity",
+        18185,
+        &["--api-server-address=10.99.0.1:6443"],
+    );
+    let services: Api<Service> = Api::namespaced(client.clone(), "default");
+    let sctp_service = |name: &str, labels: serde_json::Value| {
+        serde_json::from_value::<Service>(json!({
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": { "name": name, "labels": labels },
+            "spec": { "ports": [{ "name": "sctp", "protocol": "SCTP", "port": 9999 }] },
+        }))
+    };
+    for name in ["parity-sctp", "parity-other-proxy"] {
+        if services.get_opt(name).await?.is_some() {
+            services.delete(name, &DeleteParams::default()).await?;
+        }
+    }
+    services
+        .create(
+            &PostParams::default(),
+            &sctp_service("parity-sctp", json!({}))?,
+        )
+        .await?;
+    // Another proxy's Service: kube-proxy does not serve it, so it is never named.
+    services
+        .create(
+            &PostParams::default(),
+            &sctp_service(
+                "parity-other-proxy",
+                json!({ "service.kubernetes.io/service-proxy-name": "other-proxy" }),
+            )?,
+        )
+        .await?;
+
+    let configs: Api<DataplaneConfig> = Api::all(client.clone());
+    if configs.get_opt("default").await?.is_some() {
+        configs.delete("default", &DeleteParams::default()).await?;
+    }
+    // Paused: the refusal is reported all the same, and nothing can move on this shared cluster
+    // once the Service is gone.
+    let config: DataplaneConfig = serde_json::from_value(json!({
+        "apiVersion": "switchyard.dev/v1alpha1",
+        "kind": "DataplaneConfig",
+        "metadata": { "name": "default" },
+        "spec": { "mode": "Ebpf", "paused": true },
+    }))?;
+    wait_for(
+        "create DataplaneConfig default",
+        WaitOptions::new(Duration::from_secs(30)),
+        || async {
+            configs.create(&PostParams::default(), &config).await?;
+            Ok::<_, kube::Error>(Check::Ready(()))
+        },
+    )
+    .await?;
+
+    let degraded = wait_for_condition(
+        &configs,
+        "see Degraded UnsupportedServices",
+        condition_types::DEGRADED,
+        |condition| {
+            condition.status == ConditionStatus::True
+                && condition.reason == reasons::UNSUPPORTED_SERVICES
+        },
+    )
+    .await
+    .map_err(|error| format!("{error}\noperator log:\n{}", operator.log_tail()))?;
+    println!("with an SCTP Service: {}", degraded.message);
+    assert!(
+        degraded
+            .message
+            .contains("1 Service(s) use what the eBPF datapath does not serve yet: default/parity-sctp (SCTP ports)"),
+        "{}",
+        degraded.message
+    );
+    assert!(!degraded.message.contains("parity-other-proxy"));
+    let supported = wait_for_condition(
+        &configs,
+        "see ServicesSupported False",
+        condition_types::SERVICES_SUPPORTED,
+        |condition| condition.status == ConditionStatus::False,
+    )
+    .await?;
+    assert_eq!(supported.reason, reasons::UNSUPPORTED_SERVICES);
+    wait_for_event(
+        &client,
+        "default",
+        "DataplaneConfig",
+        "default",
+        reasons::UNSUPPORTED_SERVICES,
+    )
+    .await?;
+    let dataplane_nodes: Api<DataplaneNode> = Api::all(client.clone());
+    for node in dataplane_nodes.list(&ListParams::default()).await?.items {
+        assert_eq!(
+            node.spec.mode,
+            DataplaneMode::KubeProxy,
+            "{} told to move while the preflight refuses",
+            node.name_any()
+        );
+    }
+
+    // The SCTP Service deleted: the refusal goes (the Service watch triggers the reconcile).
+    services
+        .delete("parity-sctp", &DeleteParams::default())
+        .await?;
+    wait_for_condition(
+        &configs,
+        "see ServicesSupported True",
+        condition_types::SERVICES_SUPPORTED,
+        |condition| {
+            condition.status == ConditionStatus::True
+                && condition.reason == reasons::ALL_SERVICES_SUPPORTED
+        },
+    )
+    .await
+    .map_err(|error| format!("{error}\noperator log:\n{}", operator.log_tail()))?;
+    let degraded = wait_for_condition(
+        &configs,
+        "see Degraded no longer UnsupportedServices",
+        condition_types::DEGRADED,
+        |condition| condition.reason != reasons::UNSUPPORTED_SERVICES,
+    )
+    .await?;
+    println!(
+        "without it: Degraded {:?} {}",
+        degraded.status, degraded.reason
+    );
+
+    // Leave the cluster as found.
+    services
+        .delete("parity-other-proxy", &DeleteParams::default())
+        .await?;
     configs.delete("default", &DeleteParams::default()).await?;
     Ok(())
 }
