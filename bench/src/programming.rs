@@ -14,8 +14,7 @@ use crate::dataplane::{round_order, BACKENDS};
 use crate::error::Result;
 use crate::load;
 use crate::report::{
-    add_run_rows, number, percentile, spread_cells, Figure, RunResult, Summary, Table,
-    NOT_TRIED_UNSERVABLE,
+    add_system_rows, number, percentile, spread_cells, Figure, RunResult, Summary, Table,
 };
 use crate::systems::{probe_targets, Running, System};
 use crate::topology::{
@@ -94,8 +93,9 @@ fn percentiles(run: &ProgrammingRun) -> Vec<Figure> {
 }
 
 /// The counts, added up over the runs, in table order.
-fn totals(measured: &[&ProgrammingRun]) -> [(&'static str, usize); 3] {
-    let total = |count: fn(&ProgrammingRun) -> usize| measured.iter().map(|run| count(run)).sum();
+fn totals(measured: &[&ProgrammingRun]) -> [(&'static str, u64); 3] {
+    let total =
+        |count: fn(&ProgrammingRun) -> usize| measured.iter().map(|run| count(run) as u64).sum();
     [
         ("changes", total(|run| run.changes)),
         ("over-100ms", total(|run| run.over_goal)),
@@ -147,14 +147,15 @@ pub async fn measure_in_rounds(
 /// Totals of the counts over the runs; medians (with `-min` and `-max`) of the
 /// percentiles; `runs`, and `failed-to-measure` when a run could not be measured.
 fn record(summary: &mut Summary, system: &str, scale: u32, runs: &[RunResult<ProgrammingRun>]) {
-    let scale = u64::from(scale);
-    let measured = summary.record_measured_runs(NAME, system, scale, runs, percentiles);
-    if measured.is_empty() {
-        return;
-    }
-    for (metric, total) in totals(&measured) {
-        summary.record(NAME, system, scale, metric, total as f64, "changes");
-    }
+    summary.record_counted_runs(
+        NAME,
+        system,
+        u64::from(scale),
+        runs,
+        percentiles,
+        totals,
+        "changes",
+    );
 }
 
 const COLUMNS: [&str; 9] = [
@@ -185,31 +186,24 @@ fn table(
         ),
         &COLUMNS,
     );
-    for system in not_tried {
-        table.row(vec![
-            system.label().to_string(),
-            NOT_TRIED_UNSERVABLE.into(),
-        ]);
-    }
-    for (system, runs) in systems.iter().zip(runs) {
-        add_run_rows(
-            &mut table,
-            &[system.label().to_string()],
-            runs,
-            |run| {
-                let counts = totals(&[run]).map(|(_, total)| total.to_string());
-                let values = percentiles(run)
-                    .into_iter()
-                    .map(|(_, value, _)| number(value, 1));
-                counts.into_iter().chain(values).collect()
-            },
-            |measured| {
-                let counts = totals(measured).map(|(_, total)| total.to_string());
-                let spreads = spread_cells(measured, percentiles, |_, _| 1);
-                counts.into_iter().chain(spreads).collect()
-            },
-        );
-    }
+    add_system_rows(
+        &mut table,
+        systems,
+        runs,
+        not_tried,
+        |run| {
+            let counts = totals(&[run]).map(|(_, total)| total.to_string());
+            let values = percentiles(run)
+                .into_iter()
+                .map(|(_, value, _)| number(value, 1));
+            counts.into_iter().chain(values).collect()
+        },
+        |measured| {
+            let counts = totals(measured).map(|(_, total)| total.to_string());
+            let spreads = spread_cells(measured, percentiles, |_, _| 1);
+            counts.into_iter().chain(spreads).collect()
+        },
+    );
     table.note(
         "A change replaces one TCP Service's EndpointSlice endpoints with the marker pod (a patch in the \
          API server); measured until a new connection from the client pod is answered by the marker. \

@@ -5,6 +5,8 @@ use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 
+use crate::systems::System;
+
 /// One figure of the summary: `{"name","system","scale","metric","value","unit"}`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Measurement {
@@ -122,6 +124,28 @@ impl Summary {
         measured
     }
 
+    /// [`record_measured_runs`](Self::record_measured_runs), and each count that
+    /// `totals` adds up over the measured runs (in `unit`), when any was measured.
+    #[allow(clippy::too_many_arguments)]
+    pub fn record_counted_runs<T, const N: usize>(
+        &mut self,
+        name: &str,
+        system: &str,
+        scale: u64,
+        runs: &[RunResult<T>],
+        figures: impl Fn(&T) -> Vec<Figure>,
+        totals: impl Fn(&[&T]) -> [(&'static str, u64); N],
+        unit: &str,
+    ) {
+        let measured = self.record_measured_runs(name, system, scale, runs, figures);
+        if measured.is_empty() {
+            return;
+        }
+        for (metric, total) in totals(&measured) {
+            self.record(name, system, scale, metric, total as f64, unit);
+        }
+    }
+
     /// The median and spread `record_runs` recorded as `metric`.
     pub fn find_runs(&self, name: &str, system: &str, scale: u64, metric: &str) -> Option<Spread> {
         Some(Spread {
@@ -202,6 +226,34 @@ pub fn add_run_rows<T>(
 /// Why a system has no runs at a scale its data plane run could not serve.
 pub const NOT_TRIED_UNSERVABLE: &str =
     "not tried: could not serve this many Services in the data plane run";
+
+/// The rows of a table that compares systems: one "not tried" row for each system
+/// its data plane run could not serve, then each tried system's runs and its "all"
+/// row (see [`add_run_rows`]), in the order of `systems`.
+pub fn add_system_rows<T>(
+    table: &mut Table,
+    systems: &[System],
+    runs: &[Vec<RunResult<T>>],
+    not_tried: &[System],
+    run_cells: impl Fn(&T) -> Vec<String>,
+    all_cells: impl Fn(&[&T]) -> Vec<String>,
+) {
+    for system in not_tried {
+        table.row(vec![
+            system.label().to_string(),
+            NOT_TRIED_UNSERVABLE.into(),
+        ]);
+    }
+    for (system, runs) in systems.iter().zip(runs) {
+        add_run_rows(
+            table,
+            &[system.label().to_string()],
+            runs,
+            &run_cells,
+            &all_cells,
+        );
+    }
+}
 
 /// Median, minimum and maximum of a few runs.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -13,8 +13,7 @@ use crate::dataplane::{self, round_order, BACKENDS};
 use crate::error::{Error, Result};
 use crate::load::{self, LoadOptions, LoadReport, Workload};
 use crate::report::{
-    add_run_rows, number, percentile, spread_cells, Figure, RunResult, Summary, Table,
-    NOT_TRIED_UNSERVABLE,
+    add_system_rows, number, percentile, spread_cells, Figure, RunResult, Summary, Table,
 };
 use crate::systems::{probe_targets, Binaries, Running, System};
 use crate::topology::{Prober, Topology, CLIENT_NAMESPACE};
@@ -97,14 +96,15 @@ pub fn measure_in_rounds(
 /// Totals of the counts over the runs; medians (with `-min` and `-max`) of the
 /// rest; `failed-to-measure` when a run could not be measured.
 fn record(summary: &mut Summary, system: &str, scale: u32, runs: &Runs) {
-    let scale = u64::from(scale);
-    let measured = summary.record_measured_runs(NAME, system, scale, runs, medians);
-    if measured.is_empty() {
-        return;
-    }
-    for (metric, total) in totals(&measured) {
-        summary.record(NAME, system, scale, metric, total as f64, "connections");
-    }
+    summary.record_counted_runs(
+        NAME,
+        system,
+        u64::from(scale),
+        runs,
+        medians,
+        totals,
+        "connections",
+    );
 }
 
 /// The figures whose median (min-max) over the runs is kept, in table order.
@@ -153,31 +153,24 @@ fn table(
             "achieved rate /s",
         ],
     );
-    for system in not_tried {
-        table.row(vec![
-            system.label().to_string(),
-            NOT_TRIED_UNSERVABLE.into(),
-        ]);
-    }
-    for (system, runs) in systems.iter().zip(runs) {
-        add_run_rows(
-            &mut table,
-            &[system.label().to_string()],
-            runs,
-            |run| {
-                let counts = totals(&[run]).map(|(_, total)| count(total));
-                let values = medians(run)
-                    .into_iter()
-                    .map(|(metric, value, unit)| number(value, decimals(metric, unit)));
-                counts.into_iter().chain(values).collect()
-            },
-            |measured| {
-                let counts = totals(measured).map(|(_, total)| count(total));
-                let spreads = spread_cells(measured, medians, decimals);
-                counts.into_iter().chain(spreads).collect()
-            },
-        );
-    }
+    add_system_rows(
+        &mut table,
+        systems,
+        runs,
+        not_tried,
+        |run| {
+            let counts = totals(&[run]).map(|(_, total)| count(total));
+            let values = medians(run)
+                .into_iter()
+                .map(|(metric, value, unit)| number(value, decimals(metric, unit)));
+            counts.into_iter().chain(values).collect()
+        },
+        |measured| {
+            let counts = totals(measured).map(|(_, total)| count(total));
+            let spreads = spread_cells(measured, medians, decimals);
+            counts.into_iter().chain(spreads).collect()
+        },
+    );
     table.note(&format!(
         "Open loop: one new connection every {:.2} ms whatever the earlier ones do; the process gets SIGTERM \
          {} s in and a new one is started at once; \"during restart\" is the {:.1} s after the signal. Each run \
