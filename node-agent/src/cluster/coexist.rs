@@ -17,6 +17,8 @@ use switchyard_model::error::chain;
 use crate::core::round::CoexistenceRequest;
 use crate::core::status::{CoexistenceReport, ConditionValue};
 use crate::kube_proxy::detection::{CleanupStateMachine, ConditionReport};
+use switchyard_telemetry::Heartbeat;
+
 use crate::kube_proxy::health::{HealthzTarget, NodeHealth};
 use crate::kube_proxy::health_server::{HealthServerSettings, HealthServers};
 use crate::kube_proxy::round::{coexistence_round, RoundSettings};
@@ -33,6 +35,8 @@ pub struct CoexistenceSettings {
     pub healthz_port: u16,
     /// How long kube-proxy's healthz must stay refused before its rules go.
     pub absence_confirmation: Duration,
+    /// Liveness of the rounds: each round is one step (the interval between is waiting).
+    pub heartbeat: Heartbeat,
 }
 
 /// The address families the datapath serves (IPv4 today): kube-proxy's rules
@@ -88,6 +92,7 @@ pub async fn run_coexistence(
         // remove them under the new programs.
         let chains_may_go = rounds_not_serving >= 2;
         let still_not_serving = || !requests.borrow().serving_from_ebpf;
+        let step = settings.heartbeat.step();
         let report = round(
             &settings,
             &tools,
@@ -98,6 +103,7 @@ pub async fn run_coexistence(
             still_not_serving,
         )
         .await;
+        drop(step);
         reports.send_if_modified(|current| {
             let changed = *current != report;
             *current = report;

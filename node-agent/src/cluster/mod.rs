@@ -59,6 +59,24 @@ pub struct ClusterOptions {
     pub replacement_healthz_port: u16,
 }
 
+// Liveness bounds: how long one step of each loop may take before `/healthz` calls the agent
+// stuck and the kubelet restarts it. Each is well above the slowest legitimate step, because a
+// restart in the middle of a long but healthy step only starts the same step again.
+//
+// A round is the core's tick: at worst a full sync of 30,000 Services (about a second of one
+// core at 10,000 Services per few hundred milliseconds, see `DEFAULT_FULL_RESYNC_PERIOD`), run
+// at a lowered CPU priority while catching up on a busy 2-core node, plus attaching programs.
+const ROUND_STEP_BOUND: Duration = Duration::from_secs(120);
+/// A watch step converts one event (a relist of 30,000 objects at most) and queues it: no I/O.
+const WATCH_STEP_BOUND: Duration = Duration::from_secs(60);
+/// A status write is one API call: kube's client gives up on a response after 295 s (its
+/// default read timeout), and the writer then backs off, which is waiting.
+const STATUS_WRITE_STEP_BOUND: Duration = Duration::from_secs(330);
+/// A coexistence round runs iptables-save/-restore of kube-proxy's rules (hundreds of thousands
+/// of lines with 30,000 Services) under the xtables lock, which kube-proxy itself may hold for
+/// tens of seconds per sync, plus a healthz probe of at most `PROBE_TIMEOUT`.
+const COEXISTENCE_STEP_BOUND: Duration = Duration::from_secs(300);
+
 /// Housekeeping period: gate timeout, counters, drain progress.
 const HOUSEKEEPING: Duration = Duration::from_secs(1);
 const COUNTERS_PERIOD: Duration = Duration::from_secs(5);
@@ -100,6 +118,7 @@ pub async fn run(options: ClusterOptions, shutdown: impl Future<Output = ()>) ->
     let datapath = KernelDatapath::load(&options.datapath)?;
     let settings = AgentSettings {
         agent_revision: options.agent_revision.clone(),
+        round_heartbeat: Some(health.register_loop("agent rounds", ROUND_STEP_BOUND)),
         ..AgentSettings::new(
             options.node_name.clone(),
             &options.datapath,
@@ -112,7 +131,13 @@ pub async fn run(options: ClusterOptions, shutdown: impl Future<Output = ()>) ->
     let (inputs, mut received) = mpsc::unbounded_channel();
     let _host_thread = crate::host::watch_host(inputs.clone())?;
     let client = kube_client().await?;
-    let watchers = watch::spawn_watchers(client.clone(), options.node_name.clone(), inputs);
+    let watchers = watch::spawn_watchers(
+        client.clone(),
+        options.node_name.clone(),
+        inputs,
+        &health,
+        WATCH_STEP_BOUND,
+    );
 
     let (status_sender, status_receiver) = channel::channel(WrittenStatus::default());
     let (written_sender, written) = channel::channel(0_u64);
@@ -121,6 +146,7 @@ pub async fn run(options: ClusterOptions, shutdown: impl Future<Output = ()>) ->
         options.node_name.clone(),
         status_receiver,
         written_sender,
+        health.register_loop("status writer", STATUS_WRITE_STEP_BOUND),
     ));
 
     // The first round must already know whether programs are attached: a default
@@ -138,6 +164,7 @@ pub async fn run(options: ClusterOptions, shutdown: impl Future<Output = ()>) ->
             serve_replacement_healthz: options.serve_replacement_healthz,
             healthz_port: options.replacement_healthz_port,
             absence_confirmation: options.kube_proxy_absence_confirmation,
+            heartbeat: health.register_loop("coexistence", COEXISTENCE_STEP_BOUND),
         },
         request_receiver,
         report_sender,

@@ -24,6 +24,7 @@ use kube::runtime::watcher;
 use kube::{Client, Resource};
 use serde::de::DeserializeOwned;
 use switchyard_crds::{DataplaneNode, DataplaneNodeStatus};
+use switchyard_telemetry::{Health, Heartbeat};
 use tokio::sync::{mpsc, watch};
 
 use crate::core::health::{health_check_node_port, ServiceEntry};
@@ -97,8 +98,13 @@ fn key_of<K: Resource>(object: &K) -> ServiceName {
 
 /// Consumes a watcher stream, retrying errors with a capped backoff, and calls
 /// `handle` with every event.
-async fn consume<K, F>(api: Api<K>, config: watcher::Config, what: &'static str, mut handle: F)
-where
+async fn consume<K, F>(
+    api: Api<K>,
+    config: watcher::Config,
+    what: &'static str,
+    heartbeat: Heartbeat,
+    mut handle: F,
+) where
     K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
     F: FnMut(watcher::Event<K>) -> bool,
 {
@@ -113,6 +119,9 @@ where
                 }
                 backoff = BACKOFF_START;
                 failing = false;
+                // The step is the event's handling only; waiting on the stream is waiting
+                // for work, however long the cluster stays quiet.
+                let _step = heartbeat.step();
                 if !handle(event) {
                     return;
                 }
@@ -214,6 +223,7 @@ async fn watch_collection<K, V>(
     convert: fn(&K) -> Result<Option<V>, FieldError>,
     wrap: fn(StoreChange<V>) -> Input,
     inputs: mpsc::UnboundedSender<Input>,
+    heartbeat: Heartbeat,
 ) where
     K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
 {
@@ -222,6 +232,7 @@ async fn watch_collection<K, V>(
         api,
         collection_watch_config(),
         what,
+        heartbeat,
         |event| match builder.on_event(event) {
             Some(change) => inputs.send(wrap(change)).is_ok(),
             None => true,
@@ -264,12 +275,16 @@ pub fn endpoint_slice_v1beta1_resource() -> ApiResource {
     }
 }
 
-/// Starts the watchers; they send to `inputs` until it closes.
+/// Starts the watchers; they send to `inputs` until it closes. Each registers a
+/// heartbeat with `health` whose steps (one event's handling) last at most `step_bound`.
 pub fn spawn_watchers(
     client: Client,
     node_name: String,
     inputs: mpsc::UnboundedSender<Input>,
+    health: &Health,
+    step_bound: Duration,
 ) -> Vec<tokio::task::JoinHandle<()>> {
+    let heartbeat = |what: &str| health.register_loop(format!("{what} watch"), step_bound);
     let mut tasks = Vec::new();
     tasks.push(tokio::spawn(watch_collection(
         Api::<Service>::all(client.clone()),
@@ -277,7 +292,9 @@ pub fn spawn_watchers(
         service_entry,
         Input::Services,
         inputs.clone(),
+        heartbeat("Services"),
     )));
+    let slices_heartbeat = heartbeat("EndpointSlices");
     let slices_client = client.clone();
     let slices_inputs = inputs.clone();
     tasks.push(tokio::spawn(async move {
@@ -289,6 +306,7 @@ pub fn spawn_watchers(
                     slice_model_v1,
                     Input::EndpointSlices,
                     slices_inputs,
+                    slices_heartbeat,
                 )
                 .await
             }
@@ -302,6 +320,7 @@ pub fn spawn_watchers(
                     slice_model_v1beta1,
                     Input::EndpointSlices,
                     slices_inputs,
+                    slices_heartbeat,
                 )
                 .await
             }
@@ -311,38 +330,53 @@ pub fn spawn_watchers(
     let node_inputs = inputs.clone();
     let node_api = Api::<Node>::all(client.clone());
     let node_config = watcher::Config::default().fields(&by_name);
+    let node_heartbeat = heartbeat("Node");
     tasks.push(tokio::spawn(async move {
-        consume(node_api, node_config, "Node", |event| match event {
-            watcher::Event::Apply(node) | watcher::Event::InitApply(node) => node_inputs
-                .send(Input::Node(NodeFacts::from_node(&node)))
-                .is_ok(),
-            _ => true,
-        })
+        consume(
+            node_api,
+            node_config,
+            "Node",
+            node_heartbeat,
+            |event| match event {
+                watcher::Event::Apply(node) | watcher::Event::InitApply(node) => node_inputs
+                    .send(Input::Node(NodeFacts::from_node(&node)))
+                    .is_ok(),
+                _ => true,
+            },
+        )
         .await
     }));
     let dataplane_api = Api::<DataplaneNode>::all(client);
     let dataplane_config = watcher::Config::default().fields(&by_name);
+    let dataplane_heartbeat = heartbeat("DataplaneNode");
     tasks.push(tokio::spawn(async move {
         let mut found: Option<DataplaneNodeView> = None;
-        consume(dataplane_api, dataplane_config, "DataplaneNode", |event| {
-            let answer = match event {
-                watcher::Event::Init => {
-                    found = None;
-                    return true;
-                }
-                watcher::Event::InitApply(object) => {
-                    found = Some(view_of(&object));
-                    return true;
-                }
-                watcher::Event::InitDone => found.take(),
-                watcher::Event::Apply(object) => Some(view_of(&object)),
-                // The agent decides what a missing DataplaneNode means (see
-                // `follow::instruction`): one that disappears keeps the node as
-                // it is.
-                watcher::Event::Delete(_) => None,
-            };
-            inputs.send(Input::DataplaneNode(answer)).is_ok()
-        })
+        let what = "DataplaneNode";
+        consume(
+            dataplane_api,
+            dataplane_config,
+            what,
+            dataplane_heartbeat,
+            |event| {
+                let answer = match event {
+                    watcher::Event::Init => {
+                        found = None;
+                        return true;
+                    }
+                    watcher::Event::InitApply(object) => {
+                        found = Some(view_of(&object));
+                        return true;
+                    }
+                    watcher::Event::InitDone => found.take(),
+                    watcher::Event::Apply(object) => Some(view_of(&object)),
+                    // The agent decides what a missing DataplaneNode means (see
+                    // `follow::instruction`): one that disappears keeps the node as
+                    // it is.
+                    watcher::Event::Delete(_) => None,
+                };
+                inputs.send(Input::DataplaneNode(answer)).is_ok()
+            },
+        )
         .await
     }));
     tasks
@@ -365,6 +399,7 @@ pub async fn run_status_writer(
     node_name: String,
     mut statuses: watch::Receiver<WrittenStatus>,
     written: watch::Sender<u64>,
+    heartbeat: Heartbeat,
 ) {
     let api = Api::<DataplaneNode>::all(client);
     let mut backoff = BACKOFF_START;
@@ -373,7 +408,11 @@ pub async fn run_status_writer(
         // The core hands over a status only when it must be written
         // (`core::round`); a failed write is retried with the latest one.
         if let Some(status) = &wanted.status {
-            match write_status(&api, &node_name, status).await {
+            // The step is the write (the backoff after a failure is waiting).
+            let step = heartbeat.step();
+            let written_now = write_status(&api, &node_name, status).await;
+            drop(step);
+            match written_now {
                 Ok(()) => {
                     tracing::debug!("status written");
                     backoff = BACKOFF_START;

@@ -123,6 +123,8 @@ pub struct AgentSettings {
     /// How often a full sync re-reads the maps and recomputes every Service
     /// (the safety net under the partial syncs).
     pub full_resync_period: Duration,
+    /// Liveness of the rounds: every [`NodeAgent::tick`] is one step.
+    pub round_heartbeat: Option<switchyard_telemetry::Heartbeat>,
 }
 
 impl AgentSettings {
@@ -148,6 +150,7 @@ impl AgentSettings {
             agent_version: env!("CARGO_PKG_VERSION").to_string(),
             agent_revision: None,
             full_resync_period: DEFAULT_FULL_RESYNC_PERIOD,
+            round_heartbeat: None,
         }
     }
 }
@@ -778,6 +781,11 @@ impl<D: Datapath> NodeAgent<D> {
 
     /// One round: sync if due, then follow the mode.
     pub fn tick(&mut self, now: Instant, wall: DateTime<Utc>) -> TickReport {
+        let _step = self
+            .settings
+            .round_heartbeat
+            .as_ref()
+            .map(switchyard_telemetry::Heartbeat::step);
         let mut report = TickReport::default();
         if self.gate.is_open() && !self.gate_was_open {
             self.gate_was_open = true;

@@ -28,6 +28,7 @@ fn settings() -> AgentSettings {
         agent_version: "0.1.0".into(),
         agent_revision: None,
         full_resync_period: Duration::from_secs(300),
+        round_heartbeat: None,
     }
 }
 
@@ -955,4 +956,95 @@ fn a_round_hands_over_the_status_only_when_it_must_be_written() {
         again.status.and_then(|status| status.object_uid).as_deref(),
         Some("uid-recreated")
     );
+}
+
+/// An agent whose rounds report to `health` (as `cluster::run` wires it), every input given.
+fn agent_reporting_rounds_to(
+    health: &switchyard_telemetry::Health,
+    bound: Duration,
+    start: Instant,
+) -> NodeAgent<FakeDatapath> {
+    let settings = AgentSettings {
+        round_heartbeat: Some(health.register_loop("agent rounds", bound)),
+        ..settings()
+    };
+    let mut agent = NodeAgent::start(settings, FakeDatapath::default(), start).expect("starts");
+    for input in every_input_but_the_dataplane_node() {
+        agent.receive(input, start);
+    }
+    agent.receive(dataplane_node(DataplaneMode::Ebpf, 1), start);
+    agent
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_round_blocked_in_its_sync_makes_the_agent_not_live_once_the_round_bound_has_passed() {
+    let health = switchyard_telemetry::Health::new();
+    let bound = Duration::from_secs(120);
+    let start = Instant::now();
+    let mut agent = agent_reporting_rounds_to(&health, bound, start);
+    // The first access to the maps blocks until the test releases it.
+    let (entered_sender, mut entered) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let mut first_access = Some((entered_sender, released));
+    agent.datapath.on_maps_access = Some(Box::new(move || {
+        if let Some((entered, released)) = first_access.take() {
+            let _ = entered.send(());
+            let _ = released.recv();
+        }
+    }));
+    let runtime = tokio::runtime::Handle::current();
+    let round = std::thread::spawn(move || {
+        // The round reads the runtime's paused clock, as liveness does.
+        let _clock = runtime.enter();
+        let report = agent.tick(start, wall());
+        (agent, report)
+    });
+    entered.recv().await.expect("the sync reached the maps");
+    assert_eq!(health.liveness(), Ok(()), "a round just started");
+    tokio::time::advance(bound - Duration::from_secs(1)).await;
+    assert_eq!(health.liveness(), Ok(()), "within its bound");
+    tokio::time::advance(Duration::from_secs(2)).await;
+    let reason = health.liveness().expect_err("stuck past its bound");
+    assert!(
+        reason.contains("agent rounds has been in one step for 121 s"),
+        "{reason}"
+    );
+
+    release.send(()).expect("the round waits for the release");
+    let (agent, report) = round.join().expect("the round ends");
+    assert!(report.sync.is_some(), "the blocked step was a sync");
+    assert!(agent.has_synced());
+    assert_eq!(health.liveness(), Ok(()), "the agent waits for input again");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_agent_waiting_for_input_stays_live_for_minutes() {
+    let health = switchyard_telemetry::Health::new();
+    let start = Instant::now();
+    // One agent that has every input and synced, one that never got any (its gate stays shut).
+    let mut synced = agent_reporting_rounds_to(&health, Duration::from_secs(120), start);
+    let settings = AgentSettings {
+        round_heartbeat: Some(health.register_loop("idle agent rounds", Duration::from_secs(5))),
+        ..settings()
+    };
+    let mut without_inputs =
+        NodeAgent::start(settings, FakeDatapath::default(), start).expect("starts");
+    synced.tick(start, wall());
+    without_inputs.tick(start, wall());
+    // Each runs a round only when it has something due (the gate's timeout, the periodic
+    // resync), as the shell's loop wakes for it; in between they wait for input.
+    let mut rounds = 0;
+    for seconds in (7..=700_u64).step_by(7) {
+        tokio::time::advance(Duration::from_secs(7)).await;
+        let now = start + Duration::from_secs(seconds);
+        for agent in [&mut synced, &mut without_inputs] {
+            if agent.next_deadline(now).is_some_and(|due| due <= now) {
+                agent.tick(now, wall());
+                rounds += 1;
+            }
+        }
+        assert_eq!(health.liveness(), Ok(()), "after {seconds} s");
+    }
+    assert!(synced.has_synced() && !without_inputs.has_synced());
+    assert!(rounds < 20, "the agents mostly waited ({rounds} rounds)");
 }

@@ -24,11 +24,17 @@ pub(crate) struct FakeDatapath {
     /// One entry per masquerade rule installed: whether the maps already held a
     /// frontend flagged for masquerading at that moment.
     pub masquerade_installs: Vec<bool>,
+    /// Called on every access to the maps, inside the core's step that makes it: a test holds
+    /// the agent in the middle of a sync here (a map write wedged in the kernel, say).
+    pub on_maps_access: Option<Box<dyn FnMut() + Send>>,
 }
 
 impl Datapath for FakeDatapath {
     type Maps = FakeServiceMaps;
     fn maps(&mut self) -> &mut FakeServiceMaps {
+        if let Some(on_maps_access) = &mut self.on_maps_access {
+            on_maps_access();
+        }
         &mut self.maps
     }
     fn attach_interface(&mut self, name: &str, role: InterfaceRole) -> Result<bool, Error> {
