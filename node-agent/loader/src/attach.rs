@@ -237,26 +237,16 @@ fn attach_tcx(
     let program_fd = program
         .fd()
         .map_err(|error| attach_error(program_name, interface, error))?;
-    let ours = ProgramIdentity::of_fd(program_fd.as_fd())
-        .map_err(|error| attach_error(program_name, interface, error))?;
-    match system::open_pinned(&path) {
-        Ok(link) => {
-            let info = system::link_info(link.as_fd())
-                .map_err(|error| attach_error(program_name, interface, error))?;
-            if info.link_type == system::LINK_TYPE_TCX && info.tcx_ifindex == ifindex {
-                if ours.is_attached_as(info.program_id) {
-                    return Ok(AttachOutcome::Kept);
-                }
-                system::link_update(link.as_fd(), program_fd.as_fd())
-                    .map_err(|error| attach_error(program_name, interface, error))?;
-                return Ok(AttachOutcome::Replaced);
-            }
-            // The interface this link was made for is gone (a defunct link reports
-            // interface 0), or the index now names another device: start afresh.
-            remove_pin(&path)?;
-        }
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
-        Err(error) => return Err(attach_error(program_name, interface, error)),
+    // A link whose interface is gone (a defunct link reports interface 0), or
+    // whose index now names another device, is not reused: start afresh.
+    let reused = reuse_pinned_link(
+        &path,
+        program_fd.as_fd(),
+        |info| info.link_type == system::LINK_TYPE_TCX && info.tcx_ifindex == ifindex,
+        |error| attach_error(program_name, interface, error),
+    )?;
+    if let Some(outcome) = reused {
+        return Ok(outcome);
     }
     let link_id = program
         .attach_with_options(
@@ -391,24 +381,14 @@ fn attach_cgroup_hook(
 ) -> Result<AttachOutcome, Error> {
     let target = cgroup.display().to_string();
     let path = links_directory(&settings.pin_directory).join(format!("cgroup-{}", hook.hook));
-    let ours = ProgramIdentity::of_fd(program_fd.as_fd())
-        .map_err(|error| attach_error(hook.program, &target, error))?;
-    match system::open_pinned(&path) {
-        Ok(link) => {
-            let info = system::link_info(link.as_fd())
-                .map_err(|error| attach_error(hook.program, &target, error))?;
-            if info.link_type == system::LINK_TYPE_CGROUP {
-                if ours.is_attached_as(info.program_id) {
-                    return Ok(AttachOutcome::Kept);
-                }
-                system::link_update(link.as_fd(), program_fd.as_fd())
-                    .map_err(|error| attach_error(hook.program, &target, error))?;
-                return Ok(AttachOutcome::Replaced);
-            }
-            remove_pin(&path)?;
-        }
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
-        Err(error) => return Err(attach_error(hook.program, &target, error)),
+    let reused = reuse_pinned_link(
+        &path,
+        program_fd.as_fd(),
+        |info| info.link_type == system::LINK_TYPE_CGROUP,
+        |error| attach_error(hook.program, &target, error),
+    )?;
+    if let Some(outcome) = reused {
+        return Ok(outcome);
     }
     let cgroup_file =
         std::fs::File::open(cgroup).map_err(|error| attach_error(hook.program, &target, error))?;
@@ -423,6 +403,36 @@ fn attach_cgroup_hook(
     link.pin(&path)
         .map_err(|error| attach_error(hook.program, &target, error))?;
     Ok(AttachOutcome::Created)
+}
+
+/// Reuses the link an earlier run pinned at `path`, if there is one that `usable`
+/// accepts: it is `Kept` when it runs our program already, else updated to it in
+/// place (`Replaced`: the hook never runs zero or two of our programs). An
+/// unusable link's pin is removed, and `None` (as without a pin) says a new link
+/// is needed. `failed` names the attach an error belongs to.
+fn reuse_pinned_link(
+    path: &Path,
+    program_fd: std::os::fd::BorrowedFd<'_>,
+    usable: impl Fn(&system::LinkInfo) -> bool,
+    failed: impl Fn(std::io::Error) -> Error,
+) -> Result<Option<AttachOutcome>, Error> {
+    let ours = ProgramIdentity::of_fd(program_fd).map_err(&failed)?;
+    match system::open_pinned(path) {
+        Ok(link) => {
+            let info = system::link_info(link.as_fd()).map_err(&failed)?;
+            if usable(&info) {
+                if ours.is_attached_as(info.program_id) {
+                    return Ok(Some(AttachOutcome::Kept));
+                }
+                system::link_update(link.as_fd(), program_fd).map_err(&failed)?;
+                return Ok(Some(AttachOutcome::Replaced));
+            }
+            remove_pin(path)?;
+            Ok(None)
+        }
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(error) => Err(failed(error)),
+    }
 }
 
 /// Detaches the link pinned at `path` (if it is one and is still attached), then
