@@ -781,11 +781,7 @@ impl<D: Datapath> NodeAgent<D> {
 
     /// One round: sync if due, then follow the mode.
     pub fn tick(&mut self, now: Instant, wall: DateTime<Utc>) -> TickReport {
-        let _step = self
-            .settings
-            .round_heartbeat
-            .as_ref()
-            .map(switchyard_telemetry::Heartbeat::step);
+        let _step = self.settings.round_step();
         let mut report = TickReport::default();
         if self.gate.is_open() && !self.gate_was_open {
             self.gate_was_open = true;

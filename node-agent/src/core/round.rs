@@ -146,3 +146,13 @@ impl<D: Datapath> NodeAgent<D> {
         }
     }
 }
+
+impl super::AgentSettings {
+    /// Marks a round as started for liveness; it ends when the guard drops (the wait for the
+    /// next input is outside every round, so an idle agent stays live).
+    pub(crate) fn round_step(&self) -> Option<switchyard_telemetry::Step> {
+        self.round_heartbeat
+            .as_ref()
+            .map(switchyard_telemetry::Heartbeat::step)
+    }
+}
