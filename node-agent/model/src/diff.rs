@@ -29,6 +29,8 @@
 //! keys are written, and makes a deleted Service stop accepting new flows before
 //! anything else changes.
 
+use std::collections::BTreeMap;
+
 use switchyard_common::{BackendSlotKey, BackendValue, FrontendKey, FrontendValue};
 
 use crate::maps::MapState;
@@ -63,29 +65,30 @@ impl Plan {
 /// rewritten, so a restart with unchanged inputs plans nothing.
 pub fn plan(current: &MapState, desired: &MapState) -> Plan {
     Plan {
-        stale_frontends: current
-            .frontends
-            .keys()
-            .filter(|key| !desired.frontends.contains_key(key))
-            .copied()
-            .collect(),
-        backend_slot_writes: desired
-            .backend_slots
-            .iter()
-            .filter(|(key, value)| current.backend_slots.get(key) != Some(value))
-            .map(|(key, value)| (*key, *value))
-            .collect(),
-        frontend_writes: desired
-            .frontends
-            .iter()
-            .filter(|(key, value)| current.frontends.get(key) != Some(value))
-            .map(|(key, value)| (*key, *value))
-            .collect(),
-        unused_backend_slots: current
-            .backend_slots
-            .keys()
-            .filter(|key| !desired.backend_slots.contains_key(key))
-            .copied()
-            .collect(),
+        stale_frontends: keys_not_in(&current.frontends, &desired.frontends),
+        backend_slot_writes: entries_to_write(&current.backend_slots, &desired.backend_slots),
+        frontend_writes: entries_to_write(&current.frontends, &desired.frontends),
+        unused_backend_slots: keys_not_in(&current.backend_slots, &desired.backend_slots),
     }
+}
+
+/// The keys of `current` that `desired` does not hold.
+fn keys_not_in<K: Ord + Copy, V>(current: &BTreeMap<K, V>, desired: &BTreeMap<K, V>) -> Vec<K> {
+    current
+        .keys()
+        .filter(|key| !desired.contains_key(key))
+        .copied()
+        .collect()
+}
+
+/// The entries of `desired` that `current` lacks or holds with another value.
+fn entries_to_write<K: Ord + Copy, V: PartialEq + Copy>(
+    current: &BTreeMap<K, V>,
+    desired: &BTreeMap<K, V>,
+) -> Vec<(K, V)> {
+    desired
+        .iter()
+        .filter(|(key, value)| current.get(key) != Some(value))
+        .map(|(key, value)| (*key, *value))
+        .collect()
 }

@@ -104,6 +104,21 @@ impl FakeServiceMaps {
         Ok(())
     }
 
+    /// A delete of `key` from the map `select` picks, as the kernel does it: a
+    /// missing key is no error.
+    fn delete<K: Ord, V>(
+        &mut self,
+        mutation: MapMutation,
+        map: &'static str,
+        select: impl FnOnce(&mut MapState) -> &mut BTreeMap<K, V>,
+        key: &K,
+    ) -> Result<(), Error> {
+        self.attempt(mutation, map)?;
+        select(&mut self.state).remove(key);
+        self.applied();
+        Ok(())
+    }
+
     fn read_check(&self, map: &'static str) -> Result<(), Error> {
         if self.failing_reads {
             return Err(Error::ReadMap {
@@ -140,13 +155,12 @@ impl ServiceMaps for FakeServiceMaps {
     }
 
     fn delete_frontend(&mut self, key: &FrontendKey) -> Result<(), Error> {
-        self.attempt(
+        self.delete(
             MapMutation::DeleteFrontend,
             switchyard_common::map_names::FRONTENDS,
-        )?;
-        self.state.frontends.remove(key);
-        self.applied();
-        Ok(())
+            |state| &mut state.frontends,
+            key,
+        )
     }
 
     fn write_backend_slot(
@@ -161,13 +175,12 @@ impl ServiceMaps for FakeServiceMaps {
     }
 
     fn delete_backend_slot(&mut self, key: &BackendSlotKey) -> Result<(), Error> {
-        self.attempt(
+        self.delete(
             MapMutation::DeleteBackendSlot,
             switchyard_common::map_names::BACKEND_SLOTS,
-        )?;
-        self.state.backend_slots.remove(key);
-        self.applied();
-        Ok(())
+            |state| &mut state.backend_slots,
+            key,
+        )
     }
 
     fn config(&self) -> Result<Option<DatapathConfig>, Error> {
