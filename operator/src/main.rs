@@ -145,6 +145,7 @@ async fn run(arguments: Arguments) -> Result<(), Error> {
                 ApiServerRoute::Inferred => None,
             },
         },
+        &health,
     ));
     let background_writes = Arc::clone(&context.background_writes);
     // Whichever ends first ends the others: dropping the controller's future stops it at its

@@ -32,6 +32,7 @@ use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
 use kube::runtime::reflector;
 use kube::Client;
 use switchyard_crds::{DataplaneConfig, DataplaneNode, KubeProxySpec};
+use switchyard_telemetry::{Health, Heartbeat};
 
 pub use apply::BackgroundWrites;
 pub use reconcile::{error_policy, reconcile};
@@ -49,6 +50,48 @@ pub const FIELD_MANAGER: &str = "switchyard-operator";
 /// How long a reconcile waits for the stores' first lists and for its own earlier writes to come
 /// back through the watches before it gives up (and retries with backoff).
 const CACHE_WAIT: Duration = Duration::from_secs(10);
+
+// Liveness bounds: how long one step of each loop may take before `/healthz` calls the operator
+// stuck and the kubelet restarts it. Each is well above the slowest legitimate step: a restart
+// in the middle of a slow but healthy step only starts it again, after a new leader election.
+//
+// A reconcile waits for the stores and its own writes (`CACHE_WAIT` each), then makes its API
+// calls one after another (observation, a bounded batch of writes, the status); a call the API
+// server never answers ends at kube's read timeout (295 s), after which the reconcile fails.
+pub(crate) const RECONCILE_STEP_BOUND: Duration = Duration::from_secs(600);
+/// A watch step stores one event and maps it to a trigger, in memory (a relist of every Node of
+/// a 5,000-node cluster at most).
+const WATCH_STEP_BOUND: Duration = Duration::from_secs(60);
+/// An Event's publication is one API call (kube's read timeout, 295 s), logged on failure.
+const EVENT_STEP_BOUND: Duration = Duration::from_secs(330);
+
+/// The heartbeats of the controller's long-running loops (see [`Heartbeat`]): the reconcile
+/// (one at a time: the controller's concurrency is 1), the reconcile without a DataplaneConfig
+/// (its own task), the Event publisher, and one per watch (registered by [`run`]).
+pub struct Liveness {
+    health: Health,
+    pub reconcile: Heartbeat,
+    pub without_config: Heartbeat,
+    pub events: Heartbeat,
+}
+
+impl Liveness {
+    pub fn new(health: &Health) -> Self {
+        Self {
+            health: health.clone(),
+            reconcile: health.register_loop("reconcile", RECONCILE_STEP_BOUND),
+            without_config: health
+                .register_loop("reconcile without a DataplaneConfig", RECONCILE_STEP_BOUND),
+            events: health.register_loop("Event publisher", EVENT_STEP_BOUND),
+        }
+    }
+
+    /// The heartbeat of the watch of `what`.
+    fn watch(&self, what: &str) -> Heartbeat {
+        self.health
+            .register_loop(format!("{what} watch"), WATCH_STEP_BOUND)
+    }
+}
 
 /// Events queued and not yet published, at most (beyond, an Event is logged and dropped).
 const EVENT_QUEUE: usize = 1024;
@@ -95,6 +138,8 @@ pub struct Context {
     /// [`reconcile`](mod@reconcile)): each gets its Event once per operator process and per
     /// change of its features.
     warned_services: Mutex<reconcile::WarnedServices>,
+    /// Progress of the loops, for `/healthz`.
+    pub liveness: Liveness,
 }
 
 struct StoreWriters {
@@ -127,6 +172,7 @@ impl Context {
         recorder: Recorder,
         metrics: Metrics,
         settings: ControllerSettings,
+        health: &Health,
     ) -> Self {
         let (configs, configs_writer) = reflector::store();
         let (nodes, nodes_writer) = reflector::store();
@@ -168,6 +214,7 @@ impl Context {
             event_queue: Mutex::new(Some(event_queue)),
             background_writes: Arc::new(BackgroundWrites::default()),
             warned_services: Mutex::new(reconcile::WarnedServices::default()),
+            liveness: Liveness::new(health),
         }
     }
 
@@ -192,3 +239,6 @@ impl Context {
         self.own_writes.wait_until_observed(CACHE_WAIT).await
     }
 }
+
+#[cfg(test)]
+mod liveness_tests;

@@ -57,6 +57,8 @@ pub async fn reconcile(
     config: Arc<DataplaneConfig>,
     context: Arc<Context>,
 ) -> Result<Action, Error> {
+    // The whole reconcile is one step: the controller calls it only when there is work.
+    let _step = context.liveness.reconcile.step();
     let timer = context.metrics.reconcile_duration.start_timer();
     let started = std::time::Instant::now();
     let name = config.name_any();
@@ -134,6 +136,7 @@ async fn reconcile_ignored(
 /// cleanup withdrawn where kube-proxy came back). Returns whether writes are left for another
 /// round.
 pub(super) async fn reconcile_without_config(context: &Arc<Context>) -> Result<bool, Error> {
+    let _step = context.liveness.without_config.step();
     context.wait_for_fresh_stores().await?;
     if context.stores.config(DEFAULT_CONFIG_NAME).is_some() {
         return Ok(false);

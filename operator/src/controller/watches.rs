@@ -18,6 +18,7 @@ use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use switchyard_crds::{DataplaneConfig, DataplaneNode, KubeProxySpec, DEFAULT_CONFIG_NAME};
+use switchyard_telemetry::Heartbeat;
 
 use super::reconcile::{error_policy, reconcile, reconcile_without_config};
 use super::{Context, KubeProxyLocation};
@@ -60,6 +61,7 @@ fn watched<K: Watched>(
     api: Api<K>,
     writer: reflector::store::Writer<K>,
     own_writes: &Arc<OwnWrites>,
+    heartbeat: Heartbeat,
 ) -> impl Stream<Item = Result<K, watcher::Error>> + Send + 'static {
     let own_writes = Arc::clone(own_writes);
     let kind = WrittenKind::of::<K>();
@@ -68,6 +70,7 @@ fn watched<K: Watched>(
         .modify(K::trim);
     reflector::reflector(writer, events)
         .inspect(move |event| {
+            let _step = heartbeat.step();
             if let (Some(kind), Ok(event)) = (kind, event) {
                 own_writes.observe(kind, event);
             }
@@ -83,6 +86,7 @@ fn watched_pods(
     namespaces: &[String],
     writer: reflector::store::Writer<Pod>,
     own_writes: &Arc<OwnWrites>,
+    heartbeat: Heartbeat,
 ) -> impl Stream<Item = Result<Pod, watcher::Error>> + Send + 'static {
     let own_writes = Arc::clone(own_writes);
     let sources = namespaces.iter().enumerate().map(|(source, namespace)| {
@@ -106,6 +110,7 @@ fn watched_pods(
     });
     reflector::reflector(writer, events)
         .inspect(move |event| {
+            let _step = heartbeat.step();
             if let Ok(event) = event {
                 own_writes.observe(WrittenKind::Pod, event);
             }
@@ -236,12 +241,14 @@ async fn pod_namespaces(client: &Client, agent_namespace: &str) -> Vec<String> {
 fn watched_services(
     api: Api<Service>,
     unsupported: &Arc<UnsupportedServices>,
+    heartbeat: Heartbeat,
 ) -> impl Stream<Item = Result<Service, watcher::Error>> + Send + 'static {
     let unsupported = Arc::clone(unsupported);
     let selector = format!("!{SERVICE_PROXY_NAME_LABEL}");
     watcher(api, watcher::Config::default().labels(&selector))
         .default_backoff()
         .filter_map(move |event| {
+            let _step = heartbeat.step();
             let trigger = match event {
                 Ok(event) => unsupported
                     .apply(&event)
@@ -299,6 +306,7 @@ pub async fn run(context: Arc<Context>) {
     let publisher_context = context.clone();
     let publish_events = async move {
         while let Some((involved, occurrence)) = event_queue.recv().await {
+            let _step = publisher_context.liveness.events.step();
             publisher_context
                 .recorder
                 .publish_or_log(&involved, &occurrence)
@@ -313,7 +321,14 @@ pub async fn run(context: Arc<Context>) {
     let kube_proxy_moved = Arc::new(tokio::sync::Notify::new());
     let moved = Arc::clone(&kube_proxy_moved);
     let watched_namespaces = pod_namespaces.clone();
-    let configs = watched(Api::all(client.clone()), writers.configs, own_writes).inspect(
+    let liveness = &context.liveness;
+    let configs = watched(
+        Api::all(client.clone()),
+        writers.configs,
+        own_writes,
+        liveness.watch("DataplaneConfig"),
+    )
+    .inspect(
         move |config| {
             if let Ok(config) = config {
                 let namespace = &config.spec.kube_proxy.namespace;
@@ -328,19 +343,38 @@ pub async fn run(context: Arc<Context>) {
         Api::all(client.clone()),
         writers.dataplane_nodes,
         own_writes,
+        liveness.watch("DataplaneNode"),
     );
-    let nodes = watched(Api::all(client.clone()), writers.nodes, own_writes);
-    let daemon_sets = watched(Api::all(client.clone()), writers.daemon_sets, own_writes);
+    let nodes = watched(
+        Api::all(client.clone()),
+        writers.nodes,
+        own_writes,
+        liveness.watch("Node"),
+    );
+    let daemon_sets = watched(
+        Api::all(client.clone()),
+        writers.daemon_sets,
+        own_writes,
+        liveness.watch("DaemonSet"),
+    );
     let revisions = watched(
         Api::namespaced(client.clone(), agent_namespace),
         writers.revisions,
         own_writes,
+        liveness.watch("ControllerRevision"),
     );
     let services = watched_services(
         Api::all(client.clone()),
         &context.stores.unsupported_services,
+        liveness.watch("Service"),
     );
-    let pods = watched_pods(client, &pod_namespaces, writers.pods, own_writes);
+    let pods = watched_pods(
+        client,
+        &pod_namespaces,
+        writers.pods,
+        own_writes,
+        liveness.watch("pod"),
+    );
 
     let agent = (
         agent_namespace.clone(),
