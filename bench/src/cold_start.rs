@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 use crate::control::ControlSuite;
 use crate::dataplane::BACKENDS;
 use crate::error::{Error, Result};
-use crate::report::{add_run_rows, number, spread_cells, Figure, RunResult, Summary, Table};
+use crate::report::{
+    add_run_rows, number, run_result, spread_cells, Figure, RunResult, Summary, Table,
+};
 use crate::systems::{probe_targets, Binaries, Running, System};
 use crate::topology::{Prober, Topology, CLIENT_NAMESPACE};
 
@@ -67,10 +69,10 @@ pub fn measure_in_runs(suite: &ControlSuite<'_>, summary: &mut Summary, tables: 
             run + 1,
             plan.cold_start_runs
         );
-        runs.push(cold_start(scale, binaries, work).map_err(|error| {
-            eprintln!("bench: agent cold start: {error}");
-            error.first_line()
-        }));
+        runs.push(run_result(
+            "agent cold start",
+            cold_start(scale, binaries, work),
+        ));
     }
     record(summary, scale, &runs);
     let table = table(scale, &runs);

@@ -259,19 +259,11 @@ async fn closed_loop(shared: Arc<Shared>, worker: u64) {
     let mut picker = Picker::new(0x9e37_79b9_7f4a_7c15 ^ (worker + 1).wrapping_mul(0x1000_0001));
     let targets = shared.options.targets.clone();
     match shared.options.workload {
-        Workload::Connect => {
+        workload @ (Workload::Connect | Workload::Udp) => {
             while shared.claim().is_some() {
                 let target = targets[picker.below(targets.len())];
                 let start = Instant::now();
-                let outcome = connect_once(target, shared.options.timeout).await;
-                shared.finish(start, outcome);
-            }
-        }
-        Workload::Udp => {
-            while shared.claim().is_some() {
-                let target = targets[picker.below(targets.len())];
-                let start = Instant::now();
-                let outcome = udp_once(target, shared.options.timeout).await;
+                let outcome = request_once(workload, target, shared.options.timeout).await;
                 shared.finish(start, outcome);
             }
         }
@@ -333,16 +325,27 @@ async fn open_loop(shared: Arc<Shared>, rate: f64) {
         let shared = shared.clone();
         tasks.spawn(async move {
             let start = Instant::now();
-            let outcome = match shared.options.workload {
-                Workload::Udp => udp_once(target, shared.options.timeout).await,
-                _ => connect_once(target, shared.options.timeout).await,
-            };
+            let outcome =
+                request_once(shared.options.workload, target, shared.options.timeout).await;
             shared.finish(start, outcome);
             drop(permit);
         });
         while tasks.try_join_next().is_some() {}
     }
     while tasks.join_next().await.is_some() {}
+}
+
+/// One request on a fresh socket: a datagram and its answer for `Udp`, else a
+/// new connection (see [`connect_once`]).
+async fn request_once(
+    workload: Workload,
+    target: SocketAddrV4,
+    timeout: Duration,
+) -> Result<(u32, String), String> {
+    match workload {
+        Workload::Udp => udp_once(target, timeout).await,
+        _ => connect_once(target, timeout).await,
+    }
 }
 
 fn elapsed_us(start: Instant) -> u32 {

@@ -14,7 +14,8 @@ use crate::dataplane::{round_order, BACKENDS};
 use crate::error::Result;
 use crate::load;
 use crate::report::{
-    add_system_rows, number, percentile, spread_cells, Figure, RunResult, Summary, Table,
+    add_system_rows, number, percentile, run_result, spread_cells, Figure, RunResult, Summary,
+    Table,
 };
 use crate::systems::{probe_targets, Running, System};
 use crate::topology::{
@@ -129,10 +130,10 @@ pub async fn measure_in_rounds(
             );
             let measured =
                 programming_latency(system, changes, suite, &mut counter, round + 1).await;
-            runs[index].push(measured.map_err(|error| {
-                eprintln!("bench: programming latency of {}: {error}", system.label());
-                error.first_line()
-            }));
+            runs[index].push(run_result(
+                &format!("programming latency of {}", system.label()),
+                measured,
+            ));
         }
     }
     for (system, runs) in systems.iter().zip(&runs) {

@@ -164,6 +164,15 @@ impl Summary {
 /// that stopped it.
 pub type RunResult<T> = Result<T, String>;
 
+/// The [`RunResult`] of a run of `what`: a failure is logged whole and kept as
+/// its first line, which is what a table cell has room for.
+pub fn run_result<T>(what: &str, measured: crate::error::Result<T>) -> RunResult<T> {
+    measured.map_err(|error| {
+        eprintln!("bench: {what}: {error}");
+        error.first_line()
+    })
+}
+
 /// One figure of a run: (summary metric, value, unit).
 pub type Figure = (&'static str, f64, &'static str);
 

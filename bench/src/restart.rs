@@ -13,7 +13,8 @@ use crate::dataplane::{self, round_order, BACKENDS};
 use crate::error::{Error, Result};
 use crate::load::{self, LoadOptions, LoadReport, Workload};
 use crate::report::{
-    add_system_rows, number, percentile, spread_cells, Figure, RunResult, Summary, Table,
+    add_system_rows, number, percentile, run_result, spread_cells, Figure, RunResult, Summary,
+    Table,
 };
 use crate::systems::{probe_targets, Binaries, Running, System};
 use crate::topology::{Prober, Topology, CLIENT_NAMESPACE};
@@ -76,10 +77,10 @@ pub fn measure_in_rounds(
             control_plane.set_nice(CONTROL_PLANE_NICE)?;
             let measured = restart_disruption(system, scale, plan, binaries, work);
             control_plane.set_nice(0)?;
-            let measured = measured.map_err(|error| {
-                eprintln!("bench: restart disruption of {}: {error}", system.label());
-                error.first_line()
-            });
+            let measured = run_result(
+                &format!("restart disruption of {}", system.label()),
+                measured,
+            );
             runs[index].push(measured);
         }
     }

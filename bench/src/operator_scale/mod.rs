@@ -19,7 +19,8 @@ use crate::apiserver::{kubeconfig_path, ControlPlane};
 use crate::error::{Error, Result};
 use crate::load::unix_micros;
 use crate::report::{
-    add_run_rows, measured, number, spread_cells, Figure, RunResult, Spread, Summary, Table,
+    add_run_rows, measured, number, run_result, spread_cells, Figure, RunResult, Spread, Summary,
+    Table,
 };
 use crate::systems::Binaries;
 use crate::topology::Process;
@@ -67,10 +68,10 @@ pub async fn run(
             );
             let measured = transition(nodes, run_number, binaries, work).await;
             run_number += 1;
-            runs.push(measured.map_err(|error| {
-                eprintln!("bench: operator transition with {nodes} nodes: {error}");
-                error.first_line()
-            }));
+            runs.push(run_result(
+                &format!("operator transition with {nodes} nodes"),
+                measured,
+            ));
         }
         record(summary, nodes, &runs);
         rows(&mut table, &mut requests_table, nodes, &runs);
