@@ -523,25 +523,12 @@ pub fn old_entry_wins(
     let Some(existing) = existing else {
         return true;
     };
-    match map {
-        map_names::CONNTRACK | map_names::CONNTRACK_OVERFLOW => {
-            let (Some(existing), Some(converted)) = (
-                from_bytes::<ConntrackValue>(existing),
-                from_bytes::<ConntrackValue>(converted),
-            ) else {
-                return false;
-            };
-            converted.last_seen_nanoseconds > existing.last_seen_nanoseconds
-        }
-        map_names::AFFINITY => {
-            let (Some(existing), Some(converted)) = (
-                from_bytes::<AffinityValue>(existing),
-                from_bytes::<AffinityValue>(converted),
-            ) else {
-                return false;
-            };
-            converted.last_used_nanoseconds > existing.last_used_nanoseconds
-        }
+    // Either value unreadable, or a map that records no use: the new map's entry stays.
+    match (
+        last_used_nanoseconds(map, existing),
+        last_used_nanoseconds(map, converted),
+    ) {
+        (Some(existing), Some(converted)) => converted > existing,
         _ => false,
     }
 }
