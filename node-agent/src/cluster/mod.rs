@@ -35,6 +35,7 @@ use crate::core::round::StatusTracker;
 use crate::core::status::{CoexistenceReport, WrittenStatus};
 use crate::core::{AgentSettings, NodeAgent};
 use crate::datapath::{Datapath, DatapathOptions, KernelDatapath};
+use crate::error::Cause;
 use crate::kube_proxy::health::HealthzTarget;
 use crate::loader;
 use crate::priority::{self, CatchUpPriority};
@@ -96,15 +97,12 @@ async fn kube_client() -> Result<kube::Client, Error> {
 pub async fn run(options: ClusterOptions, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
     let mut metrics = AgentMetrics::new()?;
     let health = Health::new();
-    let telemetry = TelemetryServer::bind(
+    let telemetry_address = serve_telemetry_on_its_own_thread(
         options.metrics_address,
         metrics.registry.clone(),
         health.clone(),
-    )
-    .await
-    .map_err(|error| Error::ServeTelemetry {
-        source: error.into(),
-    })?;
+    )?;
+    tracing::info!(address = %telemetry_address, "serving metrics and health checks");
     // Decided before loading: loading the programs and restoring the maps' state
     // are catch-up work too.
     let original_nice = priority::current_nice().unwrap_or(0);
@@ -253,6 +251,101 @@ pub async fn run(options: ClusterOptions, shutdown: impl Future<Output = ()>) ->
     // The last status reaches the API server if it can within the grace period.
     drop(status_sender);
     let _ = tokio::time::timeout(Duration::from_secs(2), status_writer).await;
-    telemetry.shutdown().await;
     Ok(())
+}
+
+/// Serves `/metrics`, `/healthz` and `/readyz` from a thread of its own, for the life of the
+/// process. The agent's rounds are synchronous and run on the main thread's runtime: there, a
+/// round blocked in the kernel would keep `/healthz` from answering at all, and a long but
+/// healthy full sync would make probes time out. On its own thread `/healthz` answers
+/// throughout, and names the stuck loop once a step has outlived its bound. Returns the address
+/// it listens on.
+fn serve_telemetry_on_its_own_thread(
+    address: SocketAddr,
+    registry: prometheus::Registry,
+    health: Health,
+) -> Result<SocketAddr, Error> {
+    let failed = |source: Cause| Error::ServeTelemetry { source };
+    let (bound_sender, bound) = std::sync::mpsc::channel::<Result<SocketAddr, Cause>>();
+    let serve = move || {
+        let runtime = match tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
+            Ok(runtime) => runtime,
+            Err(error) => {
+                let _ = bound_sender.send(Err(error.into()));
+                return;
+            }
+        };
+        runtime.block_on(async move {
+            match TelemetryServer::bind(address, registry, health).await {
+                Ok(server) => {
+                    let _ = bound_sender.send(Ok(server.local_address()));
+                    // Serves until the process exits.
+                    std::future::pending::<()>().await
+                }
+                Err(error) => {
+                    let _ = bound_sender.send(Err(error.into()));
+                }
+            }
+        });
+    };
+    std::thread::Builder::new()
+        .name("telemetry".into())
+        .spawn(serve)
+        .map_err(|error| failed(error.into()))?;
+    bound
+        .recv()
+        .map_err(|error| failed(error.into()))?
+        .map_err(failed)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+
+    use super::*;
+
+    fn get_healthz(address: SocketAddr) -> String {
+        let mut stream = std::net::TcpStream::connect(address).expect("connects");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("sets a timeout");
+        stream
+            .write_all(b"GET /healthz HTTP/1.1\r\nHost: agent\r\nConnection: close\r\n\r\n")
+            .expect("sends");
+        let mut answer = String::new();
+        stream
+            .read_to_string(&mut answer)
+            .expect("reads the answer");
+        answer
+    }
+
+    /// The test's thread has no runtime at all and stays inside the step, as a round blocked
+    /// in the kernel would keep the agent's main thread.
+    #[test]
+    fn healthz_answers_from_its_own_thread_while_a_round_blocks_the_caller_and_names_it() {
+        let health = Health::new();
+        let rounds = health.register_loop("agent rounds", Duration::ZERO);
+        let address = serve_telemetry_on_its_own_thread(
+            "127.0.0.1:0".parse().expect("an address"),
+            prometheus::Registry::new(),
+            health.clone(),
+        )
+        .expect("serves");
+        let answer = get_healthz(address);
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        // Any time in the step is past a bound of zero.
+        let step = rounds.step();
+        let answer = get_healthz(address);
+        assert!(
+            answer.starts_with("HTTP/1.1 503")
+                && answer.contains("agent rounds has been in one step"),
+            "{answer}"
+        );
+        drop(step);
+        let answer = get_healthz(address);
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    }
 }
