@@ -270,14 +270,66 @@ impl StartGate {
 pub struct BackgroundWrites {
     in_flight: AtomicUsize,
     idle: tokio::sync::Notify,
+    /// Liveness of the writes in flight, once [`Self::report_to`] was called.
+    liveness: Mutex<Option<WriteHeartbeats>>,
 }
 
+/// One heartbeat per write in flight at once (steps of one heartbeat must not overlap), reused
+/// by later writes: as many as the most writes ever in flight together.
+struct WriteHeartbeats {
+    health: switchyard_telemetry::Health,
+    registered: usize,
+    idle: Vec<switchyard_telemetry::Heartbeat>,
+}
+
+/// How long one background write may take: a batch of DataplaneNode writes runs
+/// [`NODE_WRITE_CONCURRENCY`] calls at a time, and only those started in its first
+/// [`NODE_WRITE_TIME_PER_RECONCILE`], so at worst two calls in a row each end at kube's read
+/// timeout (295 s); a status write is one call.
+const BACKGROUND_WRITE_STEP_BOUND: Duration = Duration::from_secs(660);
+
 impl BackgroundWrites {
+    /// Makes every write from now on one step of a heartbeat of `health`.
+    pub fn report_to(&self, health: &switchyard_telemetry::Health) {
+        *self.liveness.lock().unwrap_or_else(PoisonError::into_inner) = Some(WriteHeartbeats {
+            health: health.clone(),
+            registered: 0,
+            idle: Vec::new(),
+        });
+    }
+
+    fn heartbeat(&self) -> Option<switchyard_telemetry::Heartbeat> {
+        let mut liveness = self.liveness.lock().unwrap_or_else(PoisonError::into_inner);
+        let liveness = liveness.as_mut()?;
+        Some(liveness.idle.pop().unwrap_or_else(|| {
+            liveness.registered += 1;
+            let name = format!("background write {}", liveness.registered);
+            liveness
+                .health
+                .register_loop(name, BACKGROUND_WRITE_STEP_BOUND)
+        }))
+    }
+
     fn spawn(self: &Arc<Self>, work: impl std::future::Future<Output = ()> + Send + 'static) {
         self.in_flight.fetch_add(1, Ordering::SeqCst);
         let tracker = Arc::clone(self);
+        let heartbeat = self.heartbeat();
         tokio::spawn(async move {
+            let step = heartbeat
+                .as_ref()
+                .map(switchyard_telemetry::Heartbeat::step);
             work.await;
+            drop(step);
+            if let (Some(heartbeat), Some(liveness)) = (
+                heartbeat,
+                tracker
+                    .liveness
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .as_mut(),
+            ) {
+                liveness.idle.push(heartbeat);
+            }
             if tracker.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
                 tracker.idle.notify_waiters();
             }

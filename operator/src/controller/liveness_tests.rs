@@ -156,6 +156,36 @@ async fn a_reconcile_wedged_on_an_api_call_turns_healthz_to_503_once_its_bound_h
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_status_write_left_wedged_in_the_background_turns_healthz_to_503_past_its_bound() {
+    let health = Health::new();
+    let (calls, mut called) = mpsc::unbounded_channel();
+    let context = context(client_answering(calls, |_| None), &health);
+    let config = DataplaneConfig {
+        metadata: ObjectMeta {
+            name: Some("default".into()),
+            ..ObjectMeta::default()
+        },
+        spec: DataplaneConfigSpec::default(),
+        status: None,
+    };
+    let status = switchyard_crds::DataplaneConfigStatus::default();
+    let left_in_background = apply::status_within(&config, &status, &context)
+        .await
+        .expect("the reconcile stops waiting");
+    assert!(left_in_background);
+    let call = called.recv().await.expect("the write calls the API server");
+    assert!(call.starts_with("PATCH "), "{call}");
+    tokio::time::advance(Duration::from_secs(659)).await;
+    assert_eq!(health.liveness(), Ok(()), "within its bound");
+    tokio::time::advance(Duration::from_secs(2)).await;
+    let reason = health.liveness().expect_err("stuck past its bound");
+    assert!(
+        reason.starts_with("background write 1 has been in one step"),
+        "{reason}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn an_idle_controller_whose_watches_stay_quiet_stays_live_for_minutes() {
     let health = Health::new();
     let (calls, mut called) = mpsc::unbounded_channel();

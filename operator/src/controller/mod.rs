@@ -212,7 +212,11 @@ impl Context {
             without_config: tokio::sync::Notify::new(),
             events,
             event_queue: Mutex::new(Some(event_queue)),
-            background_writes: Arc::new(BackgroundWrites::default()),
+            background_writes: {
+                let writes = Arc::new(BackgroundWrites::default());
+                writes.report_to(health);
+                writes
+            },
             warned_services: Mutex::new(reconcile::WarnedServices::default()),
             liveness: Liveness::new(health),
         }
