@@ -484,10 +484,7 @@ fn first_not_ready(stores: &Stores) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::{
-        Affinity, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
-        PodCondition,
-    };
+    use k8s_openapi::api::core::v1::PodCondition;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, OwnerReference};
     use kube::runtime::reflector;
     use switchyard_crds::{DataplaneMode, DataplaneNodeSpec};
@@ -523,19 +520,30 @@ mod tests {
         watcher::Event::Apply(dataplane_node(name, version))
     }
 
+    /// A write to DataplaneNode `name` begun, and answered by the API server with `version`.
+    fn answered(writes: &OwnWrites, name: &str, version: &str) {
+        writes.begin(&written(name));
+        writes.written(&written(name), Some(version.into()));
+    }
+
+    /// The DataplaneNode watch reports `name` at `version`.
+    fn watched(writes: &OwnWrites, name: &str, version: &str) {
+        writes.observe(WrittenKind::DataplaneNode, &apply(name, version));
+    }
+
     #[test]
     fn a_write_is_pending_until_its_version_comes_back_through_the_watch() {
         let writes = OwnWrites::default();
         writes.begin(&written("a"));
         assert_eq!(writes.pending(), 1);
         writes.written(&written("a"), Some("7".into()));
-        writes.observe(WrittenKind::DataplaneNode, &apply("a", "6"));
+        watched(&writes, "a", "6");
         assert_eq!(writes.pending(), 1, "an older version proves nothing");
-        writes.observe(WrittenKind::DataplaneNode, &apply("b", "7"));
+        watched(&writes, "b", "7");
         assert_eq!(writes.pending(), 1, "another object proves nothing");
         writes.observe(WrittenKind::DataplaneConfig, &apply("a", "7"));
         assert_eq!(writes.pending(), 1, "another kind proves nothing");
-        writes.observe(WrittenKind::DataplaneNode, &apply("a", "7"));
+        watched(&writes, "a", "7");
         assert_eq!(writes.pending(), 0);
     }
 
@@ -543,8 +551,8 @@ mod tests {
     fn a_watch_event_that_arrives_before_the_answer_still_counts() {
         let writes = OwnWrites::default();
         writes.begin(&written("a"));
-        writes.observe(WrittenKind::DataplaneNode, &apply("a", "7"));
-        writes.observe(WrittenKind::DataplaneNode, &apply("a", "8"));
+        watched(&writes, "a", "7");
+        watched(&writes, "a", "8");
         assert_eq!(writes.pending(), 1, "the answer is not in yet");
         writes.written(&written("a"), Some("7".into()));
         assert_eq!(writes.pending(), 0);
@@ -553,14 +561,13 @@ mod tests {
     #[test]
     fn a_second_write_to_the_same_object_is_waited_for_too() {
         let writes = OwnWrites::default();
+        answered(&writes, "a", "7");
         writes.begin(&written("a"));
-        writes.written(&written("a"), Some("7".into()));
-        writes.begin(&written("a"));
-        writes.observe(WrittenKind::DataplaneNode, &apply("a", "7"));
+        watched(&writes, "a", "7");
         assert_eq!(writes.pending(), 1, "the second write is still in flight");
         writes.written(&written("a"), Some("9".into()));
         assert_eq!(writes.pending(), 1);
-        writes.observe(WrittenKind::DataplaneNode, &apply("a", "9"));
+        watched(&writes, "a", "9");
         assert_eq!(writes.pending(), 0);
     }
 
@@ -579,7 +586,7 @@ mod tests {
         let writes = OwnWrites::default();
         writes.begin(&written("a"));
         writes.deleted(&written("a"));
-        writes.observe(WrittenKind::DataplaneNode, &apply("a", "3"));
+        watched(&writes, "a", "3");
         assert_eq!(writes.pending(), 1);
         writes.observe(
             WrittenKind::DataplaneNode,
@@ -591,8 +598,7 @@ mod tests {
     #[test]
     fn a_relist_proves_only_the_writes_answered_before_it_started() {
         let writes = OwnWrites::default();
-        writes.begin(&written("answered"));
-        writes.written(&written("answered"), Some("7".into()));
+        answered(&writes, "answered", "7");
         writes.begin(&written("in-flight"));
         writes.observe::<DataplaneNode>(WrittenKind::DataplaneNode, &watcher::Event::Init);
         writes.written(&written("in-flight"), Some("8".into()));
@@ -602,7 +608,7 @@ mod tests {
             1,
             "a list that may have started before the answer may miss the write"
         );
-        writes.observe(WrittenKind::DataplaneNode, &apply("in-flight", "8"));
+        watched(&writes, "in-flight", "8");
         assert_eq!(writes.pending(), 0);
     }
 
@@ -613,8 +619,7 @@ mod tests {
             .wait_until_observed(Duration::from_millis(10))
             .await
             .expect("nothing pending");
-        writes.begin(&written("a"));
-        writes.written(&written("a"), Some("7".into()));
+        answered(&writes, "a", "7");
         let error = writes
             .wait_until_observed(Duration::from_millis(10))
             .await
@@ -625,7 +630,7 @@ mod tests {
             tokio::spawn(async move { writes.wait_until_observed(Duration::from_secs(5)).await })
         };
         tokio::time::sleep(Duration::from_millis(20)).await;
-        writes.observe(WrittenKind::DataplaneNode, &apply("a", "7"));
+        watched(&writes, "a", "7");
         waiter.await.expect("joined").expect("observed");
     }
 
@@ -675,7 +680,7 @@ mod tests {
     }
 
     fn daemon_set_pod(owner_kind: &str) -> Pod {
-        Pod {
+        let pod = Pod {
             metadata: ObjectMeta {
                 name: Some("kube-proxy-x".into()),
                 namespace: Some("kube-system".into()),
@@ -691,25 +696,7 @@ mod tests {
                 }]),
                 ..ObjectMeta::default()
             },
-            spec: Some(PodSpec {
-                affinity: Some(Affinity {
-                    node_affinity: Some(NodeAffinity {
-                        required_during_scheduling_ignored_during_execution: Some(NodeSelector {
-                            node_selector_terms: vec![NodeSelectorTerm {
-                                match_fields: Some(vec![NodeSelectorRequirement {
-                                    key: "metadata.name".into(),
-                                    operator: "In".into(),
-                                    values: Some(vec!["node-b".into()]),
-                                }]),
-                                ..NodeSelectorTerm::default()
-                            }],
-                        }),
-                        ..NodeAffinity::default()
-                    }),
-                    ..Affinity::default()
-                }),
-                ..PodSpec::default()
-            }),
+            spec: None,
             status: Some(PodStatus {
                 conditions: Some(vec![PodCondition {
                     type_: "Ready".into(),
@@ -718,7 +705,8 @@ mod tests {
                 }]),
                 ..PodStatus::default()
             }),
-        }
+        };
+        snapshot::tests::pinned_by_affinity(pod, "node-b")
     }
 
     #[test]

@@ -275,12 +275,7 @@ mod tests {
             spec: Some(DaemonSetSpec {
                 template: PodTemplateSpec {
                     spec: Some(PodSpec {
-                        node_selector: (!selector.is_empty()).then(|| {
-                            selector
-                                .iter()
-                                .map(|(key, value)| (key.to_string(), value.to_string()))
-                                .collect()
-                        }),
+                        node_selector: string_map(selector),
                         ..PodSpec::default()
                     }),
                     ..PodTemplateSpec::default()
@@ -289,6 +284,16 @@ mod tests {
             }),
             status: None,
         }
+    }
+
+    /// `pairs` as the map of an object's field (absent when empty, as the API server returns it).
+    fn string_map(pairs: &[(&str, &str)]) -> Option<BTreeMap<String, String>> {
+        (!pairs.is_empty()).then(|| {
+            pairs
+                .iter()
+                .map(|(key, value)| (key.to_string(), value.to_string()))
+                .collect()
+        })
     }
 
     /// What the API server does with a JSON merge patch (RFC 7386).
@@ -466,17 +471,9 @@ mod tests {
 
     /// The kube-proxy DaemonSet with the labels and annotations another tool writes.
     fn marked(labels: &[(&str, &str)], annotations: &[(&str, &str)]) -> DaemonSet {
-        let map = |pairs: &[(&str, &str)]| -> Option<BTreeMap<String, String>> {
-            (!pairs.is_empty()).then(|| {
-                pairs
-                    .iter()
-                    .map(|(key, value)| (key.to_string(), value.to_string()))
-                    .collect()
-            })
-        };
         let mut daemon_set = daemon_set(&[("kubernetes.io/os", "linux")]);
-        daemon_set.metadata.labels = map(labels);
-        daemon_set.metadata.annotations = map(annotations);
+        daemon_set.metadata.labels = string_map(labels);
+        daemon_set.metadata.annotations = string_map(annotations);
         daemon_set
     }
 
@@ -509,28 +506,22 @@ mod tests {
     }
 
     #[test]
-    fn argo_cd_annotation_tracking_is_an_external_owner() {
-        // What Argo CD's `annotation` tracking method (the default since 3.0) writes.
-        let tracked = marked(
-            &[("k8s-app", "kube-proxy")],
-            &[(
-                "argocd.argoproj.io/tracking-id",
-                "cluster-addons:apps/DaemonSet:kube-system/kube-proxy",
-            )],
-        );
-        assert_owner(&tracked, "Argo CD", "argocd.argoproj.io/tracking-id");
-    }
-
-    #[test]
-    fn argo_cd_annotation_and_label_tracking_is_an_external_owner() {
-        let tracked = marked(
-            &[("app.kubernetes.io/instance", "cluster-addons")],
-            &[(
-                "argocd.argoproj.io/tracking-id",
-                "cluster-addons:apps/DaemonSet:kube-system/kube-proxy",
-            )],
-        );
-        assert_owner(&tracked, "Argo CD", "argocd.argoproj.io/tracking-id");
+    fn argo_cd_annotation_tracking_alone_or_with_its_label_is_an_external_owner() {
+        for label in [
+            // What Argo CD's `annotation` tracking method (the default since 3.0) writes.
+            ("k8s-app", "kube-proxy"),
+            // What its `annotation+label` tracking method writes.
+            ("app.kubernetes.io/instance", "cluster-addons"),
+        ] {
+            let tracked = marked(
+                &[label],
+                &[(
+                    "argocd.argoproj.io/tracking-id",
+                    "cluster-addons:apps/DaemonSet:kube-system/kube-proxy",
+                )],
+            );
+            assert_owner(&tracked, "Argo CD", "argocd.argoproj.io/tracking-id");
+        }
     }
 
     #[test]

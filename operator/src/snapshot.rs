@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Node, NodeCondition, Pod, PodCondition};
 use kube::ResourceExt;
 use switchyard_crds::DataplaneNode;
 
@@ -122,16 +122,41 @@ fn observe_kube_proxy(daemon_set: &DaemonSet) -> KubeProxyDaemonSet {
     }
 }
 
+/// A status condition of an API object. Each API group declares its own condition type
+/// (`NodeCondition`, `PodCondition`, ...) with the same `type` and `status` fields.
+trait StatusCondition {
+    fn type_and_status(&self) -> (&str, &str);
+}
+
+impl StatusCondition for NodeCondition {
+    fn type_and_status(&self) -> (&str, &str) {
+        (&self.type_, &self.status)
+    }
+}
+
+impl StatusCondition for PodCondition {
+    fn type_and_status(&self) -> (&str, &str) {
+        (&self.type_, &self.status)
+    }
+}
+
+/// Whether `conditions` (absent: none reported yet) hold a condition `type_` that is `True`.
+fn condition_is_true<C: StatusCondition>(conditions: Option<&Vec<C>>, type_: &str) -> bool {
+    conditions.is_some_and(|conditions| {
+        conditions
+            .iter()
+            .any(|condition| condition.type_and_status() == (type_, "True"))
+    })
+}
+
 /// The Node's `Ready` condition is `True`.
 pub fn node_is_ready(node: &Node) -> bool {
-    node.status
-        .as_ref()
-        .and_then(|status| status.conditions.as_ref())
-        .is_some_and(|conditions| {
-            conditions
-                .iter()
-                .any(|condition| condition.type_ == "Ready" && condition.status == "True")
-        })
+    condition_is_true(
+        node.status
+            .as_ref()
+            .and_then(|status| status.conditions.as_ref()),
+        "Ready",
+    )
 }
 
 /// Whether the pod's controller is the DaemonSet named `daemon_set_name`. By name, not UID: the
@@ -166,15 +191,12 @@ pub fn pod_node(pod: &Pod) -> Option<String> {
 fn observe_pod(pod: &Pod) -> ObservedPod {
     ObservedPod {
         name: pod.name_any(),
-        ready: pod
-            .status
-            .as_ref()
-            .and_then(|status| status.conditions.as_ref())
-            .is_some_and(|conditions| {
-                conditions
-                    .iter()
-                    .any(|condition| condition.type_ == "Ready" && condition.status == "True")
-            }),
+        ready: condition_is_true(
+            pod.status
+                .as_ref()
+                .and_then(|status| status.conditions.as_ref()),
+            "Ready",
+        ),
         revision: pod.labels().get(REVISION_HASH_LABEL).cloned(),
         created_at: pod
             .metadata
@@ -230,7 +252,7 @@ pub fn update_revision(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use k8s_openapi::api::apps::v1::{DaemonSetSpec, DaemonSetStatus};
     use k8s_openapi::api::core::v1::{
@@ -316,7 +338,8 @@ mod tests {
         }
     }
 
-    fn pinned_by_affinity(mut pod: Pod, node: &str) -> Pod {
+    /// `pod` as its DaemonSet creates it before scheduling: pinned to `node` by node affinity.
+    pub(crate) fn pinned_by_affinity(mut pod: Pod, node: &str) -> Pod {
         pod.spec.get_or_insert_with(PodSpec::default).affinity = Some(Affinity {
             node_affinity: Some(NodeAffinity {
                 required_during_scheduling_ignored_during_execution: Some(NodeSelector {

@@ -485,28 +485,51 @@ mod tests {
         }
     }
 
-    /// Feeds `events` of watch `source` through the merge into the store.
-    fn feed(
-        merged: &mut NamespacedPods,
-        writer: &mut reflector::store::Writer<Pod>,
-        source: usize,
-        events: Vec<watcher::Event<Pod>>,
-    ) {
-        for event in events {
-            for out in merged.push(source, event) {
-                writer.apply_watcher_event(&out);
-            }
-        }
+    /// The merge of the two namespaces' pod watches and the store it feeds.
+    struct MergedStore {
+        merged: NamespacedPods,
+        writer: reflector::store::Writer<Pod>,
+        store: reflector::Store<Pod>,
     }
 
-    fn names(store: &reflector::Store<Pod>) -> Vec<String> {
-        let mut names: Vec<String> = store
-            .state()
-            .iter()
-            .map(|pod| format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any()))
-            .collect();
-        names.sort();
-        names
+    impl MergedStore {
+        fn new() -> Self {
+            let (store, writer) = reflector::store::<Pod>();
+            Self {
+                merged: NamespacedPods::new(2),
+                writer,
+                store,
+            }
+        }
+
+        /// Both namespaces listed: the agent's pods, then kube-proxy's.
+        fn listed(agent_pods: &[&str], kube_proxy_pods: &[&str]) -> Self {
+            let mut merged = Self::new();
+            merged.feed(AGENT, list("switchyard-system", agent_pods));
+            merged.feed(KUBE_PROXY, list("kube-system", kube_proxy_pods));
+            merged
+        }
+
+        /// Feeds `events` of watch `source` through the merge into the store.
+        fn feed(&mut self, source: usize, events: Vec<watcher::Event<Pod>>) {
+            for event in events {
+                for out in self.merged.push(source, event) {
+                    self.writer.apply_watcher_event(&out);
+                }
+            }
+        }
+
+        /// The pods in the store, as `namespace/name`, sorted.
+        fn names(&self) -> Vec<String> {
+            let mut names: Vec<String> = self
+                .store
+                .state()
+                .iter()
+                .map(|pod| format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any()))
+                .collect();
+            names.sort();
+            names
+        }
     }
 
     fn list(namespace: &str, pods: &[&str]) -> Vec<watcher::Event<Pod>> {
@@ -518,33 +541,17 @@ mod tests {
 
     #[test]
     fn the_store_gets_its_first_list_only_once_every_namespace_listed() {
-        let (store, mut writer) = reflector::store::<Pod>();
-        let mut merged = NamespacedPods::new(2);
-        feed(
-            &mut merged,
-            &mut writer,
-            AGENT,
-            list("switchyard-system", &["agent-a"]),
-        );
+        let mut merged = MergedStore::new();
+        merged.feed(AGENT, list("switchyard-system", &["agent-a"]));
         // A live change in the agent's namespace while kube-proxy's is still listing.
-        feed(
-            &mut merged,
-            &mut writer,
-            AGENT,
-            vec![Apply(pod("switchyard-system", "agent-b"))],
-        );
+        merged.feed(AGENT, vec![Apply(pod("switchyard-system", "agent-b"))]);
         assert!(
-            names(&store).is_empty(),
+            merged.names().is_empty(),
             "the store must not look complete yet"
         );
-        feed(
-            &mut merged,
-            &mut writer,
-            KUBE_PROXY,
-            list("kube-system", &["kube-proxy-1"]),
-        );
+        merged.feed(KUBE_PROXY, list("kube-system", &["kube-proxy-1"]));
         assert_eq!(
-            names(&store),
+            merged.names(),
             [
                 "kube-system/kube-proxy-1",
                 "switchyard-system/agent-a",
@@ -556,29 +563,14 @@ mod tests {
     #[test]
     fn a_relist_of_one_namespace_keeps_the_other_namespaces_pods_and_drops_what_it_no_longer_lists()
     {
-        let (store, mut writer) = reflector::store::<Pod>();
-        let mut merged = NamespacedPods::new(2);
-        feed(
-            &mut merged,
-            &mut writer,
-            AGENT,
-            list("switchyard-system", &["agent-a"]),
-        );
-        feed(
-            &mut merged,
-            &mut writer,
-            KUBE_PROXY,
-            list("kube-system", &["kube-proxy-1", "kube-proxy-2"]),
-        );
+        let mut merged = MergedStore::listed(&["agent-a"], &["kube-proxy-1", "kube-proxy-2"]);
         // kube-proxy's watch expired and relisted: kube-proxy-2 went away in between.
-        feed(
-            &mut merged,
-            &mut writer,
+        merged.feed(
             KUBE_PROXY,
             list("kube-system", &["kube-proxy-1", "kube-proxy-3"]),
         );
         assert_eq!(
-            names(&store),
+            merged.names(),
             [
                 "kube-system/kube-proxy-1",
                 "kube-system/kube-proxy-3",
@@ -589,34 +581,11 @@ mod tests {
 
     #[test]
     fn live_changes_after_the_first_list_reach_the_store() {
-        let (store, mut writer) = reflector::store::<Pod>();
-        let mut merged = NamespacedPods::new(2);
-        feed(
-            &mut merged,
-            &mut writer,
-            AGENT,
-            list("switchyard-system", &["agent-a"]),
-        );
-        feed(
-            &mut merged,
-            &mut writer,
-            KUBE_PROXY,
-            list("kube-system", &["kube-proxy-1"]),
-        );
-        feed(
-            &mut merged,
-            &mut writer,
-            AGENT,
-            vec![Delete(pod("switchyard-system", "agent-a"))],
-        );
-        feed(
-            &mut merged,
-            &mut writer,
-            KUBE_PROXY,
-            vec![Apply(pod("kube-system", "kube-proxy-2"))],
-        );
+        let mut merged = MergedStore::listed(&["agent-a"], &["kube-proxy-1"]);
+        merged.feed(AGENT, vec![Delete(pod("switchyard-system", "agent-a"))]);
+        merged.feed(KUBE_PROXY, vec![Apply(pod("kube-system", "kube-proxy-2"))]);
         assert_eq!(
-            names(&store),
+            merged.names(),
             ["kube-system/kube-proxy-1", "kube-system/kube-proxy-2"]
         );
     }
