@@ -1,14 +1,7 @@
-# The migration (issues 6 and 8): `make demo` switches a local 3-node cluster from
-# kube-proxy to eBPF under traffic and leaves it up; `make e2e-migration` runs the
-# migration scenarios (helm install, Ebpf and back, long-lived connections) on one.
-.PHONY: demo demo-down e2e-migration
-
-demo: setup
-	bash e2e/scripts/demo.sh
-
-demo-down:
-	e2e/cluster down
-	rm -f $(or $(SWITCHYARD_E2E_STATE),/var/lib/switchyard-e2e).images.conf
+# The migration (issues 6 and 8): `make e2e-migration` runs the migration scenarios (helm
+# install, Ebpf and back, long-lived connections) on a local 3-node cluster. `make demo`
+# (mk/demo.mk) shows the same switch there and back under traffic.
+.PHONY: e2e-migration
 
 # Issue 6's seven scenarios, each with real agents and the helm-installed operator under
 # continuous traffic (1 helm install and KubeProxy -> Ebpf, 2 agent upgrade by helm upgrade,
