@@ -622,26 +622,30 @@ mod tests {
 
     #[test]
     fn io_errors_map_to_their_causes() {
-        assert_eq!(
-            classify_io_error(&Error::from(ErrorKind::ConnectionRefused)),
-            FailureCause::ConnectionRefused
-        );
-        assert_eq!(
-            classify_io_error(&Error::from(ErrorKind::ConnectionReset)),
-            FailureCause::ConnectionReset
-        );
-        assert_eq!(
-            classify_io_error(&Error::from(ErrorKind::BrokenPipe)),
-            FailureCause::ConnectionReset
-        );
-        assert_eq!(
-            classify_io_error(&Error::from(ErrorKind::UnexpectedEof)),
-            FailureCause::ClosedByPeer
-        );
-        assert_eq!(
-            classify_io_error(&Error::from_raw_os_error(libc::EHOSTUNREACH)),
-            FailureCause::HostUnreachable
-        );
+        for (error, cause) in [
+            (
+                Error::from(ErrorKind::ConnectionRefused),
+                FailureCause::ConnectionRefused,
+            ),
+            (
+                Error::from(ErrorKind::ConnectionReset),
+                FailureCause::ConnectionReset,
+            ),
+            (
+                Error::from(ErrorKind::BrokenPipe),
+                FailureCause::ConnectionReset,
+            ),
+            (
+                Error::from(ErrorKind::UnexpectedEof),
+                FailureCause::ClosedByPeer,
+            ),
+            (
+                Error::from_raw_os_error(libc::EHOSTUNREACH),
+                FailureCause::HostUnreachable,
+            ),
+        ] {
+            assert_eq!(classify_io_error(&error), cause, "{error}");
+        }
         assert!(matches!(
             classify_io_error(&Error::other("odd")),
             FailureCause::Other(_)
@@ -661,6 +665,25 @@ mod tests {
         assert!(parse_answer("garbage", "probe-7").is_err());
     }
 
+    /// A generator of one flow `name` of short connections from `source` to `destination`.
+    fn short_connections(
+        name: &str,
+        source: NamespaceThread,
+        destination: SocketAddr,
+        interval: Duration,
+        workers: usize,
+    ) -> TrafficGenerator {
+        TrafficGenerator::start(
+            vec![Flow {
+                name: name.into(),
+                source,
+                destination,
+                mode: FlowMode::ShortConnections { interval, workers },
+            }],
+            Timeouts::default(),
+        )
+    }
+
     async fn loopback_server(name: &str) -> (NamespaceThread, EchoServer) {
         let thread = NamespaceThread::start(None).unwrap();
         let server = EchoServer::start(&thread, "127.0.0.1:0".parse().unwrap(), name)
@@ -672,17 +695,12 @@ mod tests {
     #[tokio::test]
     async fn short_connections_to_a_live_server_all_succeed() {
         let (thread, server) = loopback_server("backend-a").await;
-        let generator = TrafficGenerator::start(
-            vec![Flow {
-                name: "loopback".into(),
-                source: thread,
-                destination: server.address,
-                mode: FlowMode::ShortConnections {
-                    interval: Duration::from_millis(10),
-                    workers: 2,
-                },
-            }],
-            Timeouts::default(),
+        let generator = short_connections(
+            "loopback",
+            thread,
+            server.address,
+            Duration::from_millis(10),
+            2,
         );
         tokio::time::sleep(Duration::from_millis(300)).await;
         let report = generator.stop().await;
@@ -696,17 +714,12 @@ mod tests {
     #[tokio::test]
     async fn a_worker_that_panicked_is_counted_as_a_failure_of_its_flow() {
         let (thread, server) = loopback_server("backend-a").await;
-        let mut generator = TrafficGenerator::start(
-            vec![Flow {
-                name: "loopback".into(),
-                source: thread,
-                destination: server.address,
-                mode: FlowMode::ShortConnections {
-                    interval: Duration::from_millis(10),
-                    workers: 1,
-                },
-            }],
-            Timeouts::default(),
+        let mut generator = short_connections(
+            "loopback",
+            thread,
+            server.address,
+            Duration::from_millis(10),
+            1,
         );
         generator.spawn_worker("loopback", async { panic!("the worker broke") });
         // Control: the healthy worker of the same flow keeps answering.
@@ -732,18 +745,8 @@ mod tests {
         let (thread, server) = loopback_server("backend-a").await;
         let destination = server.address;
         server.stop().await;
-        let generator = TrafficGenerator::start(
-            vec![Flow {
-                name: "dead".into(),
-                source: thread,
-                destination,
-                mode: FlowMode::ShortConnections {
-                    interval: Duration::from_millis(20),
-                    workers: 1,
-                },
-            }],
-            Timeouts::default(),
-        );
+        let generator =
+            short_connections("dead", thread, destination, Duration::from_millis(20), 1);
         tokio::time::sleep(Duration::from_millis(200)).await;
         let report = generator.stop().await;
         let flow = &report.flows["dead"];
