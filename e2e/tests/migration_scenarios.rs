@@ -7,7 +7,10 @@
 //! eBPF and the rollback restoring it exactly, (4b) an operator that may not patch kube-proxy
 //! refused in Preflight until its RoleBinding is back, (6) kube-proxy owned by Argo CD
 //! (`Managed` refused, `External` waits until the test deletes it, then it comes back), (5) an
-//! agent that never becomes Ready, and the DataplaneConfig deleted mid-transition. A scenario
+//! agent that never becomes Ready, and the DataplaneConfig deleted mid-transition, then both
+//! transitions with the `kubernetes` Service's endpoint dead (`migration/kubernetes_service.rs`:
+//! Switchyard's pods do not depend on the Service they migrate; a probe pod that does goes
+//! through it before, between and after them, and is cut off while it is dead). A scenario
 //! that fails is reported by its own test; the ones after it still run, on a cluster brought
 //! back to the state they start from. `make e2e-operator` starts the cluster, runs the
 //! operator's own cluster tests and then these inside it, and tears it down.
@@ -84,4 +87,10 @@ fn without_a_dataplane_config_nothing_changes_but_a_missing_dataplane_node_is_cr
 #[ignore = "needs the e2e cluster: make e2e-operator"]
 fn without_a_dataplane_config_cleanup_is_withdrawn_where_kube_proxy_runs() {
     run_scenario(Scenario::CleanupWithdrawn);
+}
+
+#[test]
+#[ignore = "needs the e2e cluster: make e2e-operator"]
+fn both_transitions_complete_while_the_kubernetes_services_endpoint_is_dead() {
+    run_scenario(Scenario::KubernetesServiceDead);
 }

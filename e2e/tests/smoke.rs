@@ -463,8 +463,9 @@ async fn a_deployment_process_gets_the_downward_api_and_credentials_and_its_repl
         .unwrap();
     let first = wait_for_probe(&paths, since, None).await;
     let output = process_output(&paths, &first);
+    // The API server as a kubelet names it: the `kubernetes` Service's ClusterIP and port.
     let expected = format!(
-        "PROBE_POD={} PROBE_NODE={} PROBE_APP=probe PROBE_API=10.99.0.1:6443",
+        "PROBE_POD={} PROBE_NODE={} PROBE_APP=probe PROBE_API=10.96.0.1:443",
         first.pod, first.node
     );
     assert!(

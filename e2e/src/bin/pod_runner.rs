@@ -16,16 +16,18 @@ use std::time::Duration;
 
 use clap::Parser;
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
 use kube::runtime::{reflector, watcher, WatchStreamExt};
 use kube::{Api, Client};
 use switchyard_e2e::cluster::{self, ClusterPaths};
 use switchyard_e2e::error::{E2eError, Result};
 use switchyard_e2e::images::ImageTable;
+use switchyard_e2e::netns::named_namespace_path;
 use switchyard_e2e::pod_runner::events::{append_event, now_unix_ms, EventKind, RunnerEvent};
 use switchyard_e2e::pod_runner::plan::{plan, Action, ProcessState, Tracked, Wanted};
 use switchyard_e2e::pod_runner::spec::{
-    process_specs, references, ObjectKeyReference, ProcessKey, ProcessSpec, RunnerContext,
+    process_specs, references, service_environment, ObjectKeyReference, ProcessKey, ProcessSpec,
+    RunnerContext,
 };
 use tracing::{info, warn};
 
@@ -41,11 +43,6 @@ struct Arguments {
     /// The image-to-binary table.
     #[arg(long)]
     images: PathBuf,
-    /// The API server address processes are given (KUBERNETES_SERVICE_HOST).
-    #[arg(long)]
-    apiserver_host: String,
-    #[arg(long, default_value_t = 6443)]
-    apiserver_port: u16,
 }
 
 /// A process the runner started and what it knows of it.
@@ -95,8 +92,7 @@ async fn run(arguments: Arguments) -> Result<()> {
     let mut runner = Runner {
         client: client.clone(),
         context: RunnerContext {
-            apiserver_host: arguments.apiserver_host,
-            apiserver_port: arguments.apiserver_port,
+            kubernetes_service_environment: None,
             node_addresses: BTreeMap::new(),
         },
         paths,
@@ -159,10 +155,38 @@ impl Runner {
         }
     }
 
+    /// Reads the `kubernetes` Service once: its ClusterIP and port become every process's
+    /// KUBERNETES_SERVICE_HOST/PORT, as a kubelet gives them (the Service is created by the
+    /// API server at start and its ClusterIP never changes).
+    async fn read_kubernetes_service(&mut self) {
+        let services = Api::<Service>::namespaced(self.client.clone(), "default");
+        let problem = match services.get_opt("kubernetes").await {
+            Ok(Some(service)) => {
+                let environment = service_environment(&service);
+                if environment.is_empty() {
+                    "it has no ClusterIP or port".to_string()
+                } else {
+                    info!(?environment, "the kubernetes Service's variables");
+                    self.context.kubernetes_service_environment = Some(environment);
+                    return;
+                }
+            }
+            Ok(None) => "it does not exist yet".to_string(),
+            Err(error) => format!("failed to read it: {error}"),
+        };
+        let message = format!("the kubernetes Service: {problem}");
+        if self.reported_problems.insert(message.clone()) {
+            warn!("cannot start processes yet: {message}");
+        }
+    }
+
     async fn reconcile(&mut self, pods: &[Arc<Pod>]) {
         self.reap_exited();
         if self.context.node_addresses.is_empty() {
             self.refresh_node_addresses();
+        }
+        if self.context.kubernetes_service_environment.is_none() {
+            self.read_kubernetes_service().await;
         }
         let mut wanted = Vec::new();
         let mut specs = BTreeMap::new();
@@ -436,13 +460,29 @@ impl Runner {
             path: log_path.clone(),
             source,
         })?;
-        // The node's namespaces, then a mount namespace of the process's own in
+        // The node's network namespace, or the pod's own when it names one (nsenter opens
+        // it here, in the cluster's mount namespace, before entering the node's).
+        let network = match &spec.network_namespace {
+            Some(name) => {
+                let path = named_namespace_path(name);
+                if !path.exists() {
+                    return Err(E2eError::ResolvePodProcess {
+                        pod,
+                        message: format!("its network namespace {} does not exist", path.display()),
+                    });
+                }
+                format!("--net={}", path.display())
+            }
+            None => "-n".to_string(),
+        };
+        // The node's mount namespace, then a mount namespace of the process's own in
         // which its service-account directory is bound at the usual path.
         let mut command = tokio::process::Command::new("nsenter");
         command
             .arg("-t")
             .arg(holder.to_string())
-            .args(["-n", "-m", "--", "unshare", "-m", "--propagation", "private", "--", "/bin/sh", "-c"])
+            .arg(&network)
+            .args(["-m", "--", "unshare", "-m", "--propagation", "private", "--", "/bin/sh", "-c"])
             .arg(concat!(
                 "sa=$1; shift; ",
                 "if [ -n \"$sa\" ]; then mount --bind \"$sa\" /var/run/secrets/kubernetes.io/serviceaccount || exit 97; fi; ",

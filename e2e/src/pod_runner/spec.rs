@@ -20,11 +20,17 @@ pub struct ProcessKey {
     pub container: String,
 }
 
+/// The pod annotation naming a network namespace (made by a test on the pod's node, under
+/// `/run/netns`) for the pod's processes: the e2e cluster's stand-in for a CNI plugin. Pods
+/// without it run in their node's network namespace.
+pub const NETWORK_NAMESPACE_ANNOTATION: &str = "e2e.switchyard.dev/network-namespace";
+
 /// Facts the runner knows about the cluster, not from the pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RunnerContext {
-    pub apiserver_host: String,
-    pub apiserver_port: u16,
+    /// The variables of the `kubernetes` Service every container gets, as a kubelet gives
+    /// them (see [`service_environment`]); `None` until the runner has read the Service.
+    pub kubernetes_service_environment: Option<Vec<(String, String)>>,
     /// InternalIP of each node by name.
     pub node_addresses: BTreeMap<String, String>,
 }
@@ -53,6 +59,9 @@ pub struct ProcessSpec {
     /// The secret holding the service-account token mounted at
     /// [`SERVICE_ACCOUNT_MOUNT_PATH`], if the container mounts one.
     pub service_account_secret: Option<String>,
+    /// The network namespace (a name under `/run/netns`) the process runs in instead of its
+    /// node's, from [`NETWORK_NAMESPACE_ANNOTATION`].
+    pub network_namespace: Option<String>,
     pub grace_period: Duration,
     /// The pod is being deleted (`deletionTimestamp` is set).
     pub deleting: bool,
@@ -65,6 +74,10 @@ pub enum SpecProblem {
     UnknownNodeAddress(String),
     MissingReference(ObjectKeyReference),
     UnsupportedFieldPath(String),
+    /// The runner has not read the `kubernetes` Service yet (a kubelet would not give a
+    /// container an environment without it either).
+    KubernetesServiceUnknown,
+    InvalidNetworkNamespace(String),
 }
 
 impl std::fmt::Display for SpecProblem {
@@ -80,6 +93,13 @@ impl std::fmt::Display for SpecProblem {
             SpecProblem::UnsupportedFieldPath(path) => {
                 write!(formatter, "fieldRef {path} is not supported")
             }
+            SpecProblem::KubernetesServiceUnknown => {
+                write!(formatter, "the kubernetes Service has not been read yet")
+            }
+            SpecProblem::InvalidNetworkNamespace(message) => write!(
+                formatter,
+                "annotation {NETWORK_NAMESPACE_ANNOTATION}: {message}"
+            ),
         }
     }
 }
@@ -252,29 +272,22 @@ fn container_spec(
         .and_then(|status| status.pod_ip.clone())
         .unwrap_or_else(|| node_address.clone());
 
-    // The variables a kubelet gives every container, then the container's own.
-    let mut environment: Vec<(String, String)> = vec![
-        (
-            "KUBERNETES_SERVICE_HOST".into(),
-            context.apiserver_host.clone(),
-        ),
-        (
-            "KUBERNETES_SERVICE_PORT".into(),
-            context.apiserver_port.to_string(),
-        ),
-        (
-            "KUBERNETES_SERVICE_PORT_HTTPS".into(),
-            context.apiserver_port.to_string(),
-        ),
-        (
-            "HOSTNAME".into(),
-            if host_network {
-                node.to_string()
-            } else {
-                pod_name.clone()
-            },
-        ),
-    ];
+    let network_namespace = network_namespace(pod, host_network)?;
+
+    // The variables a kubelet gives every container (the `kubernetes` Service's, so
+    // in-cluster clients go through that Service), then the container's own, which win.
+    let mut environment = context
+        .kubernetes_service_environment
+        .clone()
+        .ok_or(SpecProblem::KubernetesServiceUnknown)?;
+    environment.push((
+        "HOSTNAME".into(),
+        if host_network {
+            node.to_string()
+        } else {
+            pod_name.clone()
+        },
+    ));
     for variable in container.env.iter().flatten() {
         let value = match (&variable.value, &variable.value_from) {
             (_, Some(source)) => {
@@ -366,9 +379,104 @@ fn container_spec(
         arguments,
         environment,
         service_account_secret,
+        network_namespace,
         grace_period: grace_seconds,
         deleting: pod.metadata.deletion_timestamp.is_some(),
     })
+}
+
+/// The network namespace a pod's processes run in, from [`NETWORK_NAMESPACE_ANNOTATION`]: a
+/// plain name (it is joined to `/run/netns`), and never for a `hostNetwork` pod.
+fn network_namespace(pod: &Pod, host_network: bool) -> Result<Option<String>, SpecProblem> {
+    let Some(name) = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|annotations| annotations.get(NETWORK_NAMESPACE_ANNOTATION))
+    else {
+        return Ok(None);
+    };
+    if host_network {
+        return Err(SpecProblem::InvalidNetworkNamespace(
+            "a hostNetwork pod runs in its node's network namespace".into(),
+        ));
+    }
+    let plain = !name.is_empty()
+        && name.len() <= 64
+        && name != "."
+        && name != ".."
+        && name
+            .chars()
+            .all(|character| character.is_ascii_alphanumeric() || "-_.".contains(character));
+    if !plain {
+        return Err(SpecProblem::InvalidNetworkNamespace(format!(
+            "{name:?} is not a plain namespace name"
+        )));
+    }
+    Ok(Some(name.clone()))
+}
+
+/// The variables a kubelet gives every container for a Service (it does so for the
+/// `kubernetes` Service in every pod): `<NAME>_SERVICE_HOST` (the ClusterIP),
+/// `<NAME>_SERVICE_PORT` (the first port), `<NAME>_SERVICE_PORT_<PORT NAME>` per named port,
+/// and Docker's link variables (`<NAME>_PORT=tcp://ip:port` of the first port, and
+/// `<NAME>_PORT_<port>_<PROTOCOL>` with `_PROTO`, `_PORT` and `_ADDR` per port). Names are
+/// upper case with `-` as `_`. A Service without a ClusterIP (headless) or ports gives none.
+pub fn service_environment(service: &k8s_openapi::api::core::v1::Service) -> Vec<(String, String)> {
+    let variable_name = |text: &str| text.replace('-', "_").to_ascii_uppercase();
+    let Some(spec) = service.spec.as_ref() else {
+        return Vec::new();
+    };
+    let cluster_ip = match spec.cluster_ip.as_deref() {
+        Some(ip) if !ip.is_empty() && ip != "None" => ip,
+        _ => return Vec::new(),
+    };
+    let ports = spec.ports.as_deref().unwrap_or_default();
+    let Some(first) = ports.first() else {
+        return Vec::new();
+    };
+    let prefix = variable_name(service.metadata.name.as_deref().unwrap_or_default());
+    let mut environment = vec![
+        (format!("{prefix}_SERVICE_HOST"), cluster_ip.to_string()),
+        (format!("{prefix}_SERVICE_PORT"), first.port.to_string()),
+    ];
+    for port in ports {
+        if let Some(name) = port.name.as_deref().filter(|name| !name.is_empty()) {
+            environment.push((
+                format!("{prefix}_SERVICE_PORT_{}", variable_name(name)),
+                port.port.to_string(),
+            ));
+        }
+    }
+    // An IPv6 ClusterIP is bracketed in a URL.
+    let host_port = |port: i32| match cluster_ip.parse::<std::net::IpAddr>() {
+        Ok(std::net::IpAddr::V6(_)) => format!("[{cluster_ip}]:{port}"),
+        _ => format!("{cluster_ip}:{port}"),
+    };
+    for (index, port) in ports.iter().enumerate() {
+        let protocol = port.protocol.as_deref().unwrap_or("TCP");
+        let url = format!(
+            "{}://{}",
+            protocol.to_ascii_lowercase(),
+            host_port(port.port)
+        );
+        if index == 0 {
+            environment.push((format!("{prefix}_PORT"), url.clone()));
+        }
+        let port_prefix = format!(
+            "{prefix}_PORT_{}_{}",
+            port.port,
+            protocol.to_ascii_uppercase()
+        );
+        environment.push((
+            format!("{port_prefix}_PROTO"),
+            protocol.to_ascii_lowercase(),
+        ));
+        environment.push((format!("{port_prefix}_PORT"), port.port.to_string()));
+        environment.push((format!("{port_prefix}_ADDR"), cluster_ip.to_string()));
+        environment.push((port_prefix, url));
+    }
+    environment
 }
 
 /// The downward API's `fieldRef` values.
@@ -471,10 +579,19 @@ mod tests {
         .unwrap()
     }
 
+    /// The `kubernetes` Service as the 1.20 API server creates it.
+    fn kubernetes_service() -> k8s_openapi::api::core::v1::Service {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "kubernetes", "namespace": "default"},
+            "spec": {"clusterIP": "10.96.0.1", "type": "ClusterIP",
+                     "ports": [{"name": "https", "port": 443, "protocol": "TCP", "targetPort": 6443}]}
+        }))
+        .unwrap()
+    }
+
     fn context() -> RunnerContext {
         RunnerContext {
-            apiserver_host: "10.99.0.1".into(),
-            apiserver_port: 6443,
+            kubernetes_service_environment: Some(service_environment(&kubernetes_service())),
             node_addresses: [("node-2".to_string(), "10.99.0.12".to_string())].into(),
         }
     }
@@ -550,9 +667,14 @@ mod tests {
         assert_eq!(environment_value(&spec, "GREETING"), Some("on node-2"));
         assert_eq!(
             environment_value(&spec, "KUBERNETES_SERVICE_HOST"),
-            Some("10.99.0.1")
+            Some("10.96.0.1")
+        );
+        assert_eq!(
+            environment_value(&spec, "KUBERNETES_SERVICE_PORT"),
+            Some("443")
         );
         assert_eq!(environment_value(&spec, "HOSTNAME"), Some("node-2"));
+        assert_eq!(spec.network_namespace, None);
         assert_eq!(
             spec.service_account_secret.as_deref(),
             Some("kube-proxy-token-x")
@@ -563,6 +685,106 @@ mod tests {
             "daemonset/kube-system/kube-proxy/node-2/kube-proxy"
         );
         assert!(!spec.deleting);
+    }
+
+    #[test]
+    fn every_container_gets_the_kubernetes_services_variables_as_a_kubelet_gives_them() {
+        let mut environment = service_environment(&kubernetes_service());
+        environment.sort();
+        let expected: Vec<(String, String)> = [
+            ("KUBERNETES_PORT", "tcp://10.96.0.1:443"),
+            ("KUBERNETES_PORT_443_TCP", "tcp://10.96.0.1:443"),
+            ("KUBERNETES_PORT_443_TCP_ADDR", "10.96.0.1"),
+            ("KUBERNETES_PORT_443_TCP_PORT", "443"),
+            ("KUBERNETES_PORT_443_TCP_PROTO", "tcp"),
+            ("KUBERNETES_SERVICE_HOST", "10.96.0.1"),
+            ("KUBERNETES_SERVICE_PORT", "443"),
+            ("KUBERNETES_SERVICE_PORT_HTTPS", "443"),
+        ]
+        .iter()
+        .map(|(name, value)| (name.to_string(), value.to_string()))
+        .collect();
+        assert_eq!(environment, expected);
+    }
+
+    #[test]
+    fn a_headless_or_portless_service_gives_no_variables() {
+        let mut headless = kubernetes_service();
+        headless.spec.as_mut().unwrap().cluster_ip = Some("None".into());
+        assert!(service_environment(&headless).is_empty());
+        let mut portless = kubernetes_service();
+        portless.spec.as_mut().unwrap().ports = Some(Vec::new());
+        assert!(service_environment(&portless).is_empty());
+    }
+
+    #[test]
+    fn a_containers_own_api_server_variables_win_over_the_services() {
+        let mut pod = kube_proxy_pod();
+        pod.spec.as_mut().unwrap().containers[0]
+            .env
+            .as_mut()
+            .unwrap()
+            .extend(
+                serde_json::from_value::<Vec<EnvVar>>(serde_json::json!([
+                    {"name": "KUBERNETES_SERVICE_HOST", "value": "10.99.0.1"},
+                    {"name": "KUBERNETES_SERVICE_PORT", "value": "6443"},
+                    {"name": "API", "value": "$(KUBERNETES_SERVICE_HOST):$(KUBERNETES_SERVICE_PORT_HTTPS)"}
+                ]))
+                .unwrap(),
+            );
+        let spec = process_specs(&pod, &images(), &context(), &values())[0]
+            .clone()
+            .unwrap();
+        let hosts: Vec<&str> = spec
+            .environment
+            .iter()
+            .filter(|(name, _)| name == "KUBERNETES_SERVICE_HOST")
+            .map(|(_, value)| value.as_str())
+            .collect();
+        assert_eq!(hosts, vec!["10.99.0.1"], "one value, the container's");
+        assert_eq!(
+            environment_value(&spec, "KUBERNETES_SERVICE_PORT"),
+            Some("6443")
+        );
+        // The Service's other variables stay, and expand in the container's values.
+        assert_eq!(environment_value(&spec, "API"), Some("10.99.0.1:443"));
+    }
+
+    #[test]
+    fn no_process_starts_before_the_kubernetes_service_is_known() {
+        let unknown = RunnerContext {
+            kubernetes_service_environment: None,
+            ..context()
+        };
+        let (key, problem) = process_specs(&kube_proxy_pod(), &images(), &unknown, &values())[0]
+            .clone()
+            .unwrap_err();
+        assert_eq!(key.container, "kube-proxy");
+        assert_eq!(problem, SpecProblem::KubernetesServiceUnknown);
+    }
+
+    #[test]
+    fn a_pod_annotated_with_a_network_namespace_runs_there_unless_it_is_host_network() {
+        let annotated = |name: &str, host_network: bool| {
+            let mut pod = kube_proxy_pod();
+            pod.metadata.annotations =
+                Some([(NETWORK_NAMESPACE_ANNOTATION.to_string(), name.to_string())].into());
+            pod.spec.as_mut().unwrap().host_network = Some(host_network);
+            process_specs(&pod, &images(), &context(), &values())[0].clone()
+        };
+        let spec = annotated("api-probe", false).unwrap();
+        assert_eq!(spec.network_namespace.as_deref(), Some("api-probe"));
+        assert_eq!(
+            environment_value(&spec, "HOSTNAME"),
+            Some("kube-proxy-abcde")
+        );
+        for (name, host_network) in [("api-probe", true), ("../node-1", false), ("", false)] {
+            let (_, problem) = annotated(name, host_network).unwrap_err();
+            assert!(
+                matches!(problem, SpecProblem::InvalidNetworkNamespace(_)),
+                "{name:?} (hostNetwork {host_network}): {problem:?}"
+            );
+        }
     }
 
     #[test]

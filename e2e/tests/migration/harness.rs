@@ -51,10 +51,12 @@ pub enum Scenario {
     ConfigDeleted,
     /// Without a DataplaneConfig, cleanup withdrawn where kube-proxy runs.
     CleanupWithdrawn,
+    /// Both transitions with the `kubernetes` Service's endpoint dead.
+    KubernetesServiceDead,
 }
 
 impl Scenario {
-    pub const ORDER: [Scenario; 10] = [
+    pub const ORDER: [Scenario; 11] = [
         Scenario::HelmInstallToEbpf,
         Scenario::KubectlWait,
         Scenario::AgentUpgrade,
@@ -65,6 +67,7 @@ impl Scenario {
         Scenario::NeverReady,
         Scenario::ConfigDeleted,
         Scenario::CleanupWithdrawn,
+        Scenario::KubernetesServiceDead,
     ];
 
     pub fn title(self) -> &'static str {
@@ -79,6 +82,9 @@ impl Scenario {
             Scenario::NeverReady => "(5) an agent never Ready",
             Scenario::ConfigDeleted => "(5) the DataplaneConfig deleted mid-transition",
             Scenario::CleanupWithdrawn => "without a DataplaneConfig, cleanup withdrawn",
+            Scenario::KubernetesServiceDead => {
+                "there and back with the kubernetes Service's endpoint dead"
+            }
         }
     }
 
@@ -94,7 +100,8 @@ impl Scenario {
             | Scenario::ArgoCd
             | Scenario::NeverReady
             | Scenario::ConfigDeleted
-            | Scenario::CleanupWithdrawn => Some(DataplaneMode::KubeProxy),
+            | Scenario::CleanupWithdrawn
+            | Scenario::KubernetesServiceDead => Some(DataplaneMode::KubeProxy),
         }
     }
 
@@ -110,6 +117,7 @@ impl Scenario {
             Scenario::NeverReady => super::never_ready::play(world).await,
             Scenario::ConfigDeleted => super::never_ready::play_config_deleted(world).await,
             Scenario::CleanupWithdrawn => super::never_ready::play_cleanup_withdrawn(world).await,
+            Scenario::KubernetesServiceDead => super::kubernetes_service::play(world).await,
         }
     }
 }

@@ -4,6 +4,7 @@
 pub mod argo_cd;
 pub mod checks;
 pub mod harness;
+pub mod kubernetes_service;
 pub mod never_ready;
 pub mod not_patchable;
 pub mod operator_killed;
