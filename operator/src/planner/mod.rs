@@ -24,8 +24,9 @@
 //!
 //! # Ebpf -> KubeProxy
 //! `iptablesCleanup: false` everywhere first; `RestoringKubeProxy` (`Managed` restores the
-//! DaemonSet once every node acknowledged the end of cleanup, `External` waits) until every node
-//! reports `KubeProxyHealthy`; `DeactivatingNodes` in batches of `maxUnavailable`, a node told
+//! DaemonSet once every node acknowledged the end of cleanup, which an agent does only once it
+//! has handed kube-proxy's health ports back; `External` waits, its message saying when the
+//! owner may restore kube-proxy) until every node reports `KubeProxyHealthy`; `DeactivatingNodes` in batches of `maxUnavailable`, a node told
 //! `KubeProxy` counting as done once its agent reports it detached; draining nodes are shown,
 //! not counted against `maxUnavailable` nor as failed before their drain timeout; `Ready`.
 //!

@@ -1212,6 +1212,153 @@ fn external_rollback_waits_for_kube_proxy_to_be_restored_by_its_owner() {
     );
 }
 
+/// Applies the plan's DataplaneNode writes to the snapshot, as the API server would (the
+/// generation moves on; the agents' reports stay as they were).
+fn apply_node_writes(cluster: &mut ObservedCluster, plan: &Plan) {
+    for write in &plan.dataplane_nodes {
+        let node = node_mut(cluster, &write.node_name);
+        set_spec(node, write.spec.mode, write.spec.iptables_cleanup, at(0));
+    }
+}
+
+/// An agent that served kube-proxy's health ports reports the spec that takes cleanup away only
+/// once it has closed them: until then its report, however fresh its conditions, names the
+/// older generation. kube-proxy is restored only once every node has reported the new one.
+#[test]
+fn kube_proxy_is_restored_only_once_every_agent_has_reported_the_spec_that_took_its_health_ports_back(
+) {
+    let mut cluster = cluster_on_ebpf();
+    let first = plan(Some(&rollback_config()), &cluster);
+    assert_eq!(first.kube_proxy, KubeProxyAction::None);
+    assert!(
+        first
+            .dataplane_nodes
+            .iter()
+            .all(|write| !write.spec.iptables_cleanup && write.spec.mode == Ebpf),
+        "cleanup, and with it the permission to serve kube-proxy's ports, is taken back first"
+    );
+    let held_generation = node_mut(&mut cluster, "node-2")
+        .dataplane_node
+        .as_ref()
+        .and_then(|node| node.metadata.generation)
+        .expect("node-2's generation");
+    apply_node_writes(&mut cluster, &first);
+    let mut no_rules = Report::following(Ebpf);
+    no_rules.rules_present = false;
+    no_rules.kube_proxy_healthy = false;
+    report(
+        node_mut(&mut cluster, "node-1"),
+        no_rules,
+        None,
+        OLD_REVISION,
+    );
+    // node-2's agent still had the ports open when it wrote this.
+    report(
+        node_mut(&mut cluster, "node-2"),
+        no_rules,
+        Some(held_generation),
+        OLD_REVISION,
+    );
+    let waiting = plan(Some(&rollback_config()), &cluster);
+    assert_eq!(
+        waiting.kube_proxy,
+        KubeProxyAction::None,
+        "node-2 may still hold kube-proxy's healthz port"
+    );
+    assert!(waiting.dataplane_nodes.is_empty());
+    assert!(
+        message(&waiting).contains("node-2") && !message(&waiting).contains("node-1"),
+        "{}",
+        message(&waiting)
+    );
+
+    // The control: node-2 reports the new spec, its ports closed.
+    report(
+        node_mut(&mut cluster, "node-2"),
+        no_rules,
+        None,
+        OLD_REVISION,
+    );
+    let restoring = plan(Some(&rollback_config()), &cluster);
+    assert_eq!(restoring.kube_proxy, KubeProxyAction::Restore);
+}
+
+/// With `External` the operator cannot hold kube-proxy back, so its message says when the owner
+/// may bring it back: not while an agent has not reported the spec that took cleanup away.
+#[test]
+fn an_external_rollback_says_to_restore_kube_proxy_only_once_every_agent_handed_its_ports_back() {
+    let mut config = rollback_config();
+    config.spec.kube_proxy.management = KubeProxyManagement::External;
+    let mut cluster = cluster_on_ebpf();
+    // The owner removed the DaemonSet itself (Switchyard never touched it).
+    cluster.kube_proxy_daemon_set = None;
+    let first = plan(Some(&config), &cluster);
+    apply_node_writes(&mut cluster, &first);
+    let mut no_rules = Report::following(Ebpf);
+    no_rules.rules_present = false;
+    no_rules.kube_proxy_healthy = false;
+    report(
+        node_mut(&mut cluster, "node-1"),
+        no_rules,
+        None,
+        OLD_REVISION,
+    );
+    let waiting = plan(Some(&config), &cluster);
+    assert_eq!(waiting.kube_proxy, KubeProxyAction::None);
+    assert!(
+        message(&waiting).contains("node-2")
+            && message(&waiting).contains("restore kube-proxy only then"),
+        "{}",
+        message(&waiting)
+    );
+
+    report(
+        node_mut(&mut cluster, "node-2"),
+        no_rules,
+        None,
+        OLD_REVISION,
+    );
+    let now_it_may = plan(Some(&config), &cluster);
+    assert_eq!(
+        now_it_may.kube_proxy,
+        KubeProxyAction::None,
+        "External: the operator never restores"
+    );
+    assert!(
+        message(&now_it_may)
+            .contains("waiting for kube-proxy to be healthy (restored by its owner")
+            && !message(&now_it_may).contains("only then"),
+        "{}",
+        message(&now_it_may)
+    );
+}
+
+/// A node that failed (its agent gone, never reporting) does not hold the way back forever: an
+/// agent that is there hands kube-proxy's ports back as soon as it sees kube-proxy's rules.
+#[test]
+fn a_failed_node_that_never_reports_the_new_spec_does_not_hold_back_the_restore() {
+    let mut config = rollback_config();
+    config.spec.rollout.max_failed_nodes = 1;
+    let mut cluster = cluster_on_ebpf();
+    let first = plan(Some(&config), &cluster);
+    apply_node_writes(&mut cluster, &first);
+    let mut no_rules = Report::following(Ebpf);
+    no_rules.rules_present = false;
+    no_rules.kube_proxy_healthy = false;
+    report(
+        node_mut(&mut cluster, "node-1"),
+        no_rules,
+        None,
+        OLD_REVISION,
+    );
+    let waiting = plan(Some(&config), &cluster);
+    assert_eq!(waiting.kube_proxy, KubeProxyAction::None, "not failed yet");
+    // Past node-2's timeout, its report still on the spec before.
+    cluster.now = at(3_600);
+    let restoring = plan(Some(&config), &cluster);
+    assert_eq!(restoring.kube_proxy, KubeProxyAction::Restore);
+}
+
 #[test]
 fn a_kube_proxy_disabled_by_switchyard_is_restored_by_it_even_after_management_became_external() {
     let mut config = rollback_config();

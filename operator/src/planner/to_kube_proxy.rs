@@ -26,9 +26,14 @@ impl<'a> Context<'a> {
         // What Switchyard disabled, Switchyard restores, even if management became External
         // since: nobody else knows the nodeSelector it recorded.
         let restore_pending = daemon_set.is_some_and(|set| set.disabled_by_switchyard);
-        // Agents must have stopped cleaning kube-proxy's rules before kube-proxy comes back, so
-        // the two never fight over them: nodes still told to clean, or whose agent has not yet
-        // reported on its current spec.
+        // Agents must have stopped cleaning kube-proxy's rules and handed its health ports back
+        // (its healthz and the healthCheckNodePorts, which an agent serves only while told
+        // `Ebpf` with cleanup) before kube-proxy comes back, so the two never fight over them
+        // and kube-proxy binds its ports at once: nodes still told to clean, or whose agent has
+        // not yet reported on its current spec (an agent reports a spec only once it has acted
+        // on it, ports closed). A failed node is not waited for: the rollback must not hang on
+        // a node whose agent is gone, and an agent that is there gives the ports back as soon
+        // as it sees kube-proxy's rules.
         let still_cleaning = self.names_where(|index, node| {
             !self.failed[index]
                 && (node.cleanup_requested() || (node.status.is_some() && !node.acknowledged))
@@ -84,10 +89,19 @@ impl<'a> Context<'a> {
                 (false, _) => " (restored by its owner: spec.kubeProxy.management External)",
                 (true, Some(_)) => "",
             };
-            decision.message = format!(
-                "waiting for kube-proxy to be healthy{who} on {} before any node leaves eBPF",
-                name_list(unhealthy.iter().copied())
-            );
+            decision.message = if !managed && !still_cleaning.is_empty() {
+                // The owner restores kube-proxy when it likes; this tells it when it may
+                // without kube-proxy finding its ports taken.
+                format!(
+                    "{} (kube-proxy's health ports handed back); restore kube-proxy only then{who}",
+                    waiting_for_cleanup_to_stop()
+                )
+            } else {
+                format!(
+                    "waiting for kube-proxy to be healthy{who} on {} before any node leaves eBPF",
+                    name_list(unhealthy.iter().copied())
+                )
+            };
             return decision;
         }
         if not_detached.is_empty() {

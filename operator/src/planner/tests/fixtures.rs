@@ -546,6 +546,13 @@ pub(super) fn check_invariants(
                 !node.cleanup_requested() || node.failed(&settings, now),
                 "kube-proxy restored while {name} is told to clean"
             );
+            // An agent reports a spec only once it has closed kube-proxy's health ports, which
+            // it may serve only while told to clean: every agent that ever reported has
+            // reported the spec without cleanup, so none holds them when kube-proxy starts.
+            assert!(
+                node.status.is_none() || node.acknowledged || node.failed(&settings, now),
+                "kube-proxy restored while {name}'s agent has not reported its current spec"
+            );
         }
     }
 
