@@ -51,7 +51,8 @@ rule_triples() {
 }
 # The agent's ClusterRole grants exactly this, nothing more (least privilege): it
 # watches Services, EndpointSlices, its Node and its DataplaneNode, and writes
-# only the DataplaneNode status (Server-Side Apply). It emits no Events.
+# only the DataplaneNode status (Server-Side Apply). Its Events (about its
+# DataplaneNode, so in `default`) come from a Role there: expected_agent_event_rules.
 expected_agent_rules() {
   rule_triples <<'RULES'
 rules:
@@ -69,12 +70,24 @@ rules:
     verbs: [get, patch, update]
 RULES
 }
+expected_agent_event_rules() {
+  rule_triples <<'RULES'
+rules:
+  - apiGroups: [""]
+    resources: [events]
+    verbs: [create, get, patch]
+RULES
+}
 agent_rules_are_least_privilege() {
   local file=$1
   [ "$(object ClusterRole switchyard-agent <"$file" | grep -c '^kind: ClusterRole$')" -eq 1 ] ||
     { echo "expected exactly one ClusterRole switchyard-agent"; return 1; }
   diff <(expected_agent_rules) <(object ClusterRole switchyard-agent <"$file" | rule_triples) ||
     { echo "(< expected, > rendered) the agent's ClusterRole differs from its least-privilege rules"; return 1; }
+  object Role switchyard-agent-events <"$file" | grep -q '^  namespace: default$' ||
+    { echo "expected the Role switchyard-agent-events in default, where Events about cluster-scoped objects live"; return 1; }
+  diff <(expected_agent_event_rules) <(object Role switchyard-agent-events <"$file" | rule_triples) ||
+    { echo "(< expected, > rendered) the agent's Events Role differs from its least-privilege rules"; return 1; }
   # No other (Cluster)Role may be bound to the agent's ServiceAccount.
   local bound
   bound=$(awk 'BEGIN { RS = "\n---\n" }
@@ -82,9 +95,9 @@ agent_rules_are_least_privilege() {
       kind = $0; sub(/.*\nroleRef:\n(  [^\n]*\n)*  kind: /, "", kind); sub(/\n.*/, "", kind)
       name = $0; sub(/.*\nroleRef:\n(  [^\n]*\n)*  name: /, "", name); sub(/\n.*/, "", name)
       print kind "/" name
-    }' "$file")
-  [ "$bound" = ClusterRole/switchyard-agent ] ||
-    { echo "the agent ServiceAccount is bound to: ${bound:-nothing} (expected ClusterRole/switchyard-agent only)"; return 1; }
+    }' "$file" | sort | paste -sd ' ')
+  [ "$bound" = "ClusterRole/switchyard-agent Role/switchyard-agent-events" ] ||
+    { echo "the agent ServiceAccount is bound to: ${bound:-nothing} (expected ClusterRole/switchyard-agent and Role/switchyard-agent-events only)"; return 1; }
 }
 # no_cluster_wide_pod_reads FILE: no ClusterRole lets anyone list or watch Pods
 # (the operator reads them only in the agent's and kube-proxy's namespaces,
@@ -175,18 +188,28 @@ check "the operator runs as non-root with a read-only root filesystem" \
 check "the agent tolerates every taint" grep -q -- '- operator: Exists' "$rendered"
 check "the agent may write only the status of DataplaneNodes" \
   bash -c "grep -A2 'resources: \[dataplanenodes/status\]' '$rendered' | grep -q 'verbs: \[get, patch, update\]' && ! grep -B3 'verbs: \[get, list, watch, create, patch, update\]' '$rendered' | grep -q switchyard-agent"
-check "the agent's RBAC is exactly its least-privilege rules (no Events, no writes but DataplaneNode status)" \
+check "the agent's RBAC is exactly its least-privilege rules (writes only DataplaneNode status and Events in default)" \
   agent_rules_are_least_privilege "$rendered"
 check "the agent's RBAC stays least-privilege with every optional object rendered" \
-  bash -c "$(declare -f render object rule_triples expected_agent_rules agent_rules_are_least_privilege); helm='$helm' chart='$chart'
+  bash -c "$(declare -f render object rule_triples expected_agent_rules expected_agent_event_rules agent_rules_are_least_privilege); helm='$helm' chart='$chart'
     all=\$(mktemp); trap 'rm -f \$all' EXIT
     render --set dataplaneConfig.create=true --set serviceMonitor.enabled=true --set operator.applyCrds=false >\$all &&
     agent_rules_are_least_privilege \$all"
 check "the rule parser of these checks sees a widened agent rule" \
-  bash -c "$(declare -f object rule_triples expected_agent_rules agent_rules_are_least_privilege)
+  bash -c "$(declare -f object rule_triples expected_agent_rules expected_agent_event_rules agent_rules_are_least_privilege)
     widened=\$(mktemp); trap 'rm -f \$widened' EXIT
     sed '/^  name: switchyard-agent\$/,/^---/ s/^    verbs: \[get, patch, update\]\$/    verbs: [get, patch, update, delete]/' '$rendered' >\$widened &&
     ! cmp -s '$rendered' \$widened && ! agent_rules_are_least_privilege \$widened"
+check "the rule parser of these checks sees a widened agent Events rule" \
+  bash -c "$(declare -f object rule_triples expected_agent_rules expected_agent_event_rules agent_rules_are_least_privilege)
+    widened=\$(mktemp); trap 'rm -f \$widened' EXIT
+    sed '/^  name: switchyard-agent-events\$/,/^---/ s/^    verbs: \[create, get, patch\]\$/    verbs: [create, get, patch, delete, list]/' '$rendered' >\$widened &&
+    ! cmp -s '$rendered' \$widened && ! agent_rules_are_least_privilege \$widened"
+check "the agent records Events only in default, not cluster-wide" \
+  bash -c "$(declare -f object rule_triples expected_agent_rules expected_agent_event_rules agent_rules_are_least_privilege)
+    moved=\$(mktemp); trap 'rm -f \$moved' EXIT
+    sed '/^  name: switchyard-agent-events\$/,/^---/ s/^  namespace: default\$/  namespace: kube-system/' '$rendered' >\$moved &&
+    ! cmp -s '$rendered' \$moved && ! agent_rules_are_least_privilege \$moved"
 check "no ClusterRole lets the operator (or anyone) list or watch Pods cluster-wide" \
   no_cluster_wide_pod_reads "$rendered"
 check "the operator reads Pods in the agent's namespace and in kube-proxy's (Roles)" \

@@ -1,32 +1,20 @@
 //! Events for every step the operator takes and every step it refuses.
 //!
-//! kube-rs's recorder writes `events.k8s.io/v1` Events, which carry `eventTime`; for an object
-//! without a namespace (DataplaneConfig, DataplaneNode, Node) it puts them in `default`. A
-//! Kubernetes 1.20 API server validates such an Event with the legacy rules: an Event with an
-//! `eventTime` about a cluster-scoped object must live in `kube-system`, so it answers 422
-//! "involvedObject.namespace: Invalid value: \"\": does not match event.namespace". An Event
-//! without `eventTime` about a cluster-scoped object may live in `default`, on 1.20 and on every
-//! later release. So the operator writes `core/v1` Events without `eventTime`, in the involved
-//! object's namespace, or `default` for cluster-scoped objects.
-//!
-//! Repeated Events are aggregated the way client-go does: the name is derived from the
-//! involved object, the reason and the message, so the same Event again bumps `count` and
-//! `lastTimestamp` on the existing object instead of creating another.
-
-use std::hash::{Hash, Hasher};
+//! How an Event is shaped, named, aggregated and written (core/v1 without `eventTime`, so a
+//! Kubernetes 1.20 API server accepts Events about cluster-scoped objects) is shared with the
+//! agent: see [`switchyard_telemetry::events`]. This module names the operator as the reporter
+//! and turns a failed write into the operator's error.
 
 use chrono::{DateTime, Utc};
-use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
-use k8s_openapi::jiff::Timestamp;
-use kube::api::{Patch, PatchParams, PostParams};
-use kube::{Api, Client, Resource, ResourceExt};
-use serde_json::json;
+use k8s_openapi::api::core::v1::{Event, ObjectReference};
+use kube::Client;
+use switchyard_telemetry::events::{self as shared, Publisher, Reporter};
 
 use crate::error::Error;
 
 mod steps;
 
+pub use shared::{event_name, reference_to, EventType, Occurrence};
 pub use steps::{
     bulk_creation, creation, refusal, steps_of, unsupported_service, Steps,
     UNSUPPORTED_BY_DATAPLANE,
@@ -35,172 +23,34 @@ pub use steps::{
 /// The component named in every Event (`source.component`, `reportingComponent`).
 pub const REPORTING_COMPONENT: &str = "switchyard-operator";
 
-/// The namespace an Event about a cluster-scoped object lives in.
-const CLUSTER_SCOPED_EVENT_NAMESPACE: &str = "default";
-
-/// Whether an Event reports normal progress or something that needs attention.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum EventType {
-    Normal,
-    Warning,
-}
-
-impl EventType {
-    fn as_str(self) -> &'static str {
-        match self {
-            Self::Normal => "Normal",
-            Self::Warning => "Warning",
-        }
-    }
-}
-
-/// What happened, before it becomes an Event about some object.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct Occurrence {
-    pub type_: EventType,
-    /// A CamelCase reason (for example `KubeProxyDisabled`).
-    pub reason: String,
-    /// What the operator did or refused (for example `Disable`), for `kubectl get events -o wide`.
-    pub action: String,
-    pub message: String,
-}
-
-impl Occurrence {
-    pub fn normal(reason: &str, action: &str, message: impl Into<String>) -> Self {
-        Self {
-            type_: EventType::Normal,
-            reason: reason.to_owned(),
-            action: action.to_owned(),
-            message: message.into(),
-        }
-    }
-
-    pub fn warning(reason: &str, action: &str, message: impl Into<String>) -> Self {
-        Self {
-            type_: EventType::Warning,
-            reason: reason.to_owned(),
-            action: action.to_owned(),
-            message: message.into(),
-        }
-    }
-}
-
-/// A reference to `object` for `involvedObject`.
-pub fn reference_to<K: Resource<DynamicType = ()>>(object: &K) -> ObjectReference {
-    ObjectReference {
-        api_version: Some(K::api_version(&()).into_owned()),
-        kind: Some(K::kind(&()).into_owned()),
-        name: object.meta().name.clone(),
-        namespace: object.meta().namespace.clone(),
-        uid: object.meta().uid.clone(),
-        resource_version: None,
-        field_path: None,
-    }
-}
-
-/// The Event to create for `occurrence` about `involved`, first seen at `now`. No `eventTime`,
-/// and the namespace rule above, so that every API server from 1.20 on accepts it.
+/// The Event to create for `occurrence` about `involved`, reported by this operator instance.
 pub fn build_event(
     involved: &ObjectReference,
     occurrence: &Occurrence,
     reporting_instance: &str,
     now: DateTime<Utc>,
 ) -> Event {
-    let namespace = involved
-        .namespace
-        .clone()
-        .filter(|namespace| !namespace.is_empty())
-        .unwrap_or_else(|| CLUSTER_SCOPED_EVENT_NAMESPACE.to_owned());
-    let time = to_time(now);
-    Event {
-        metadata: ObjectMeta {
-            name: Some(event_name(involved, occurrence)),
-            namespace: Some(namespace),
-            ..ObjectMeta::default()
-        },
-        involved_object: involved.clone(),
-        type_: Some(occurrence.type_.as_str().to_owned()),
-        reason: Some(occurrence.reason.clone()),
-        action: Some(occurrence.action.clone()),
-        message: Some(truncate_message(&occurrence.message)),
-        source: Some(EventSource {
-            component: Some(REPORTING_COMPONENT.to_owned()),
-            host: None,
-        }),
-        reporting_component: Some(REPORTING_COMPONENT.to_owned()),
-        reporting_instance: Some(reporting_instance.to_owned()),
-        first_timestamp: Some(time.clone()),
-        last_timestamp: Some(time),
-        count: Some(1),
-        event_time: None,
-        series: None,
-        related: None,
-    }
-}
-
-/// `<object name>.<hash of what happened>`: stable, so a repeat finds the earlier Event.
-pub fn event_name(involved: &ObjectReference, occurrence: &Occurrence) -> String {
-    // FNV-1a: stable across processes and releases (std's SipHash keys are not guaranteed to be).
-    let mut hasher = Fnv1a::default();
-    involved.kind.hash(&mut hasher);
-    involved.name.hash(&mut hasher);
-    involved.uid.hash(&mut hasher);
-    occurrence.hash(&mut hasher);
-    let object_name = involved.name.as_deref().unwrap_or("unnamed");
-    // Names are at most 253 characters; the hash takes 17 with its dot.
-    let prefix: String = object_name.chars().take(200).collect();
-    format!("{prefix}.{:016x}", hasher.finish())
-}
-
-/// Messages longer than an Event allows (1 KiB is what kubectl shows well; the API allows more,
-/// but a runaway list of node names should not make a write fail).
-fn truncate_message(message: &str) -> String {
-    const LIMIT: usize = 1024;
-    if message.len() <= LIMIT {
-        return message.to_owned();
-    }
-    let mut end = LIMIT - 3;
-    while !message.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}...", &message[..end])
-}
-
-fn to_time(time: DateTime<Utc>) -> Time {
-    Time(Timestamp::from_second(time.timestamp()).unwrap_or(Timestamp::UNIX_EPOCH))
-}
-
-#[derive(Default)]
-struct Fnv1a(u64);
-
-impl Hasher for Fnv1a {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        if self.0 == 0 {
-            self.0 = 0xcbf2_9ce4_8422_2325;
-        }
-        for byte in bytes {
-            self.0 ^= u64::from(*byte);
-            self.0 = self.0.wrapping_mul(0x0100_0000_01b3);
-        }
-    }
+    shared::build_event(
+        involved,
+        occurrence,
+        &Reporter::new(REPORTING_COMPONENT, reporting_instance),
+        now,
+    )
 }
 
 /// Writes Events through the API.
 #[derive(Clone)]
 pub struct Recorder {
-    client: Client,
-    reporting_instance: String,
+    publisher: Publisher,
 }
 
 impl Recorder {
     pub fn new(client: Client, reporting_instance: impl Into<String>) -> Self {
         Self {
-            client,
-            reporting_instance: reporting_instance.into(),
+            publisher: Publisher::new(
+                client,
+                Reporter::new(REPORTING_COMPONENT, reporting_instance),
+            ),
         }
     }
 
@@ -211,38 +61,13 @@ impl Recorder {
         involved: &ObjectReference,
         occurrence: &Occurrence,
     ) -> Result<(), Error> {
-        let event = build_event(involved, occurrence, &self.reporting_instance, Utc::now());
-        let namespace = event.metadata.namespace.clone().unwrap_or_default();
-        let name = event.name_any();
-        let events: Api<Event> = Api::namespaced(self.client.clone(), &namespace);
-        match events.create(&PostParams::default(), &event).await {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(status)) if status.code == 409 => {
-                let existing = events
-                    .get(&name)
-                    .await
-                    .map_err(|source| Error::PublishEvent {
-                        name: name.clone(),
-                        source: source.into(),
-                    })?;
-                let patch = json!({
-                    "count": existing.count.unwrap_or(1).saturating_add(1),
-                    "lastTimestamp": event.last_timestamp,
-                });
-                events
-                    .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                    .await
-                    .map(|_| ())
-                    .map_err(|source| Error::PublishEvent {
-                        name,
-                        source: source.into(),
-                    })
-            }
-            Err(source) => Err(Error::PublishEvent {
-                name,
-                source: source.into(),
-            }),
-        }
+        self.publisher
+            .publish(involved, occurrence)
+            .await
+            .map_err(|error| Error::PublishEvent {
+                name: error.name,
+                source: error.source.into(),
+            })
     }
 
     /// Like [`Self::publish`], but a failure is only logged: an Event that cannot be written must
@@ -259,88 +84,43 @@ mod tests {
     use super::*;
     use switchyard_crds::{DataplaneConfig, DataplaneConfigSpec};
 
-    fn config_reference() -> ObjectReference {
+    /// The shape and naming rules are the shared module's (tested there); here, that the
+    /// operator names itself and that a CRD's reference carries its API version.
+    #[test]
+    fn the_operators_events_name_the_operator_and_the_crds_api_version() {
         let mut config = DataplaneConfig::new("default", DataplaneConfigSpec::default());
         config.metadata.uid = Some("0b7c".into());
-        reference_to(&config)
-    }
-
-    fn now() -> DateTime<Utc> {
-        DateTime::parse_from_rfc3339("2026-11-22T01:18:18.250Z")
-            .unwrap()
-            .with_timezone(&Utc)
-    }
-
-    #[test]
-    fn events_about_cluster_scoped_objects_live_in_default_without_an_event_time() {
         let occurrence = Occurrence::normal("KubeProxyDisabled", "Disable", "kube-proxy disabled");
-        let event = build_event(&config_reference(), &occurrence, "operator-0", now());
-        assert_eq!(event.metadata.namespace.as_deref(), Some("default"));
-        assert_eq!(event.involved_object.namespace, None);
-        assert_eq!(
-            event.event_time, None,
-            "1.20 rejects eventTime on cluster-scoped Events outside kube-system"
-        );
-        assert_eq!(
-            event.involved_object.kind.as_deref(),
-            Some("DataplaneConfig")
+        let event = build_event(
+            &reference_to(&config),
+            &occurrence,
+            "operator-0",
+            Utc::now(),
         );
         assert_eq!(
             event.involved_object.api_version.as_deref(),
             Some("switchyard.dev/v1alpha1")
         );
-        assert_eq!(event.count, Some(1));
-        let serialized = serde_json::to_value(&event).unwrap();
-        assert_eq!(serialized["firstTimestamp"], "2026-11-22T01:18:18Z");
-        assert!(serialized.get("eventTime").is_none());
-        assert_eq!(serialized["source"]["component"], REPORTING_COMPONENT);
-    }
-
-    #[test]
-    fn events_about_namespaced_objects_live_in_the_objects_namespace() {
-        let reference = ObjectReference {
-            api_version: Some("apps/v1".into()),
-            kind: Some("DaemonSet".into()),
-            name: Some("kube-proxy".into()),
-            namespace: Some("kube-system".into()),
-            ..ObjectReference::default()
-        };
-        let occurrence = Occurrence::normal("KubeProxyDisabled", "Disable", "disabled");
-        let event = build_event(&reference, &occurrence, "operator-0", now());
-        assert_eq!(event.metadata.namespace.as_deref(), Some("kube-system"));
-    }
-
-    #[test]
-    fn the_same_occurrence_gets_the_same_name_and_a_different_one_another() {
-        let reference = config_reference();
-        let disabled = Occurrence::normal("KubeProxyDisabled", "Disable", "disabled");
-        let restored = Occurrence::normal("KubeProxyRestored", "Restore", "restored");
         assert_eq!(
-            event_name(&reference, &disabled),
-            event_name(&reference, &disabled.clone())
+            event.source.and_then(|source| source.component).as_deref(),
+            Some(REPORTING_COMPONENT)
         );
-        assert_ne!(
-            event_name(&reference, &disabled),
-            event_name(&reference, &restored)
+        assert_eq!(
+            event.reporting_component.as_deref(),
+            Some(REPORTING_COMPONENT)
         );
-        assert!(event_name(&reference, &disabled).starts_with("default."));
+        assert_eq!(event.reporting_instance.as_deref(), Some("operator-0"));
     }
 
     #[test]
-    fn event_names_are_stable_across_releases() {
-        // A changed hash would make every operator upgrade duplicate the Events of the last hour.
-        let reference = config_reference();
+    fn event_names_are_unchanged_by_the_move_to_the_shared_module() {
+        // The same name as before the move: an upgrade must not duplicate recent Events.
+        let mut config = DataplaneConfig::new("default", DataplaneConfigSpec::default());
+        config.metadata.uid = Some("0b7c".into());
         let occurrence = Occurrence::warning("KubeProxyManagedExternally", "Disable", "refused");
         assert_eq!(
-            event_name(&reference, &occurrence),
+            event_name(&reference_to(&config), &occurrence),
             "default.cc569294cf76d4e2"
         );
-    }
-
-    #[test]
-    fn long_messages_are_cut_at_a_character_boundary() {
-        let message = "é".repeat(2000);
-        let cut = truncate_message(&message);
-        assert!(cut.len() <= 1024 && cut.ends_with("..."));
     }
 }

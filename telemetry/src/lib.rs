@@ -9,6 +9,10 @@
 //! It is deliberately tiny (hyper's HTTP/1 server, no framework): it must never be what keeps a
 //! process from starting, and it must answer while the process's real work is blocked (an
 //! operator waiting for its leader Lease is live but not acting).
+//!
+//! [`events`] is the other thing both processes share: how they write Kubernetes Events.
+
+pub mod events;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
