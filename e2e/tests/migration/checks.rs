@@ -1,12 +1,16 @@
-//! What the migration scenarios share: reading the audit log, waiting for a DataplaneConfig to
-//! be Ready while printing the transition, the phases a transition went through, long-lived
-//! connections kept intact, kube-proxy's rules seen coming back, and a capture of the client
-//! pod's ICMP and ARP for diagnosing a failed connection.
+//! What the migration scenarios share: the recorders of a transition's writes, reading the
+//! audit log, waiting for a DataplaneConfig to be Ready while printing the transition, the
+//! phases a transition went through, long-lived connections kept intact, kube-proxy's rules
+//! seen coming back, and a capture of the client pod's ICMP and ARP for diagnosing a failed
+//! connection.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
 use switchyard_crds::{
     condition_types, find_condition, ConditionStatus, DataplaneConfig, DataplaneMode,
     DataplaneNode, DataplanePhase,
@@ -15,6 +19,53 @@ use switchyard_e2e::audit::AuditEvent;
 use switchyard_e2e::traffic::{TrafficGenerator, TrafficReport};
 
 use crate::migration_support::*;
+
+/// The recorders of a KubeProxy -> Ebpf transition's writes, by etcd revision: every
+/// DataplaneNode, the kube-proxy DaemonSet and its pods.
+pub struct TransitionRecorders {
+    pub dataplane_nodes: Recorder<DataplaneNode>,
+    pub daemon_sets: Recorder<DaemonSet>,
+    pub kube_proxy_pods: Recorder<Pod>,
+}
+
+impl TransitionRecorders {
+    /// Starts the three recorders, each from a list of what is there now.
+    pub async fn start(world: &World) -> Self {
+        Self {
+            dataplane_nodes: Recorder::start_listed(Api::all(world.client.clone()))
+                .await
+                .expect("record DataplaneNodes"),
+            daemon_sets: Recorder::start_listed(world.kube_proxy_daemon_set())
+                .await
+                .expect("record DaemonSets"),
+            kube_proxy_pods: Recorder::start_listed(world.kube_proxy_pods())
+                .await
+                .expect("record kube-proxy pods"),
+        }
+    }
+
+    /// Waits until the recorders have every write of the transition: a watch delivers a moment
+    /// after the write, and a deleted pod is no longer listed, so the deletion of each of
+    /// `pods_before` (kube-proxy's pods by node, before the transition) is waited for by name.
+    pub async fn wait_caught_up(&self, world: &World, pods_before: &BTreeMap<String, String>) {
+        self.dataplane_nodes
+            .wait_caught_up(&Api::all(world.client.clone()))
+            .await
+            .expect("DataplaneNodes recorded");
+        self.daemon_sets
+            .wait_caught_up(&world.kube_proxy_daemon_set())
+            .await
+            .expect("the kube-proxy DaemonSet recorded");
+        self.kube_proxy_pods
+            .wait_recorded("the deletion of every kube-proxy pod", |versions| {
+                pods_before
+                    .values()
+                    .all(|pod| revision_deleted(versions, pod).is_some())
+            })
+            .await
+            .expect("kube-proxy pods recorded");
+    }
+}
 
 /// Long-lived connections opened from each client before the transitions of (1) and (3).
 pub const LONG_LIVED: usize = 20;

@@ -3,8 +3,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant, SystemTime};
 
-use kube::Api;
-use switchyard_crds::{DataplaneMode, DataplaneNode, DataplanePhase};
+use switchyard_crds::{DataplaneMode, DataplanePhase};
 use switchyard_e2e::audit::{read_audit_events, AuditEvent};
 use switchyard_e2e::wait::{hold_for, Check, WaitOptions};
 
@@ -26,16 +25,7 @@ pub async fn play(world: &World) {
         .await
         .expect("traffic through kube-proxy");
     let traffic = &generator;
-    let dataplane_nodes_api = Api::<DataplaneNode>::all(world.client.clone());
-    let dataplane_nodes = Recorder::start_listed(dataplane_nodes_api.clone())
-        .await
-        .expect("record DataplaneNodes");
-    let daemon_sets = Recorder::start_listed(world.kube_proxy_daemon_set())
-        .await
-        .expect("record DaemonSets");
-    let kube_proxy_pods = Recorder::start_listed(world.kube_proxy_pods())
-        .await
-        .expect("record kube-proxy pods");
+    let recorders = TransitionRecorders::start(world).await;
     let pods = world
         .kube_proxy_pods_by_node()
         .await
@@ -249,22 +239,7 @@ pub async fn play(world: &World) {
         );
     }
     // The evidence (the recorders have every write of the transition first).
-    dataplane_nodes
-        .wait_caught_up(&dataplane_nodes_api)
-        .await
-        .expect("DataplaneNodes recorded");
-    daemon_sets
-        .wait_caught_up(&world.kube_proxy_daemon_set())
-        .await
-        .expect("the kube-proxy DaemonSet recorded");
-    kube_proxy_pods
-        .wait_recorded("the deletion of every kube-proxy pod", |versions| {
-            pod_names
-                .values()
-                .all(|pod| revision_deleted(versions, pod).is_some())
-        })
-        .await
-        .expect("kube-proxy pods recorded");
+    recorders.wait_caught_up(world, &pod_names).await;
     let nodes = world.dataplane_nodes().await.expect("list");
     for node in NODES {
         assert_eq!(
@@ -289,15 +264,16 @@ pub async fn play(world: &World) {
         daemon_set_patches, 1,
         "patches of kube-proxy by the operator"
     );
-    let disabled_revision = daemon_sets
+    let disabled_revision = recorders
+        .daemon_sets
         .versions()
         .iter()
         .filter(|version| version.revision > start_revision && kube_proxy_disabled(&version.object))
         .map(|version| version.revision)
         .min()
         .expect("the kube-proxy DaemonSet was disabled");
-    let node_versions = dataplane_nodes.versions();
-    let pod_versions = kube_proxy_pods.versions();
+    let node_versions = recorders.dataplane_nodes.versions();
+    let pod_versions = recorders.kube_proxy_pods.versions();
     for node in NODES {
         let instructions: Vec<SystemTime> =
             audit_writes(&audit, OPERATOR_SERVICE_ACCOUNT, "patch", "dataplanenodes")

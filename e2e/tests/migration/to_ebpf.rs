@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use switchyard_crds::{
     condition_types, find_condition, ConditionStatus, DataplaneConfig, DataplaneMode,
-    DataplaneNode, DataplanePhase,
+    DataplanePhase,
 };
 use switchyard_e2e::audit::{read_audit_events, AuditEvent};
 
@@ -100,16 +100,7 @@ pub async fn play(world: &World, shared: &mut Shared) {
         "no DataplaneNodeCreated Event about node-1"
     );
 
-    let dataplane_nodes_api = Api::<DataplaneNode>::all(world.client.clone());
-    let dataplane_nodes = Recorder::start_listed(dataplane_nodes_api.clone())
-        .await
-        .expect("record DataplaneNodes");
-    let daemon_sets = Recorder::start_listed(world.kube_proxy_daemon_set())
-        .await
-        .expect("record DaemonSets");
-    let kube_proxy_pods = Recorder::start_listed(world.kube_proxy_pods())
-        .await
-        .expect("record kube-proxy pods");
+    let recorders = TransitionRecorders::start(world).await;
     // kube-proxy's pod on each node, before anything changes.
     let pods_before: BTreeMap<String, String> = {
         let pods = kube::Api::<Pod>::namespaced(world.client.clone(), "kube-system")
@@ -200,35 +191,19 @@ pub async fn play(world: &World, shared: &mut Shared) {
         listing,
     });
 
-    // The recorders have every write of the transition (a watch delivers a moment after the
-    // write; a deleted pod is no longer listed, so its deletion is waited for by name).
-    dataplane_nodes
-        .wait_caught_up(&dataplane_nodes_api)
-        .await
-        .expect("DataplaneNodes recorded");
-    daemon_sets
-        .wait_caught_up(&world.kube_proxy_daemon_set())
-        .await
-        .expect("the kube-proxy DaemonSet recorded");
-    kube_proxy_pods
-        .wait_recorded("the deletion of every kube-proxy pod", |versions| {
-            pods_before
-                .values()
-                .all(|pod| revision_deleted(versions, pod).is_some())
-        })
-        .await
-        .expect("kube-proxy pods recorded");
+    recorders.wait_caught_up(world, &pods_before).await;
 
     // Orderings, by etcd revision.
-    let node_versions = dataplane_nodes.versions();
-    let disabled_revision = daemon_sets
+    let node_versions = recorders.dataplane_nodes.versions();
+    let disabled_revision = recorders
+        .daemon_sets
         .versions()
         .iter()
         .filter(|version| version.revision > start_revision && kube_proxy_disabled(&version.object))
         .map(|version| version.revision)
         .min()
         .expect("the kube-proxy DaemonSet was disabled");
-    let pod_versions = kube_proxy_pods.versions();
+    let pod_versions = recorders.kube_proxy_pods.versions();
     for node in NODES {
         let serving = first_revision_where(&node_versions, start_revision, node, |version| {
             is_serving(&version.object)
