@@ -47,6 +47,7 @@ fn service(index: u32) -> ServiceModel {
         external_traffic_policy: TrafficPolicy::Cluster,
         internal_traffic_policy: TrafficPolicy::Cluster,
         session_affinity_timeout_seconds: None,
+        load_balancer_source_ranges: Vec::new(),
     }
 }
 

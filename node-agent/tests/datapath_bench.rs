@@ -87,6 +87,7 @@ fn models(
             external_traffic_policy: TrafficPolicy::Cluster,
             internal_traffic_policy: TrafficPolicy::Cluster,
             session_affinity_timeout_seconds: None,
+            load_balancer_source_ranges: Vec::new(),
         });
         let endpoints = pods
             .iter()

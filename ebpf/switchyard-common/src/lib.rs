@@ -69,6 +69,14 @@ pub mod map_names {
     /// The port filter (see [`port_filter`]). Derived state: not part of the
     /// schema, rebuilt by the agent from the other maps at every load.
     pub const PORT_FILTER: &str = "SY_PORTS";
+    /// `loadBalancerSourceRanges`: the sources each filtered frontend admits
+    /// (see [`SourceRangeKey`]). Added after version 2 shipped without it: an
+    /// additive map, created empty where a pin directory lacks it (no schema bump).
+    pub const SOURCE_RANGES: &str = "SY_SRC_RANGES";
+    /// One per-CPU counter: packets dropped because their source was outside a
+    /// frontend's source ranges. A map of its own rather than an entry of
+    /// `COUNTERS`, whose pinned size a same-version upgrade keeps.
+    pub const SOURCE_RANGE_DROPS: &str = "SY_SRC_DROPS";
 }
 
 /// A pre-filter in front of the conntrack lookups, in an array map of one byte per
@@ -155,6 +163,18 @@ pub const FRONTEND_FLAG_PRESERVE_CLIENT_ADDRESS: u32 = 1 << 1;
 /// A NodePort, external or load-balancer frontend: traffic to a backend on another
 /// node is masqueraded so that its replies come back through this node.
 pub const FRONTEND_FLAG_MASQUERADE_REMOTE: u32 = 1 << 2;
+/// A load-balancer frontend with `loadBalancerSourceRanges`: the TC programs admit
+/// a new flow only from a source the source ranges map holds under this frontend's
+/// key, and drop (never reject) the others, as kube-proxy does. Frontends written
+/// before the bit existed never carry it, so their meaning is unchanged (no layout
+/// change), and programs older than the bit ignore it (they filter nothing, as
+/// before).
+pub const FRONTEND_FLAG_SOURCE_RANGES: u32 = 1 << 3;
+/// With [`FRONTEND_FLAG_SOURCE_RANGES`]: no range holds an address of the node,
+/// so the socket hooks refuse the node's own processes (they cannot see the
+/// source address a connect will use; kube-proxy's outcome for them is decided
+/// by the node's address, and the agent decides it the same way).
+pub const FRONTEND_FLAG_NODE_OUTSIDE_SOURCE_RANGES: u32 = 1 << 4;
 
 /// Value of the frontends map.
 #[repr(C)]
@@ -171,6 +191,25 @@ pub struct FrontendValue {
     /// Affinity timeout (`sessionAffinityConfig.clientIP.timeoutSeconds`).
     pub affinity_timeout_seconds: u32,
 }
+
+/// The data of a source ranges map key (an LPM trie): a frontend, then a source
+/// address. The trie's prefix length always covers the whole frontend key
+/// ([`SOURCE_RANGE_FRONTEND_BITS`]) plus the range's length in the 128-bit
+/// address (an IPv4 `/n` is `96 + n`, the address being IPv4-mapped), so a
+/// lookup with a packet's frontend and full source address finds an entry
+/// exactly when a range of that very frontend holds the source.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SourceRangeKey {
+    pub frontend: FrontendKey,
+    /// The range's first address (bits past its length are zero).
+    pub source_address: Address,
+}
+
+/// Bits of a source range key that hold the frontend, matched in full.
+pub const SOURCE_RANGE_FRONTEND_BITS: u32 = (core::mem::size_of::<FrontendKey>() * 8) as u32;
+/// The value of every source ranges entry (the key is what matters).
+pub const SOURCE_RANGE_ADMITTED: u8 = 1;
 
 /// Key of the backend slots map: the `ordinal`th backend of a group.
 #[repr(C)]
@@ -379,6 +418,7 @@ mod user {
     unsafe impl aya::Pod for DatapathConfig {}
     unsafe impl aya::Pod for SocketReverseKey {}
     unsafe impl aya::Pod for SocketReverseValue {}
+    unsafe impl aya::Pod for SourceRangeKey {}
 }
 
 // No hidden padding: each size is the sum of the field sizes.
@@ -395,6 +435,7 @@ const _: () = {
     assert!(size_of::<DatapathConfig>() == 16 + 8 + 4 * 6);
     assert!(size_of::<SocketReverseKey>() == 8 + 16 + 2 + 6);
     assert!(size_of::<SocketReverseValue>() == 16 + 2 + 2);
+    assert!(size_of::<SourceRangeKey>() == 20 + 16);
 };
 
 #[cfg(test)]
@@ -437,6 +478,8 @@ mod tests {
             map_names::COUNTERS,
             map_names::SOCKET_REVERSE,
             map_names::PORT_FILTER,
+            map_names::SOURCE_RANGES,
+            map_names::SOURCE_RANGE_DROPS,
         ] {
             assert!(name.len() <= 15, "{name} is longer than 15 characters");
         }

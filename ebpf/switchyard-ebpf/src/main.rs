@@ -17,10 +17,13 @@ mod packet;
 mod socket;
 
 use aya_ebpf::{
-    bindings::{TC_ACT_REDIRECT, TC_ACT_UNSPEC},
+    bindings::{TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC},
     helpers::{bpf_get_prandom_u32, bpf_ktime_get_ns, bpf_redirect},
     macros::{cgroup_sock, cgroup_sock_addr, classifier, map},
-    maps::{Array, HashMap, LruHashMap, PerCpuArray},
+    maps::{
+        lpm_trie::{Key as LpmKey, LpmTrie},
+        Array, HashMap, LruHashMap, PerCpuArray,
+    },
     programs::{SockAddrContext, SockContext, TcContext},
 };
 use switchyard_common::{
@@ -29,8 +32,9 @@ use switchyard_common::{
     SocketReverseValue, BACKEND_FLAG_LOCAL, CONNTRACK_FLAG_MASQUERADE,
     CONNTRACK_FLAG_PORT_TRANSLATED, CONNTRACK_FLAG_REPLY, CONNTRACK_FLAG_REWRITE_DESTINATION,
     CONNTRACK_FLAG_REWRITE_SOURCE, DATAPATH_MODE_ACTIVE, FRONTEND_FLAG_MASQUERADE_REMOTE,
-    FRONTEND_FLAG_PRESERVE_CLIENT_ADDRESS, FRONTEND_FLAG_SESSION_AFFINITY, PROTOCOL_TCP,
-    PROTOCOL_UDP, SCOPE_EXTERNAL, SCOPE_INTERNAL,
+    FRONTEND_FLAG_PRESERVE_CLIENT_ADDRESS, FRONTEND_FLAG_SESSION_AFFINITY,
+    FRONTEND_FLAG_SOURCE_RANGES, PROTOCOL_TCP, PROTOCOL_UDP, SCOPE_EXTERNAL, SCOPE_INTERNAL,
+    SOURCE_RANGE_FRONTEND_BITS, SourceRangeKey,
 };
 
 use core::mem::MaybeUninit;
@@ -102,6 +106,15 @@ struct NewFlow {
 #[map(name = "SY_PORTS")]
 static PORT_FILTER: Array<u8> = Array::pinned(port_filter::ENTRIES, 0);
 
+/// `loadBalancerSourceRanges`: which sources each filtered frontend admits (see
+/// `switchyard_common::SourceRangeKey`). Written by the agent only; sized for
+/// 65,536 ranges (an LPM trie allocates per entry, so room costs nothing).
+#[map(name = "SY_SRC_RANGES")]
+static SOURCE_RANGES: LpmTrie<SourceRangeKey, u8> = LpmTrie::pinned(65_536, 0);
+/// Packets dropped by the source ranges, per CPU.
+#[map(name = "SY_SRC_DROPS")]
+static SOURCE_RANGE_DROPS: PerCpuArray<u64> = PerCpuArray::pinned(1, 0);
+
 #[map(name = "SY_SOCK_REVERSE")]
 static SOCKET_REVERSE: LruHashMap<SocketReverseKey, SocketReverseValue> =
     LruHashMap::pinned(65_536, 0);
@@ -153,6 +166,31 @@ fn count(index: u32) {
         // nest on one CPU for the same hook.
         unsafe { *value += 1 };
     }
+}
+
+/// Counts a packet (TC) or a connect/send (socket hooks) refused by the source
+/// ranges of its frontend.
+#[inline(always)]
+fn count_source_range_drop() {
+    if let Some(value) = SOURCE_RANGE_DROPS.get_ptr_mut(0) {
+        // SAFETY: as in `count`.
+        unsafe { *value += 1 };
+    }
+}
+
+/// Whether a range of `frontend` (a frontend with `FRONTEND_FLAG_SOURCE_RANGES`)
+/// holds `source`. A function of its own (a BPF-to-BPF call) so that its key
+/// does not add to the stack frame of the ingress path that calls it.
+#[inline(never)]
+fn source_admitted(frontend: &FrontendKey, source: &[u8; 16]) -> bool {
+    let key = LpmKey::new(
+        SOURCE_RANGE_FRONTEND_BITS + 128,
+        SourceRangeKey {
+            frontend: *frontend,
+            source_address: *source,
+        },
+    );
+    SOURCE_RANGES.get(&key).is_some()
 }
 
 #[inline(always)]
@@ -379,14 +417,25 @@ fn try_conntrack_miss(
     if config.mode != DATAPATH_MODE_ACTIVE {
         return Ok(PASS);
     }
-    if flow.frontend.backend_count == 0 {
-        count(counter::NO_BACKEND);
-        return Ok(REFUSE);
-    }
     // SAFETY: `MaybeUninit<T>` has the layout of `T`; every byte gets written.
     packet.write_conntrack_key(unsafe {
         &mut *(&mut flow.key as *mut ConntrackKey).cast::<MaybeUninit<ConntrackKey>>()
     });
+    // loadBalancerSourceRanges, at new-flow time only (kube-proxy filters
+    // connections in state NEW: a flow admitted before the ranges changed goes on).
+    // Before the refusal of a Service without endpoints: kube-proxy's nftables
+    // mode drops such a source before any rejection, and a refusal would tell a
+    // filtered client that the address exists.
+    if flow.frontend.flags & FRONTEND_FLAG_SOURCE_RANGES != 0
+        && !source_admitted(&flow.frontend_key, &flow.key.source_address)
+    {
+        count_source_range_drop();
+        return Ok(TC_ACT_SHOT);
+    }
+    if flow.frontend.backend_count == 0 {
+        count(counter::NO_BACKEND);
+        return Ok(REFUSE);
+    }
     open_flow(ctx, packet, flow, config, now)
 }
 

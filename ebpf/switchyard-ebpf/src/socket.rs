@@ -14,7 +14,8 @@
 //!   as without the hook.
 //!
 //! Return values: 1 lets the call proceed, 0 fails it with EPERM (used to refuse
-//! a Service without endpoints at once, for the node's processes).
+//! a Service without endpoints at once, for the node's processes, and a
+//! load-balancer address whose source ranges leave the node's addresses out).
 //!
 //! A translated socket's reverse entry (backend -> Service, for getpeername and
 //! UDP answers) is removed when the socket is released, so the LRU holds the
@@ -33,11 +34,15 @@ use aya_ebpf::{
 use switchyard_common::{
     counter, ipv4_mapped, port_filter, AffinityKey, AffinityValue, BackendValue, DatapathConfig,
     FrontendKey, FrontendValue, SocketReverseKey, SocketReverseValue, DATAPATH_MODE_ACTIVE,
-    FRONTEND_FLAG_MASQUERADE_REMOTE, FRONTEND_FLAG_SESSION_AFFINITY, POD_CONNECT_BALANCING_TCP,
+    FRONTEND_FLAG_MASQUERADE_REMOTE, FRONTEND_FLAG_NODE_OUTSIDE_SOURCE_RANGES,
+    FRONTEND_FLAG_SESSION_AFFINITY, FRONTEND_FLAG_SOURCE_RANGES, POD_CONNECT_BALANCING_TCP,
     PROTOCOL_TCP, PROTOCOL_UDP, SCOPE_INTERNAL,
 };
 
-use crate::{choose_backend, config, count, port_marked, BackendChoice, FRONTENDS, SOCKET_REVERSE};
+use crate::{
+    choose_backend, config, count, count_source_range_drop, port_marked, BackendChoice,
+    FRONTENDS, SOCKET_REVERSE,
+};
 
 const ALLOW: i32 = 1;
 const REFUSE: i32 = 0;
@@ -92,11 +97,16 @@ fn has_source_port(ctx: &SockAddrContext) -> bool {
 /// Whether a pod's connect to `frontend` is translated here rather than by TC:
 /// only where the result is the same. Session affinity is keyed by the client's
 /// address, which a socket has not got before it connects; masquerading and the
-/// ICMP refusal of a Service without endpoints happen per packet.
+/// ICMP refusal of a Service without endpoints happen per packet, and so does
+/// the source ranges' check, which needs the pod's source address.
 #[inline(always)]
 fn pod_connect_translated_here(frontend: &FrontendValue) -> bool {
     frontend.backend_count != 0
-        && frontend.flags & (FRONTEND_FLAG_SESSION_AFFINITY | FRONTEND_FLAG_MASQUERADE_REMOTE) == 0
+        && frontend.flags
+            & (FRONTEND_FLAG_SESSION_AFFINITY
+                | FRONTEND_FLAG_MASQUERADE_REMOTE
+                | FRONTEND_FLAG_SOURCE_RANGES)
+            == 0
 }
 
 pub fn try_connect4(ctx: &SockAddrContext) -> i32 {
@@ -156,6 +166,12 @@ fn translate(ctx: &SockAddrContext) -> i32 {
     };
     if owner == Owner::Pod && (!pod_connect_translated_here(&frontend) || has_source_port(ctx)) {
         return ALLOW;
+    }
+    // The node's own processes and loadBalancerSourceRanges: the agent decided
+    // from the node's addresses (a socket has no source address yet).
+    if frontend.flags & FRONTEND_FLAG_NODE_OUTSIDE_SOURCE_RANGES != 0 {
+        count_source_range_drop();
+        return REFUSE;
     }
     if frontend.backend_count == 0 {
         count(counter::NO_BACKEND);

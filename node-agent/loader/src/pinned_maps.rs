@@ -6,17 +6,21 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray};
+use aya::maps::{
+    lpm_trie::{Key as LpmKey, LpmTrie},
+    Array, HashMap, Map, MapData, PerCpuArray,
+};
 use switchyard_common::{
     counter, map_names, port_filter, BackendSlotKey, BackendValue, ConntrackKey, ConntrackValue,
     DatapathConfig, FrontendKey, FrontendValue, SocketReverseKey, SocketReverseValue,
-    CONNTRACK_FLAG_REPLY, DEFAULT_TCP_IDLE_TIMEOUT_SECONDS, PROTOCOL_TCP, SCHEMA_VERSION,
-    TCP_STATE_FIN_FROM_BACKEND, TCP_STATE_FIN_FROM_CLIENT, TCP_STATE_RESET,
+    SourceRangeKey, CONNTRACK_FLAG_REPLY, DEFAULT_TCP_IDLE_TIMEOUT_SECONDS, PROTOCOL_TCP,
+    SCHEMA_VERSION, SOURCE_RANGE_ADMITTED, SOURCE_RANGE_FRONTEND_BITS, TCP_STATE_FIN_FROM_BACKEND,
+    TCP_STATE_FIN_FROM_CLIENT, TCP_STATE_RESET,
 };
 
 use super::{schema, system, version_directory};
 use switchyard_model::error::MapFault;
-use switchyard_model::maps::ServiceMaps;
+use switchyard_model::maps::{ServiceMaps, SourcePrefix, SourceRangeEntry};
 use switchyard_model::Error as MapError;
 
 use crate::Error;
@@ -79,6 +83,8 @@ pub struct PinnedServiceMaps {
     config: Array<MapData, DatapathConfig>,
     counters: PerCpuArray<MapData, u64>,
     port_filter: Array<MapData, u8>,
+    source_ranges: LpmTrie<MapData, SourceRangeKey, u8>,
+    source_range_drops: PerCpuArray<MapData, u64>,
     /// Port filter entries this process has marked: each is written once.
     marked_ports: BTreeSet<u32>,
     /// Where the maps are pinned (batch reads open their own descriptors).
@@ -111,6 +117,14 @@ impl PinnedServiceMaps {
             port_filter: typed(
                 open_map(directory, map_names::PORT_FILTER)?,
                 map_names::PORT_FILTER,
+            )?,
+            source_ranges: typed(
+                open_map(directory, map_names::SOURCE_RANGES)?,
+                map_names::SOURCE_RANGES,
+            )?,
+            source_range_drops: typed(
+                open_map(directory, map_names::SOURCE_RANGE_DROPS)?,
+                map_names::SOURCE_RANGE_DROPS,
             )?,
             marked_ports: BTreeSet::new(),
             directory: directory.to_path_buf(),
@@ -185,6 +199,17 @@ impl PinnedServiceMaps {
             reverse_translated: sums[counter::REVERSE_TRANSLATED as usize],
             conntrack_overflow: sums[counter::CONNTRACK_OVERFLOW as usize],
         })
+    }
+
+    /// Packets (and the node's connects and sends) dropped because their source
+    /// was outside a load-balancer frontend's `loadBalancerSourceRanges`, summed
+    /// over CPUs.
+    pub fn source_range_drops(&self) -> Result<u64, Error> {
+        let values = self
+            .source_range_drops
+            .get(&0, 0)
+            .map_err(read_error(map_names::SOURCE_RANGE_DROPS))?;
+        Ok(values.iter().sum())
     }
 
     /// Every conntrack entry, of the hash and of the overflow (a snapshot; the
@@ -313,7 +338,57 @@ fn ignore_missing(result: Result<(), aya::maps::MapError>) -> Result<(), aya::ma
     }
 }
 
+/// The trie key of a source range entry (see `switchyard_common::SourceRangeKey`).
+fn source_range_key(entry: &SourceRangeEntry) -> LpmKey<SourceRangeKey> {
+    LpmKey::new(
+        SOURCE_RANGE_FRONTEND_BITS + u32::from(entry.prefix.length),
+        SourceRangeKey {
+            frontend: entry.frontend,
+            source_address: entry.prefix.address,
+        },
+    )
+}
+
+/// The entry of a trie key; `None` for a key no agent writes (a prefix that
+/// does not cover the whole frontend, or longer than an address).
+fn source_range_entry(key: &LpmKey<SourceRangeKey>) -> Option<SourceRangeEntry> {
+    let length = key.prefix_len().checked_sub(SOURCE_RANGE_FRONTEND_BITS)?;
+    let length = u8::try_from(length).ok().filter(|length| *length <= 128)?;
+    let data = key.data();
+    Some(SourceRangeEntry {
+        frontend: data.frontend,
+        prefix: SourcePrefix {
+            address: data.source_address,
+            length,
+        },
+    })
+}
+
 impl ServiceMaps for PinnedServiceMaps {
+    fn source_ranges(&self) -> Result<BTreeSet<SourceRangeEntry>, MapError> {
+        let mut entries = BTreeSet::new();
+        for key in self.source_ranges.keys() {
+            let key = key.map_err(read_error(map_names::SOURCE_RANGES))?;
+            // A key this agent would never write is still restored as what it
+            // is not: it is skipped, and stays until the map is rebuilt.
+            if let Some(entry) = source_range_entry(&key) {
+                entries.insert(entry);
+            }
+        }
+        Ok(entries)
+    }
+
+    fn write_source_range(&mut self, entry: &SourceRangeEntry) -> Result<(), MapError> {
+        self.source_ranges
+            .insert(&source_range_key(entry), SOURCE_RANGE_ADMITTED, 0)
+            .map_err(update_error(map_names::SOURCE_RANGES))
+    }
+
+    fn delete_source_range(&mut self, entry: &SourceRangeEntry) -> Result<(), MapError> {
+        ignore_missing(self.source_ranges.remove(&source_range_key(entry)))
+            .map_err(update_error(map_names::SOURCE_RANGES))
+    }
+
     fn frontends(&self) -> Result<BTreeMap<FrontendKey, FrontendValue>, MapError> {
         // In batches: a restart restores 10,000s of entries, and a key-by-key walk
         // costs two system calls per entry (0.6 s at 10,000 Services, CPU the

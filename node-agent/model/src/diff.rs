@@ -25,6 +25,13 @@
 //! succeeded, so a failed apply leaves a safe state that the next apply, planned
 //! from the actual entries, completes.
 //!
+//! Source range entries (`loadBalancerSourceRanges`) follow the same order:
+//! new ones are written in phase 2, before the frontends that need them, and
+//! stale ones deleted in phase 4, after the frontends stopped needing them. A
+//! missing entry only ever admits fewer sources, and a stale one only lives
+//! until phase 4, so a filtered frontend never admits a source outside both its
+//! old and its new ranges.
+//!
 //! Deleting stale frontends first also frees room in the frontends map before new
 //! keys are written, and makes a deleted Service stop accepting new flows before
 //! anything else changes.
@@ -33,7 +40,7 @@ use std::collections::BTreeMap;
 
 use switchyard_common::{BackendSlotKey, BackendValue, FrontendKey, FrontendValue};
 
-use crate::maps::MapState;
+use crate::maps::{MapState, SourceRangeEntry};
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Plan {
@@ -41,10 +48,14 @@ pub struct Plan {
     pub stale_frontends: Vec<FrontendKey>,
     /// Phase 2.
     pub backend_slot_writes: Vec<(BackendSlotKey, BackendValue)>,
+    /// Phase 2, after the slots.
+    pub source_range_writes: Vec<SourceRangeEntry>,
     /// Phase 3.
     pub frontend_writes: Vec<(FrontendKey, FrontendValue)>,
     /// Phase 4.
     pub unused_backend_slots: Vec<BackendSlotKey>,
+    /// Phase 4, after the slots.
+    pub stale_source_ranges: Vec<SourceRangeEntry>,
 }
 
 impl Plan {
@@ -58,6 +69,8 @@ impl Plan {
             + self.backend_slot_writes.len()
             + self.frontend_writes.len()
             + self.unused_backend_slots.len()
+            + self.source_range_writes.len()
+            + self.stale_source_ranges.len()
     }
 }
 
@@ -69,6 +82,16 @@ pub fn plan(current: &MapState, desired: &MapState) -> Plan {
         backend_slot_writes: entries_to_write(&current.backend_slots, &desired.backend_slots),
         frontend_writes: entries_to_write(&current.frontends, &desired.frontends),
         unused_backend_slots: keys_not_in(&current.backend_slots, &desired.backend_slots),
+        source_range_writes: desired
+            .source_ranges
+            .difference(&current.source_ranges)
+            .copied()
+            .collect(),
+        stale_source_ranges: current
+            .source_ranges
+            .difference(&desired.source_ranges)
+            .copied()
+            .collect(),
     }
 }
 

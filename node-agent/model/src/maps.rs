@@ -2,9 +2,11 @@
 //! of the agent are tested against an in-memory fake (with injected faults), and
 //! the real implementation (`loader`) stays a thin layer over aya.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
-use switchyard_common::{BackendSlotKey, BackendValue, DatapathConfig, FrontendKey, FrontendValue};
+use switchyard_common::{
+    Address, BackendSlotKey, BackendValue, DatapathConfig, FrontendKey, FrontendValue,
+};
 
 use crate::Error;
 
@@ -25,6 +27,27 @@ pub trait ServiceMaps {
     /// The datapath configuration entry, if it has been written.
     fn config(&self) -> Result<Option<DatapathConfig>, Error>;
     fn write_config(&mut self, config: &DatapathConfig) -> Result<(), Error>;
+    /// Every source range entry currently in the map.
+    fn source_ranges(&self) -> Result<BTreeSet<SourceRangeEntry>, Error>;
+    fn write_source_range(&mut self, entry: &SourceRangeEntry) -> Result<(), Error>;
+    fn delete_source_range(&mut self, entry: &SourceRangeEntry) -> Result<(), Error>;
+}
+
+/// A source address prefix in the maps' 16-byte form: `length` counts bits of
+/// the 128-bit address, so an IPv4 `/n` (IPv4-mapped) is `96 + n`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SourcePrefix {
+    /// Bits past `length` are zero.
+    pub address: Address,
+    pub length: u8,
+}
+
+/// One entry of the source ranges map (`loadBalancerSourceRanges`): `frontend`
+/// admits new flows from `prefix`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SourceRangeEntry {
+    pub frontend: FrontendKey,
+    pub prefix: SourcePrefix,
 }
 
 /// The Service entries of the maps, as last read or written: what the syncer
@@ -33,6 +56,8 @@ pub trait ServiceMaps {
 pub struct MapState {
     pub frontends: BTreeMap<FrontendKey, FrontendValue>,
     pub backend_slots: BTreeMap<BackendSlotKey, BackendValue>,
+    /// Sorted by frontend first, so one frontend's entries are a range.
+    pub source_ranges: BTreeSet<SourceRangeEntry>,
 }
 
 impl MapState {
@@ -42,7 +67,30 @@ impl MapState {
         Ok(Self {
             frontends: maps.frontends()?,
             backend_slots: maps.backend_slots()?,
+            source_ranges: maps.source_ranges()?,
         })
+    }
+
+    /// The source range entries of `frontend`.
+    pub fn source_ranges_of(
+        &self,
+        frontend: &FrontendKey,
+    ) -> impl Iterator<Item = &SourceRangeEntry> + '_ {
+        let first = SourceRangeEntry {
+            frontend: *frontend,
+            prefix: SourcePrefix {
+                address: [0; 16],
+                length: 0,
+            },
+        };
+        let last = SourceRangeEntry {
+            frontend: *frontend,
+            prefix: SourcePrefix {
+                address: [0xff; 16],
+                length: u8::MAX,
+            },
+        };
+        self.source_ranges.range(first..=last)
     }
 
     /// Frontends whose slots `0..backend_count` are not all present: the state the

@@ -23,8 +23,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use switchyard_common::{
     map_names, AffinityKey, AffinityValue, BackendSlotKey, BackendValue, ConntrackKey,
     ConntrackValue, DatapathConfig, FrontendKey, FrontendValue, SocketReverseKey,
-    SocketReverseValue, SCHEMA_VERSION, TCP_STATE_FIN_FROM_BACKEND, TCP_STATE_FIN_FROM_CLIENT,
-    TCP_STATE_RESET,
+    SocketReverseValue, SourceRangeKey, SCHEMA_VERSION, TCP_STATE_FIN_FROM_BACKEND,
+    TCP_STATE_FIN_FROM_CLIENT, TCP_STATE_RESET,
 };
 
 /// Kernel map types used by the datapath (`enum bpf_map_type`).
@@ -32,6 +32,7 @@ pub const MAP_TYPE_HASH: u32 = 1;
 pub const MAP_TYPE_ARRAY: u32 = 2;
 pub const MAP_TYPE_PERCPU_ARRAY: u32 = 6;
 pub const MAP_TYPE_LRU_HASH: u32 = 9;
+pub const MAP_TYPE_LPM_TRIE: u32 = 11;
 
 /// What must match for a pinned map to be read with a given layout.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -65,7 +66,13 @@ const fn layout(
 }
 
 /// The maps of the current layout ([`SCHEMA_VERSION`]).
-pub const CURRENT_LAYOUTS: [MapLayout; 8] = {
+///
+/// The last two (`loadBalancerSourceRanges`) came after version 2 had shipped
+/// without them, as additive maps: a version 2 pin directory without them plans
+/// them as [`MapSource::Create`] next to the maps it uses as they are (no
+/// conversion, no bump), and the programs that read them replace the old ones.
+/// They are listed here so that the next bump's step carries them over.
+pub const CURRENT_LAYOUTS: [MapLayout; 10] = {
     use core::mem::size_of;
     [
         layout(
@@ -116,6 +123,19 @@ pub const CURRENT_LAYOUTS: [MapLayout; 8] = {
             size_of::<SocketReverseKey>(),
             size_of::<SocketReverseValue>(),
         ),
+        layout(
+            map_names::SOURCE_RANGES,
+            MAP_TYPE_LPM_TRIE,
+            // The trie's key: its prefix length, then the data.
+            size_of::<u32>() + size_of::<SourceRangeKey>(),
+            size_of::<u8>(),
+        ),
+        layout(
+            map_names::SOURCE_RANGE_DROPS,
+            MAP_TYPE_PERCPU_ARRAY,
+            size_of::<u32>(),
+            size_of::<u64>(),
+        ),
     ]
 };
 
@@ -155,7 +175,7 @@ pub static STEPS: &[VersionStep] = &[version0::STEP, version1::STEP];
 /// Maps that are never converted when their layout changes: the per-CPU
 /// statistics counters start again from zero (Prometheus counters tolerate a
 /// reset; per-CPU values have no per-entry meaning worth carrying).
-pub const NOT_CONVERTED: &[&str] = &[map_names::COUNTERS];
+pub const NOT_CONVERTED: &[&str] = &[map_names::COUNTERS, map_names::SOURCE_RANGE_DROPS];
 
 /// Maps the programs write (flow state): converted at load, and merged once more
 /// after every hook runs the new programs, for entries the old programs wrote in

@@ -76,6 +76,8 @@ fn the_current_layouts_are_the_sizes_of_the_shared_types() {
     assert_eq!(shape(map_names::CONFIG), Some((4, 48)));
     assert_eq!(shape(map_names::COUNTERS), Some((4, 8)));
     assert_eq!(shape(map_names::SOCKET_REVERSE), Some((32, 20)));
+    assert_eq!(shape(map_names::SOURCE_RANGES), Some((4 + 36, 1)));
+    assert_eq!(shape(map_names::SOURCE_RANGE_DROPS), Some((4, 8)));
 }
 
 #[test]
@@ -400,6 +402,55 @@ fn a_restart_of_the_same_version_uses_every_pinned_map() {
         .maps
         .iter()
         .all(|(_, source)| *source == MapSource::Current));
+}
+
+#[test]
+fn a_pin_directory_of_the_build_before_source_ranges_creates_their_maps_and_uses_the_rest() {
+    // The previous build of this same schema version pinned every map but the
+    // two source range maps: an upgrade adds them, converts nothing, and is no
+    // mix of versions.
+    let before: Vec<&str> = all_current()
+        .into_iter()
+        .filter(|name| *name != map_names::SOURCE_RANGES && *name != map_names::SOURCE_RANGE_DROPS)
+        .collect();
+    let plan = SCHEMA
+        .plan(&observation(&[SCHEMA_VERSION], &before, &[]))
+        .expect("an upgrade from the build without source ranges is planned");
+    for (name, source) in &plan.maps {
+        let expected = if before.contains(name) {
+            MapSource::Current
+        } else {
+            MapSource::Create
+        };
+        assert_eq!(*source, expected, "{name}");
+    }
+    assert_eq!(
+        source_of(&plan, map_names::SOURCE_RANGES),
+        Some(MapSource::Create)
+    );
+    assert!(!plan.converts());
+    assert!(plan.older_versions.is_empty());
+}
+
+#[test]
+fn version_one_maps_upgrade_with_the_source_range_maps_created_empty() {
+    let older: Vec<(u32, &str, MapShape)> = version1::LAYOUTS
+        .iter()
+        .map(|layout| (1, layout.name, layout.shape))
+        .collect();
+    let plan = SCHEMA.plan(&observation(&[1], &[], &older)).expect("plan");
+    assert_eq!(
+        source_of(&plan, map_names::SOURCE_RANGES),
+        Some(MapSource::Create)
+    );
+    assert_eq!(
+        source_of(&plan, map_names::SOURCE_RANGE_DROPS),
+        Some(MapSource::Create)
+    );
+    assert_eq!(
+        source_of(&plan, map_names::FRONTENDS),
+        Some(MapSource::Reuse { version: 1 })
+    );
 }
 
 #[test]

@@ -21,7 +21,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use switchyard_common::{BackendSlotKey, BackendValue, FrontendValue};
 
 use super::{DesiredServices, EndpointView, GroupKey};
-use crate::maps::MapState;
+use crate::maps::{MapState, SourceRangeEntry};
 use crate::model::{AddressFamily, Protocol};
 
 /// FNV-1a (32-bit) of a group key's fields, with a separator between strings so
@@ -198,6 +198,15 @@ pub fn lay_out(desired: &DesiredServices, current: &MapState) -> MapState {
                 flags: frontend.flags,
                 affinity_timeout_seconds: frontend.affinity_timeout_seconds,
             },
+        );
+        state.source_ranges.extend(
+            frontend
+                .source_ranges
+                .iter()
+                .map(|prefix| SourceRangeEntry {
+                    frontend: *key,
+                    prefix: *prefix,
+                }),
         );
     }
     state

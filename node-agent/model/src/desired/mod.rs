@@ -26,6 +26,7 @@
 //!   are refused.
 
 pub mod layout;
+pub mod source_ranges;
 
 use std::collections::{btree_map::Entry, BTreeMap};
 use std::net::IpAddr;
@@ -79,6 +80,9 @@ pub struct DesiredFrontend {
     /// `FRONTEND_FLAG_*`.
     pub flags: u32,
     pub affinity_timeout_seconds: u32,
+    /// The sources a frontend with `FRONTEND_FLAG_SOURCE_RANGES` admits (sorted,
+    /// distinct; empty otherwise): see [`source_ranges`].
+    pub source_ranges: Vec<crate::maps::SourcePrefix>,
 }
 
 /// Two Services claim the same address, port and protocol; the first by
@@ -315,6 +319,7 @@ fn add_service(
         };
     for family in service.families() {
         let in_family = |address: &&IpAddr| AddressFamily::of(address) == family;
+        let load_balancer_filter = source_ranges::load_balancer_filter(service, family, node);
         for port in &service.ports {
             let candidates = candidates(port, family, slices, &node.name);
             let group = |view: EndpointView| GroupKey {
@@ -329,12 +334,16 @@ fn add_service(
                        number: u16,
                        scope: u8,
                        view: EndpointView,
-                       flags: u32| {
+                       flags: u32,
+                       filter: Option<&source_ranges::LoadBalancerFilter>| {
                 let key = frontend_key(address, number, port.protocol, scope);
                 let frontend = DesiredFrontend {
                     group: group(view),
-                    flags,
+                    flags: flags | filter.map_or(0, |filter| filter.flags),
                     affinity_timeout_seconds,
+                    source_ranges: filter
+                        .map(|filter| filter.prefixes.clone())
+                        .unwrap_or_default(),
                 };
                 match desired.frontends.entry(key) {
                     Entry::Vacant(vacant) => {
@@ -367,26 +376,35 @@ fn add_service(
                     SCOPE_INTERNAL,
                     view_of(service.internal_traffic_policy),
                     affinity_flag,
+                    None,
                 );
             }
-            let mut external: Vec<(&IpAddr, u16)> = Vec::new();
+            // Only load-balancer addresses are filtered by source ranges.
+            let mut external: Vec<(&IpAddr, u16, Option<&source_ranges::LoadBalancerFilter>)> =
+                Vec::new();
             if let Some(node_port) = port.node_port {
                 external.extend(
                     node.addresses
                         .iter()
                         .filter(in_family)
-                        .map(|address| (address, node_port)),
+                        .map(|address| (address, node_port, None)),
                 );
             }
             external.extend(
                 service
                     .external_ips
                     .iter()
-                    .chain(&service.load_balancer_ips)
                     .filter(in_family)
-                    .map(|address| (address, port.port)),
+                    .map(|address| (address, port.port, None)),
             );
-            for (address, number) in external {
+            external.extend(
+                service
+                    .load_balancer_ips
+                    .iter()
+                    .filter(in_family)
+                    .map(|address| (address, port.port, load_balancer_filter.as_ref())),
+            );
+            for (address, number, filter) in external {
                 add(
                     desired,
                     address,
@@ -394,6 +412,7 @@ fn add_service(
                     SCOPE_EXTERNAL,
                     external_view,
                     external_flags,
+                    filter,
                 );
                 add(
                     desired,
@@ -402,6 +421,7 @@ fn add_service(
                     SCOPE_INTERNAL,
                     EndpointView::All,
                     affinity_flag,
+                    filter,
                 );
             }
         }

@@ -42,6 +42,7 @@ fn service(name: &str, cluster_ip: &str, ports: Vec<ServicePortModel>) -> Servic
         external_traffic_policy: TrafficPolicy::Cluster,
         internal_traffic_policy: TrafficPolicy::Cluster,
         session_affinity_timeout_seconds: None,
+        load_balancer_source_ranges: Vec::new(),
     }
 }
 

@@ -1,11 +1,11 @@
 //! In-memory `ServiceMaps` with injected faults (`testing` feature): what the
 //! core's tests, the agent's tests and the benchmarks run the syncer against.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use switchyard_common::{BackendSlotKey, BackendValue, DatapathConfig, FrontendKey, FrontendValue};
 
-use super::{MapState, ServiceMaps};
+use super::{MapState, ServiceMaps, SourceRangeEntry};
 use crate::Error;
 
 /// A kind of map mutation, for fault injection.
@@ -16,6 +16,8 @@ pub enum MapMutation {
     WriteBackendSlot,
     DeleteBackendSlot,
     WriteConfig,
+    WriteSourceRange,
+    DeleteSourceRange,
 }
 
 /// In-memory `ServiceMaps` for tests and benchmarks, with injected faults.
@@ -186,6 +188,31 @@ impl ServiceMaps for FakeServiceMaps {
     fn config(&self) -> Result<Option<DatapathConfig>, Error> {
         self.read_check(switchyard_common::map_names::CONFIG)?;
         Ok(self.config)
+    }
+
+    fn source_ranges(&self) -> Result<BTreeSet<SourceRangeEntry>, Error> {
+        self.read_check(switchyard_common::map_names::SOURCE_RANGES)?;
+        Ok(self.state.source_ranges.clone())
+    }
+
+    fn write_source_range(&mut self, entry: &SourceRangeEntry) -> Result<(), Error> {
+        self.attempt(
+            MapMutation::WriteSourceRange,
+            switchyard_common::map_names::SOURCE_RANGES,
+        )?;
+        self.state.source_ranges.insert(*entry);
+        self.applied();
+        Ok(())
+    }
+
+    fn delete_source_range(&mut self, entry: &SourceRangeEntry) -> Result<(), Error> {
+        self.attempt(
+            MapMutation::DeleteSourceRange,
+            switchyard_common::map_names::SOURCE_RANGES,
+        )?;
+        self.state.source_ranges.remove(entry);
+        self.applied();
+        Ok(())
     }
 
     fn write_config(&mut self, config: &DatapathConfig) -> Result<(), Error> {

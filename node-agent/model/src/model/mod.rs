@@ -15,6 +15,7 @@
 //!   ready, unknown `serving` is the value of `ready`, unknown `terminating` is
 //!   not terminating. Only an endpoint's first address is used, as kube-proxy does.
 
+pub mod source_ranges;
 pub mod v1beta1;
 
 use std::collections::BTreeMap;
@@ -153,6 +154,9 @@ pub struct ServiceModel {
     pub internal_traffic_policy: TrafficPolicy,
     /// `Some(timeout)` for `sessionAffinity: ClientIP`.
     pub session_affinity_timeout_seconds: Option<u32>,
+    /// `spec.loadBalancerSourceRanges` of a LoadBalancer Service, the entries that
+    /// parse ([`source_ranges::source_ranges`]); empty for every other type.
+    pub load_balancer_source_ranges: Vec<source_ranges::Cidr>,
 }
 
 impl ServiceModel {
@@ -372,6 +376,13 @@ pub fn service_from_v1(service: &Service) -> Result<Option<ServiceModel>, FieldE
         }
     };
 
+    // Read only where load-balancer frontends exist: the ranges filter nothing else.
+    let load_balancer_source_ranges =
+        match (service_type, spec.load_balancer_source_ranges.as_ref()) {
+            ("LoadBalancer", Some(texts)) => source_ranges::source_ranges(&name, texts),
+            _ => Vec::new(),
+        };
+
     Ok(Some(ServiceModel {
         name,
         cluster_ips,
@@ -387,6 +398,7 @@ pub fn service_from_v1(service: &Service) -> Result<Option<ServiceModel>, FieldE
             spec.internal_traffic_policy.as_deref(),
         )?,
         session_affinity_timeout_seconds,
+        load_balancer_source_ranges,
     }))
 }
 

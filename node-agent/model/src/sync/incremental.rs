@@ -27,7 +27,7 @@ use switchyard_common::{BackendSlotKey, FrontendKey, FrontendValue};
 use crate::desired::layout::{first_free_id, place_backends, stable_group_hash};
 use crate::desired::{DesiredFrontend, GroupKey, ServiceDesired};
 use crate::diff::Plan;
-use crate::maps::MapState;
+use crate::maps::{MapState, SourceRangeEntry};
 use crate::model::ServiceName;
 
 #[derive(Clone, Debug, Default)]
@@ -230,6 +230,25 @@ impl Index {
                     affinity_timeout_seconds: frontend.affinity_timeout_seconds,
                 })
             });
+            // The winner's source ranges, where its frontend is written, are
+            // written before it and pruned after it, as in a full plan (`diff`).
+            let desired_ranges: BTreeSet<SourceRangeEntry> = match (&desired, self.winner(key)) {
+                (Some(_), Some(frontend)) => frontend
+                    .source_ranges
+                    .iter()
+                    .map(|prefix| SourceRangeEntry {
+                        frontend: *key,
+                        prefix: *prefix,
+                    })
+                    .collect(),
+                _ => BTreeSet::new(),
+            };
+            let current_ranges: BTreeSet<SourceRangeEntry> =
+                current.source_ranges_of(key).copied().collect();
+            plan.source_range_writes
+                .extend(desired_ranges.difference(&current_ranges).copied());
+            plan.stale_source_ranges
+                .extend(current_ranges.difference(&desired_ranges).copied());
             match (desired, current.frontends.get(key)) {
                 (Some(value), Some(existing)) if value == *existing => {}
                 (Some(value), _) => plan.frontend_writes.push((*key, value)),

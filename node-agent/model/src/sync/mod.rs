@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use crate::desired::{lay_out, merge, DesiredServices, ServiceDesired};
 use crate::diff::{plan, Plan};
 use crate::gate::GateOpen;
-use crate::maps::{MapState, ServiceMaps};
+use crate::maps::{MapState, ServiceMaps, SourceRangeEntry};
 use crate::model::ServiceName;
 use crate::Error;
 use switchyard_common::{BackendSlotKey, FrontendKey, FrontendValue};
@@ -25,6 +25,8 @@ pub struct ApplyReport {
     pub backend_slots_written: usize,
     pub frontends_written: usize,
     pub backend_slots_deleted: usize,
+    pub source_ranges_written: usize,
+    pub source_ranges_deleted: usize,
 }
 
 impl ApplyReport {
@@ -33,6 +35,8 @@ impl ApplyReport {
             + self.backend_slots_written
             + self.frontends_written
             + self.backend_slots_deleted
+            + self.source_ranges_written
+            + self.source_ranges_deleted
     }
 }
 
@@ -41,6 +45,7 @@ impl ApplyReport {
 pub enum EntryKey {
     Frontend(FrontendKey),
     BackendSlot(BackendSlotKey),
+    SourceRange(SourceRangeEntry),
 }
 
 /// Why an entry was not brought to its desired state.
@@ -103,6 +108,17 @@ pub fn apply(
             progress.report.backend_slots_written += 1;
         }
     }
+    // A range that failed to be written leaves its frontend admitting fewer
+    // sources, never more: nothing is held back for it.
+    for entry in &plan.source_range_writes {
+        if progress.record(
+            EntryKey::SourceRange(*entry),
+            maps.write_source_range(entry),
+        ) {
+            tracked.source_ranges.insert(*entry);
+            progress.report.source_ranges_written += 1;
+        }
+    }
     for (key, value) in &plan.frontend_writes {
         // Without failures the plan's order guarantees the slots; after one,
         // each frontend is checked (a few lookups).
@@ -131,6 +147,15 @@ pub fn apply(
         } else if progress.record(EntryKey::BackendSlot(*key), maps.delete_backend_slot(key)) {
             tracked.backend_slots.remove(key);
             progress.report.backend_slots_deleted += 1;
+        }
+    }
+    for entry in &plan.stale_source_ranges {
+        if progress.record(
+            EntryKey::SourceRange(*entry),
+            maps.delete_source_range(entry),
+        ) {
+            tracked.source_ranges.remove(entry);
+            progress.report.source_ranges_deleted += 1;
         }
     }
     (progress.report, progress.failed)
@@ -181,6 +206,7 @@ fn attribute<'a>(
     for entry in failed.iter_mut() {
         let mut services: Vec<ServiceName> = match entry.entry {
             EntryKey::Frontend(key) => owner(&key).into_iter().collect(),
+            EntryKey::SourceRange(entry) => owner(&entry.frontend).into_iter().collect(),
             EntryKey::BackendSlot(slot) => frontends
                 .clone()
                 .filter(|(_, value)| value.group_id == slot.group_id)

@@ -56,6 +56,7 @@ fn service(service_name: &str, cluster_ip: &str, node_port: Option<u16>) -> Serv
         external_traffic_policy: TrafficPolicy::Cluster,
         internal_traffic_policy: TrafficPolicy::Cluster,
         session_affinity_timeout_seconds: None,
+        load_balancer_source_ranges: Vec::new(),
     }
 }
 
