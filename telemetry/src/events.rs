@@ -378,6 +378,116 @@ mod tests {
         );
     }
 
+    /// A kube client whose every request goes to `answer`, which sees the method, the path
+    /// and the body, and whose requests are logged on `calls`.
+    fn client_answering(
+        calls: std::sync::Arc<std::sync::Mutex<Vec<(String, String, serde_json::Value)>>>,
+        answer: fn(&str, &str, usize) -> (u16, serde_json::Value),
+    ) -> Client {
+        use http_body_util::BodyExt;
+        let service = tower::service_fn(move |request: http::Request<kube::client::Body>| {
+            let calls = calls.clone();
+            async move {
+                let method = request.method().to_string();
+                let path = request.uri().path().to_owned();
+                let bytes = match request.into_body().collect().await {
+                    Ok(collected) => collected.to_bytes(),
+                    Err(_) => bytes::Bytes::new(),
+                };
+                let body = serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null);
+                let seen = {
+                    let mut calls = calls
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    calls.push((method.clone(), path.clone(), body));
+                    calls.iter().filter(|call| call.0 == method).count()
+                };
+                let (status, answer) = answer(&method, &path, seen);
+                Ok::<_, std::convert::Infallible>(
+                    http::Response::builder()
+                        .status(status)
+                        .header("content-type", "application/json")
+                        .body(http_body_util::Full::new(bytes::Bytes::from(
+                            answer.to_string(),
+                        )))
+                        .expect("a valid response"),
+                )
+            }
+        });
+        Client::new(service, "default")
+    }
+
+    #[tokio::test]
+    async fn a_repeated_event_bumps_the_count_of_the_one_recorded_before() {
+        let calls = std::sync::Arc::default();
+        let client = client_answering(std::sync::Arc::clone(&calls), |method, _, seen| {
+            let event = json!({"apiVersion": "v1", "kind": "Event",
+                "metadata": {"name": "default.x", "namespace": "default"},
+                "involvedObject": {}, "count": 4});
+            match (method, seen) {
+                ("POST", 1) => (201, event),
+                ("POST", _) => (
+                    409,
+                    json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
+                        "status": "Failure", "reason": "AlreadyExists", "code": 409}),
+                ),
+                _ => (200, event),
+            }
+        });
+        let publisher = Publisher::new(client, reporter());
+        let occurrence = Occurrence::normal("DrainStarted", "Drain", "draining");
+        publisher
+            .publish(&config_reference(), &occurrence)
+            .await
+            .expect("the first is created");
+        publisher
+            .publish(&config_reference(), &occurrence)
+            .await
+            .expect("the repeat is counted");
+        let calls = calls
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let name = event_name(&config_reference(), &occurrence);
+        let path = format!("/api/v1/namespaces/default/events/{name}");
+        let methods: Vec<(&str, &str)> = calls
+            .iter()
+            .map(|(method, path, _)| (method.as_str(), path.as_str()))
+            .collect();
+        assert_eq!(
+            methods,
+            [
+                ("POST", "/api/v1/namespaces/default/events"),
+                ("POST", "/api/v1/namespaces/default/events"),
+                ("GET", path.as_str()),
+                ("PATCH", path.as_str()),
+            ]
+        );
+        assert_eq!(calls[0].2["metadata"]["name"], name.as_str());
+        assert!(calls[0].2.get("eventTime").is_none());
+        assert_eq!(calls[3].2["count"], 5, "the count read back, plus one");
+    }
+
+    #[tokio::test]
+    async fn a_refused_event_is_an_error_naming_the_event_with_the_apis_answer_as_its_source() {
+        let client = client_answering(std::sync::Arc::default(), |_, _, _| {
+            (
+                403,
+                json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
+                    "status": "Failure", "reason": "Forbidden", "code": 403}),
+            )
+        });
+        let occurrence = Occurrence::normal("DrainStarted", "Drain", "draining");
+        let error = Publisher::new(client, reporter())
+            .publish(&config_reference(), &occurrence)
+            .await
+            .expect_err("forbidden");
+        assert_eq!(error.name, event_name(&config_reference(), &occurrence));
+        assert!(
+            matches!(&error.source, kube::Error::Api(status) if status.code == 403),
+            "{error:?}"
+        );
+    }
+
     #[test]
     fn long_messages_are_cut_at_a_character_boundary() {
         let message = "é".repeat(2000);
