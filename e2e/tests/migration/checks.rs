@@ -378,6 +378,14 @@ impl Phases {
         rollout: serde_json::Value,
         timeout: Duration,
     ) -> TrafficReport {
+        // Switchyard restores (and so restarts) kube-proxy only where it disabled it.
+        let kube_proxy_restarts = world
+            .kube_proxy_daemon_set()
+            .get_opt("kube-proxy")
+            .await
+            .expect("read the kube-proxy DaemonSet")
+            .is_some_and(|daemon_set| kube_proxy_disabled(&daemon_set));
+        let asked_at = SystemTime::now();
         world
             .apply_config(DataplaneMode::KubeProxy, rollout)
             .await
@@ -390,6 +398,7 @@ impl Phases {
             |config, _| config_ready(config, DataplaneMode::KubeProxy).then_some(()),
         )
         .await;
+        assert_kube_proxy_found_its_health_ports_free(world, asked_at, kube_proxy_restarts).await;
         let report = traffic.snapshot();
         world.assert_traffic_healthy(&report, "so far");
         report
@@ -432,4 +441,93 @@ pub fn generations(nodes: &BTreeMap<String, DataplaneNode>) -> BTreeMap<String, 
         .iter()
         .map(|(name, node)| (name.clone(), node.metadata.generation.unwrap_or(0)))
         .collect()
+}
+
+/// kube-proxy's Events with `reason`, last seen at or after `since`, as "node: message" lines
+/// (kube-proxy 1.20 records them about its Node, through the core/v1 Events API).
+async fn kube_proxy_events_since(
+    world: &World,
+    reason: &str,
+    since: SystemTime,
+) -> Outcome<Vec<String>> {
+    // Event times have whole seconds: the second `since` falls in counts.
+    let since = since
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|elapsed| SystemTime::UNIX_EPOCH + Duration::from_secs(elapsed.as_secs()))
+        .unwrap_or(since);
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::all(world.client.clone());
+    Ok(events
+        .list(&kube::api::ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|event| {
+            event.reason.as_deref() == Some(reason)
+                && event
+                    .source
+                    .as_ref()
+                    .and_then(|source| source.component.as_deref())
+                    == Some("kube-proxy")
+        })
+        .filter(|event| {
+            let last_seen = event
+                .last_timestamp
+                .as_ref()
+                .or(event.first_timestamp.as_ref())
+                .map(|time| time.0)
+                .or(event.event_time.as_ref().map(|time| time.0))
+                .or(event
+                    .metadata
+                    .creation_timestamp
+                    .as_ref()
+                    .map(|time| time.0));
+            last_seen.is_some_and(|time| SystemTime::from(time) >= since)
+        })
+        .map(|event| {
+            format!(
+                "{}: {}",
+                event.involved_object.name.unwrap_or_default(),
+                event.message.unwrap_or_default()
+            )
+        })
+        .collect())
+}
+
+/// A way back to kube-proxy hands kube-proxy's health ports back before kube-proxy starts: no
+/// kube-proxy recorded `FailedToStartProxierHealthcheck` (its healthz port taken) since
+/// `since`, when the rollback was asked for. The control, when this rollback restarted
+/// kube-proxy (`kube_proxy_started`): kube-proxy's own `Starting` Event since then is read
+/// here, so its Events reach the API server and this reads them. kube-proxy records the
+/// failure before `Starting` (it starts its healthz server first) and one recorder writes its
+/// Events in order, so once `Starting` is there the failure would be too.
+pub async fn assert_kube_proxy_found_its_health_ports_free(
+    world: &World,
+    since: SystemTime,
+    kube_proxy_started: bool,
+) {
+    let wait = Instant::now();
+    let started = loop {
+        let started = kube_proxy_events_since(world, "Starting", since)
+            .await
+            .expect("list Events");
+        if !kube_proxy_started || !started.is_empty() {
+            break started;
+        }
+        assert!(
+            wait.elapsed() < Duration::from_secs(30),
+            "failed to see kube-proxy's Starting Event within 30 s of the rollback's end"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let taken = kube_proxy_events_since(world, "FailedToStartProxierHealthcheck", since)
+        .await
+        .expect("list Events");
+    assert!(
+        taken.is_empty(),
+        "kube-proxy found its healthz port taken during the way back: {taken:?}"
+    );
+    println!(
+        "no FailedToStartProxierHealthcheck since the rollback began; kube-proxy Starting Events since then: {}",
+        started.len()
+    );
 }

@@ -204,6 +204,7 @@ pub async fn play(world: &World) {
         .unwrap_or_else(|| panic!("{node} never told KubeProxy"));
         assert!(restored_revision < told, "{node} told KubeProxy at {told}, before kube-proxy was restored at {restored_revision}");
     }
+    assert_kube_proxy_found_its_health_ports_free(world, rollback_applied_at, true).await;
     let report = traffic.stop().await;
     world.assert_traffic_healthy(&report, "Ebpf -> KubeProxy");
     for node in NODES {
