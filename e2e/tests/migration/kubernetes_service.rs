@@ -107,14 +107,25 @@ pub async fn play(world: &World) {
     assert_endpoint_kept(world, &endpoint).await;
     let dead_window = probe.assert_never_reached_since(dead.since_ms, "Ebpf -> KubeProxy");
     drop(dead);
-    let nat = switchyard_e2e::netns::run_in_namespace("node-1", "iptables-save", &["-t", "nat"])
-        .expect("iptables-save on node-1");
-    assert!(
-        nat.lines()
-            .any(|line| line.starts_with("-A KUBE-SVC-")
-                && line.contains("default/kubernetes:https")),
-        "kube-proxy serves the kubernetes Service on node-1 again"
-    );
+    // So the next answer is kube-proxy's doing: it serves the Service on node-1 again.
+    wait_for(
+        "see kube-proxy's rules for the kubernetes Service on node-1",
+        WaitOptions::new(Duration::from_secs(30)),
+        || async {
+            let nat =
+                switchyard_e2e::netns::run_in_namespace("node-1", "iptables-save", &["-t", "nat"])?;
+            let served = nat.lines().any(|line| {
+                line.starts_with("-A KUBE-SVC-") && line.contains("default/kubernetes:https")
+            });
+            Ok::<_, switchyard_e2e::error::E2eError>(if served {
+                Check::Ready(())
+            } else {
+                Check::NotYet("no KUBE-SVC rule for default/kubernetes:https".into())
+            })
+        },
+    )
+    .await
+    .expect("kube-proxy serving the kubernetes Service on node-1");
     let reached = probe
         .wait_reached(now_ms(), "through kube-proxy after the rollback")
         .await;
