@@ -8,6 +8,9 @@
 //!   is `Ebpf`;
 //! - the host's interfaces and addresses come from the same netlink watcher as
 //!   in cluster mode ([`crate::host`]);
+//! - each round's report of the core ([`RoundReport`]) is written out as in
+//!   cluster mode, and nothing is decided here: the CPU priority, and the status
+//!   to the log (there is no API server to write it to);
 //! - SIGTERM or SIGINT leaves programs, links and maps in place (the next process
 //!   takes over without a dropped connection); `--detach-on-exit` removes all.
 
@@ -25,8 +28,10 @@ use tokio::sync::mpsc;
 
 use self::manifests::{Fingerprint, Manifests};
 use crate::core::node::NodeFacts;
+use crate::core::round::{RoundReport, StatusTracker};
+use crate::core::status::{CoexistenceReport, WrittenStatus};
 use crate::core::store::StoreChange;
-use crate::core::{report_once, AgentSettings, DataplaneNodeView, Input, NodeAgent, TickReport};
+use crate::core::{report_once, AgentSettings, DataplaneNodeView, Input, NodeAgent};
 use crate::datapath::{Datapath, DatapathOptions};
 use crate::priority::{self, CatchUpPriority};
 use crate::Error;
@@ -162,6 +167,10 @@ pub struct Standalone<D: Datapath> {
     manifests: ManifestSource,
     detach_on_exit: bool,
     manage_masquerade_rule: bool,
+    /// When the agent started (how long the start-of-day gate has waited).
+    started: Instant,
+    /// The status the core last handed over, kept between rounds.
+    status: StatusTracker,
 }
 
 impl<D: Datapath> Standalone<D> {
@@ -182,6 +191,8 @@ impl<D: Datapath> Standalone<D> {
             manifests: ManifestSource::new(options.manifests, options.node_name),
             detach_on_exit: options.detach_on_exit,
             manage_masquerade_rule: options.datapath.manage_masquerade_rule,
+            started: now,
+            status: StatusTracker::default(),
         })
     }
 
@@ -192,9 +203,20 @@ impl<D: Datapath> Standalone<D> {
         }
     }
 
-    /// One round of the core: sync if due, follow the mode.
-    pub fn tick(&mut self, now: Instant) -> TickReport {
-        self.agent.tick(now, Utc::now())
+    /// One round of the core (sync if due, follow the mode), and what the core decided of it
+    /// for the shell to write out, as in cluster mode.
+    pub fn tick(&mut self, now: Instant) -> RoundReport {
+        let wall = Utc::now();
+        let tick = self.agent.tick(now, wall);
+        // Standalone mode runs no coexistence loop: kube-proxy's rules stay unchecked.
+        self.agent.round_report(
+            &tick,
+            now,
+            wall,
+            self.started,
+            &CoexistenceReport::default(),
+            &mut self.status,
+        )
     }
 
     /// The end: leave everything in place, or remove it all.
@@ -251,11 +273,17 @@ pub async fn run<D: Datapath>(
             standalone.poll_manifests(now);
             next_poll = now + poll_interval;
         }
-        standalone.tick(now);
-        priority::apply(
-            catch_up.after_round(standalone.agent.has_synced(), now),
-            original_nice,
-        );
+        let round = standalone.tick(now);
+        // Write the round out: the CPU priority, and the status to the log (no API server to
+        // write it to). Standalone mode serves no metrics or probes and runs no coexistence loop.
+        priority::apply(catch_up.after_round(round.synced, now), original_nice);
+        if let Some(WrittenStatus {
+            status: Some(status),
+            ..
+        }) = &round.status
+        {
+            tracing::debug!(?status, "the DataplaneNode status");
+        }
         let deadline = standalone
             .agent
             .next_deadline(now)

@@ -1,6 +1,7 @@
 use std::path::Path;
 
 use switchyard_common::DATAPATH_MODE_ACTIVE;
+use switchyard_crds::{condition_types, ConditionStatus};
 
 use super::*;
 use crate::datapath::fake::FakeDatapath;
@@ -33,12 +34,12 @@ impl Harness {
         })
     }
 
-    fn tick(&mut self, now: Instant) {
+    fn tick(&mut self, now: Instant) -> RoundReport {
         self.standalone.poll_manifests(now);
         self.standalone
             .agent
             .receive(Input::Host(self.host.0.clone()), now);
-        self.standalone.tick(now);
+        self.standalone.tick(now)
     }
 
     fn shut_down(&mut self) -> Result<(), Error> {
@@ -358,6 +359,69 @@ fn a_restarted_agent_writes_nothing_and_detaches_only_when_asked() {
     );
     second.shut_down().expect("shuts down");
     assert!(second.datapath.detached_everything);
+}
+
+#[test]
+fn each_round_reports_whether_the_maps_are_synced_and_hands_over_the_status_only_when_it_changed() {
+    // The Ready condition of the status a round hands over.
+    let ready_of = |round: RoundReport| {
+        round
+            .status
+            .and_then(|written| written.status)
+            .expect("a status is handed over")
+            .conditions
+            .into_iter()
+            .find(|condition| condition.type_ == condition_types::READY)
+            .expect("a Ready condition")
+    };
+    let directory = TempDirectory::new("round");
+    let manifests = directory.0.join("later.yaml");
+    let now = Instant::now();
+    let mut agent =
+        Harness::start(options(&manifests), FakeDatapath::default(), host(), now).expect("starts");
+    // Before any manifest: the gate waits within its timeout, so there is no status yet, and
+    // the catch-up priority must not end.
+    let waiting = agent.tick(now);
+    assert!(!waiting.synced && !waiting.ready, "{waiting:?}");
+    assert_eq!(waiting.status, None);
+
+    std::fs::write(&manifests, SERVICE).expect("write manifest");
+    let synced = agent.tick(now + Duration::from_secs(1));
+    assert!(synced.synced && synced.ready, "{synced:?}");
+    assert_eq!(synced.sync.map(|(kind, _)| kind), Some("full"));
+    assert_eq!(
+        synced.frontends, 3,
+        "the ClusterIP and the NodePort in two scopes"
+    );
+    assert_eq!(ready_of(synced).status, ConditionStatus::True);
+
+    let unchanged = agent.tick(now + Duration::from_secs(2));
+    assert!(unchanged.synced);
+    assert_eq!(unchanged.status, None, "nothing changed, nothing to write");
+
+    // A sync that fails to write an entry: not synced (a catch-up would go on), and the
+    // status handed over says so.
+    agent
+        .datapath
+        .maps
+        .failing_frontends
+        .insert(node_port_key());
+    std::fs::write(
+        &manifests,
+        SERVICE.replace("- {addresses: [10.0.0.6], nodeName: node-a}\n", ""),
+    )
+    .expect("write manifest");
+    let failed = agent.tick(now + Duration::from_secs(3));
+    assert!(!failed.synced, "{failed:?}");
+    assert!(
+        failed.failed_entries.contains_key("default/web"),
+        "{failed:?}"
+    );
+    let ready = ready_of(failed);
+    assert_eq!(
+        (ready.status, ready.reason.as_str()),
+        (ConditionStatus::False, "SyncFailed")
+    );
 }
 
 #[test]
