@@ -721,7 +721,9 @@ fn kube_proxy_rule_count(node: &str) -> usize {
 /// from eBPF: traffic keeps working and the agent's chains stay first. Then
 /// `iptablesCleanup` with kube-proxy running: conflict reported, its rule count
 /// stable (no flapping) for 60 s; with kube-proxy gone: every Service chain
-/// removed, traffic unharmed throughout.
+/// removed, traffic unharmed throughout. Each step is an Event of the agent on
+/// the DataplaneNode (conflict, rules cleaned, cleanup stopped), and no
+/// rules-cleaned Event comes while kube-proxy runs.
 #[tokio::test]
 #[ignore = "needs the e2e cluster: make e2e-agent"]
 async fn kube_proxy_started_after_the_agent_breaks_nothing_and_is_cleaned_only_once_gone() {
@@ -760,6 +762,7 @@ async fn kube_proxy_started_after_the_agent_breaks_nothing_and_is_cleaned_only_o
 
     // Cleanup requested while kube-proxy runs: refused, reported, stable.
     let generator = world.traffic();
+    let events_before_cleanup = cluster.agent_event_counts("node-1").await;
     cluster
         .patch_spec("node-1", serde_json::json!({"iptablesCleanup": true}))
         .await;
@@ -783,6 +786,23 @@ async fn kube_proxy_started_after_the_agent_breaks_nothing_and_is_cleaned_only_o
         counts.iter().all(|count| *count == counts[0] && *count > 0),
         "kube-proxy's rules flapped: {counts:?}"
     );
+    // The refusal is an Event on the DataplaneNode; a cleaning one is not, while kube-proxy runs
+    // (the control for the rules-cleaned Event below).
+    cluster
+        .expect_agent_event(
+            "node-1",
+            "KubeProxyConflict",
+            "Warning",
+            &events_before_cleanup,
+            Duration::from_secs(15),
+        )
+        .await;
+    let events_while_refused = cluster.agent_event_counts("node-1").await;
+    assert_eq!(
+        events_while_refused.get("KubeProxyRulesCleaned"),
+        events_before_cleanup.get("KubeProxyRulesCleaned"),
+        "a rules-cleaned Event while kube-proxy ran: {events_while_refused:?}"
+    );
 
     // kube-proxy gone: the agent cleans.
     let daemonsets: Api<DaemonSet> = Api::namespaced(cluster.client.clone(), "kube-system");
@@ -801,6 +821,15 @@ async fn kube_proxy_started_after_the_agent_breaks_nothing_and_is_cleaned_only_o
         )
         .await;
     let cleaned_after = gone.elapsed();
+    cluster
+        .expect_agent_event(
+            "node-1",
+            "KubeProxyRulesCleaned",
+            "Normal",
+            &events_while_refused,
+            Duration::from_secs(15),
+        )
+        .await;
     let remaining: Vec<String> = in_namespace("node-1", "iptables-save", &[])
         .lines()
         .filter(|line| {
@@ -886,8 +915,18 @@ async fn kube_proxy_started_after_the_agent_breaks_nothing_and_is_cleaned_only_o
         matches!(&service_answer, Ok((200, body)) if body.contains("\"localEndpoints\": 1")),
         "{service_answer:?}"
     );
+    let events_before_stop = cluster.agent_event_counts("node-1").await;
     cluster
         .patch_spec("node-1", serde_json::json!({"iptablesCleanup": false}))
+        .await;
+    cluster
+        .expect_agent_event(
+            "node-1",
+            "KubeProxyCleanupStopped",
+            "Normal",
+            &events_before_stop,
+            Duration::from_secs(15),
+        )
         .await;
     assert!(
         remaining.is_empty(),
@@ -899,7 +938,9 @@ async fn kube_proxy_started_after_the_agent_breaks_nothing_and_is_cleaned_only_o
 
 /// Issue 8's draining, as the agent does it: told `KubeProxy` after `Ebpf`,
 /// node-1 keeps translating the connections it carries (`Draining` True,
-/// `liveFlows` counted), and detaches within 5 s of the last one closing.
+/// `liveFlows` counted), and detaches within 5 s of the last one closing. The
+/// agent records drain started and, only once the flows have ended, drain
+/// finished as Events on the DataplaneNode.
 #[tokio::test]
 #[ignore = "needs the e2e cluster: make e2e-agent"]
 async fn told_kube_proxy_after_ebpf_the_agent_drains_live_flows_then_detaches() {
@@ -940,6 +981,7 @@ async fn told_kube_proxy_after_ebpf_the_agent_drains_live_flows_then_detaches() 
     )
     .await
     .unwrap();
+    let events_before_drain = cluster.agent_event_counts("node-1").await;
     cluster
         .patch_spec(
             "node-1",
@@ -996,6 +1038,23 @@ async fn told_kube_proxy_after_ebpf_the_agent_drains_live_flows_then_detaches() 
     )
     .await
     .unwrap();
+    // Drain started is an Event; drain finished is not, while the flows live (the control for
+    // the drain-finished Event below).
+    cluster
+        .expect_agent_event(
+            "node-1",
+            "DrainStarted",
+            "Normal",
+            &events_before_drain,
+            Duration::from_secs(10),
+        )
+        .await;
+    let events_while_draining = cluster.agent_event_counts("node-1").await;
+    assert_eq!(
+        events_while_draining.get("DrainFinished"),
+        events_before_drain.get("DrainFinished"),
+        "a drain-finished Event while flows were live: {events_while_draining:?}"
+    );
     let report = long_lived.stop().await;
     let closed = Instant::now();
     cluster
@@ -1008,6 +1067,15 @@ async fn told_kube_proxy_after_ebpf_the_agent_drains_live_flows_then_detaches() 
         )
         .await;
     let detached_after = closed.elapsed();
+    cluster
+        .expect_agent_event(
+            "node-1",
+            "DrainFinished",
+            "Normal",
+            &events_while_draining,
+            Duration::from_secs(10),
+        )
+        .await;
     let detached = cluster
         .dataplane_node("node-1")
         .await

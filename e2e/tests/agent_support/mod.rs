@@ -9,7 +9,7 @@ use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::core::v1::{Event, Node, Service};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use switchyard_crds::{
@@ -395,4 +395,116 @@ where
 pub fn in_namespace(namespace: &str, program: &str, arguments: &[&str]) -> String {
     switchyard_e2e::netns::run_in_namespace(namespace, program, arguments)
         .unwrap_or_else(|error| panic!("{error}"))
+}
+
+/// The component the agent names in its Events (`switchyard_agent::cluster::events_writer`).
+pub const AGENT_EVENT_COMPONENT: &str = "switchyard-agent";
+
+/// Events counted by reason: an Event repeated bumps its `count` instead of making another.
+pub type EventCounts = std::collections::BTreeMap<String, i32>;
+
+pub fn count_by_reason(events: &[Event]) -> EventCounts {
+    let mut counts = EventCounts::new();
+    for event in events {
+        *counts
+            .entry(event.reason.clone().unwrap_or_default())
+            .or_default() += event.count.unwrap_or(1);
+    }
+    counts
+}
+
+impl AgentCluster {
+    /// The agent's core/v1 Events about `node`'s DataplaneNode. They live in `default`, the
+    /// namespace of Events about cluster-scoped objects.
+    pub async fn agent_events(&self, node: &str) -> Result<Vec<Event>, kube::Error> {
+        let events: Api<Event> = Api::namespaced(self.client.clone(), "default");
+        let selector = format!("involvedObject.kind=DataplaneNode,involvedObject.name={node}");
+        Ok(events
+            .list(&ListParams::default().fields(&selector))
+            .await?
+            .items
+            .into_iter()
+            .filter(|event| event.reporting_component.as_deref() == Some(AGENT_EVENT_COMPONENT))
+            .collect())
+    }
+
+    pub async fn agent_event_counts(&self, node: &str) -> EventCounts {
+        let events = self
+            .agent_events(node)
+            .await
+            .unwrap_or_else(|error| panic!("failed to list the Events about {node}: {error}"));
+        count_by_reason(&events)
+    }
+
+    /// Waits until the agent has recorded an Event of `reason` about `node` beyond the counts
+    /// of `before` (a new one, or a repeat of an earlier one), and asserts its shape (see
+    /// [`Self::assert_agent_event_shape`]) and its type (`Normal` or `Warning`).
+    pub async fn expect_agent_event(
+        &self,
+        node: &str,
+        reason: &str,
+        type_: &str,
+        before: &EventCounts,
+        timeout: Duration,
+    ) {
+        let event = self.wait_agent_event(node, reason, before, timeout).await;
+        self.assert_agent_event_shape(node, &event, type_).await;
+    }
+
+    /// Waits until the agent has recorded an Event of `reason` about `node` beyond the counts
+    /// of `before` (a new one, or a repeat of an earlier one); that Event.
+    pub async fn wait_agent_event(
+        &self,
+        node: &str,
+        reason: &str,
+        before: &EventCounts,
+        timeout: Duration,
+    ) -> Event {
+        let already = before.get(reason).copied().unwrap_or(0);
+        wait_for(
+            &format!("see the agent on {node} record a {reason} Event"),
+            WaitOptions::new(timeout).every(Duration::from_millis(250)),
+            || async move {
+                let events = self.agent_events(node).await?;
+                let counts = count_by_reason(&events);
+                Ok::<_, kube::Error>(if counts.get(reason).copied().unwrap_or(0) > already {
+                    let newest = events
+                        .into_iter()
+                        .filter(|event| event.reason.as_deref() == Some(reason))
+                        .max_by_key(|event| event.last_timestamp.clone().map(|time| time.0));
+                    match newest {
+                        Some(event) => Check::Ready(event),
+                        None => Check::NotYet(format!("{counts:?}")),
+                    }
+                } else {
+                    Check::NotYet(format!("the agent's Events by reason: {counts:?}"))
+                })
+            },
+        )
+        .await
+        .unwrap()
+    }
+
+    /// Asserts what every Event of the agent must be to reach a 1.20 API server and to be
+    /// found from its DataplaneNode: about that very object (its UID), in `default`, without
+    /// `eventTime`, from the agent on that node.
+    pub async fn assert_agent_event_shape(&self, node: &str, event: &Event, type_: &str) {
+        let object = self.dataplane_node(node).await;
+        assert_eq!(event.type_.as_deref(), Some(type_), "{event:?}");
+        assert_eq!(event.metadata.namespace.as_deref(), Some("default"));
+        assert_eq!(event.event_time, None, "{event:?}");
+        assert_eq!(event.involved_object.uid, object.metadata.uid, "{event:?}");
+        assert_eq!(
+            event.involved_object.api_version.as_deref(),
+            Some("switchyard.dev/v1alpha1")
+        );
+        assert_eq!(
+            event
+                .source
+                .as_ref()
+                .and_then(|source| source.host.as_deref()),
+            Some(node),
+            "{event:?}"
+        );
+    }
 }

@@ -13,11 +13,14 @@
 //! - `status` (pure): the DataplaneNode status from the agent's state.
 //! - `agent`: the state machine between inputs and the datapath (tested with fakes).
 //! - `datapath`: the datapath trait and its loader-backed implementation.
-//! - `watch`, `host`, `coexist`, `metrics`: thin I/O.
+//! - `events` (pure): which status changes make Events, and their rate limit.
+//! - `watch`, `host`, `coexist`, `metrics`, `events_writer`: thin I/O.
 //!
 //! SIGTERM leaves programs and maps in place for the next process.
 
 pub mod coexist;
+pub mod events;
+pub mod events_writer;
 pub mod metrics;
 pub mod watch;
 
@@ -26,10 +29,13 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
+use switchyard_telemetry::events::{Publisher, Reporter};
 use switchyard_telemetry::{Health, TelemetryServer};
 use tokio::sync::{mpsc, watch as channel};
 
 use self::coexist::CoexistenceSettings;
+use self::events::{EventDecisions, Reported};
+use self::events_writer::{dataplane_node_reference, EventRequest};
 use self::metrics::AgentMetrics;
 use crate::core::round::StatusTracker;
 use crate::core::status::{CoexistenceReport, WrittenStatus};
@@ -77,6 +83,8 @@ const STATUS_WRITE_STEP_BOUND: Duration = Duration::from_secs(330);
 /// of lines with 30,000 Services) under the xtables lock, which kube-proxy itself may hold for
 /// tens of seconds per sync, plus a healthz probe of at most `PROBE_TIMEOUT`.
 const COEXISTENCE_STEP_BOUND: Duration = Duration::from_secs(300);
+/// One try of an Event write is cut off at `PUBLISH_TIMEOUT` (30 s).
+const EVENT_WRITE_STEP_BOUND: Duration = Duration::from_secs(60);
 
 /// Housekeeping period: gate timeout, counters, drain progress.
 const HOUSEKEEPING: Duration = Duration::from_secs(1);
@@ -139,6 +147,20 @@ pub async fn run(options: ClusterOptions, shutdown: impl Future<Output = ()>) ->
 
     let (status_sender, status_receiver) = channel::channel(WrittenStatus::default());
     let (written_sender, written) = channel::channel(0_u64);
+    let (event_sender, event_requests) = mpsc::channel(events_writer::QUEUE_CAPACITY);
+    let event_writer = tokio::spawn(events_writer::run_publisher(
+        Publisher::new(
+            client.clone(),
+            Reporter::new(
+                events_writer::REPORTING_COMPONENT,
+                options.node_name.clone(),
+            )
+            .on_host(options.node_name.clone()),
+        ),
+        event_requests,
+        health.register_loop("event writer", EVENT_WRITE_STEP_BOUND),
+    ));
+    let mut event_decisions = EventDecisions::default();
     let status_writer = tokio::spawn(watch::run_status_writer(
         client,
         options.node_name.clone(),
@@ -238,6 +260,19 @@ pub async fn run(options: ClusterOptions, shutdown: impl Future<Output = ()>) ->
         });
         priority::apply(catch_up.after_round(round.synced, now), original_nice);
         if let Some(status) = round.status {
+            let read_back = agent
+                .dataplane_node()
+                .and_then(|view| view.status.as_ref())
+                .map(|status| status.conditions.as_slice());
+            queue_events(
+                &mut event_decisions,
+                &status,
+                round.coexistence.cleanup_generation,
+                read_back,
+                &options.node_name,
+                &event_sender,
+                now,
+            );
             status_sender.send_replace(status);
         }
     }
@@ -251,7 +286,47 @@ pub async fn run(options: ClusterOptions, shutdown: impl Future<Output = ()>) ->
     // The last status reaches the API server if it can within the grace period.
     drop(status_sender);
     let _ = tokio::time::timeout(Duration::from_secs(2), status_writer).await;
+    drop(event_sender);
+    let _ = tokio::time::timeout(Duration::from_secs(2), event_writer).await;
     Ok(())
+}
+
+/// Decides the Events that the status handed to the writer deserves (see [`events`]) and
+/// queues them for the Event writer, never waiting: a full queue drops the Event with a
+/// warning (the conditions still say what happened).
+fn queue_events(
+    decisions: &mut EventDecisions,
+    written: &WrittenStatus,
+    cleanup_generation: Option<i64>,
+    read_back: Option<&[switchyard_crds::Condition]>,
+    node_name: &str,
+    queue: &mpsc::Sender<EventRequest>,
+    now: Instant,
+) {
+    let Some(status) = &written.status else {
+        return;
+    };
+    let decided = decisions.after_report(
+        Reported {
+            conditions: status.conditions.clone(),
+            cleanup_generation,
+        },
+        read_back,
+        now,
+    );
+    for occurrence in decided.suppressed {
+        tracing::info!(reason = %occurrence.reason, message = %occurrence.message, "Event dropped by the rate limit");
+    }
+    let involved = dataplane_node_reference(node_name, written.object_uid.as_deref());
+    for occurrence in decided.publish {
+        let request = EventRequest {
+            involved: involved.clone(),
+            occurrence,
+        };
+        if let Err(error) = queue.try_send(request) {
+            tracing::warn!(%error, "Event dropped: the Event writer's queue is full");
+        }
+    }
 }
 
 /// Serves `/metrics`, `/healthz` and `/readyz` from a thread of its own, for the life of the

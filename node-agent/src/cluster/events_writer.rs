@@ -1,0 +1,206 @@
+//! Publishes the agent's Events (decided in [`super::events`]) about its DataplaneNode, through
+//! the Event writer the operator uses too ([`switchyard_telemetry::events::Publisher`]: core/v1
+//! Events without `eventTime`, which a 1.20 API server accepts about a cluster-scoped object).
+//!
+//! Thin I/O, off the agent's loop: the loop queues and never waits for the API server. An Event
+//! is best effort, as in client-go: a few tries, each bounded in time, then it is logged and
+//! dropped (the DataplaneNode's conditions still say what happened).
+
+use std::future::Future;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::Resource;
+use switchyard_crds::DataplaneNode;
+use switchyard_model::error::chain;
+use switchyard_telemetry::events::{Occurrence, Publisher};
+use switchyard_telemetry::Heartbeat;
+use tokio::sync::mpsc;
+
+/// The component named in the agent's Events.
+pub const REPORTING_COMPONENT: &str = "switchyard-agent";
+
+/// Events queued and not yet written; past this the loop drops new ones (with a warning) rather
+/// than wait. A transition makes at most a handful, and the rate limit bounds the rest.
+pub const QUEUE_CAPACITY: usize = 64;
+
+/// One try: a create, and for a repeat a read and a patch.
+pub const PUBLISH_TIMEOUT: Duration = Duration::from_secs(30);
+const TRIES: u32 = 3;
+const FIRST_BACKOFF: Duration = Duration::from_secs(1);
+
+/// An Event to write about a DataplaneNode.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EventRequest {
+    pub involved: ObjectReference,
+    pub occurrence: Occurrence,
+}
+
+/// The reference to the DataplaneNode `name` (the object `uid`, when known) for `involvedObject`.
+pub fn dataplane_node_reference(name: &str, uid: Option<&str>) -> ObjectReference {
+    ObjectReference {
+        api_version: Some(DataplaneNode::api_version(&()).into_owned()),
+        kind: Some(DataplaneNode::kind(&()).into_owned()),
+        name: Some(name.to_owned()),
+        uid: uid.map(str::to_owned),
+        ..ObjectReference::default()
+    }
+}
+
+/// Writes every queued Event through `publisher` until the queue closes (see
+/// [`run_event_writer`]).
+pub async fn run_publisher(
+    publisher: Publisher,
+    requests: mpsc::Receiver<EventRequest>,
+    heartbeat: Heartbeat,
+) {
+    let publish = move |request: EventRequest| {
+        let publisher = publisher.clone();
+        async move {
+            publisher
+                .publish(&request.involved, &request.occurrence)
+                .await
+        }
+    };
+    run_event_writer(publish, requests, heartbeat).await;
+}
+
+/// Writes every queued Event with `publish` until the queue closes. Each try is a step of
+/// `heartbeat`, bounded by [`PUBLISH_TIMEOUT`]; the backoff between tries and the wait for the
+/// next Event are not.
+pub async fn run_event_writer<F, Fut, E>(
+    mut publish: F,
+    mut requests: mpsc::Receiver<EventRequest>,
+    heartbeat: Heartbeat,
+) where
+    F: FnMut(EventRequest) -> Fut,
+    Fut: Future<Output = Result<(), E>>,
+    E: std::error::Error + 'static,
+{
+    while let Some(request) = requests.recv().await {
+        let mut backoff = FIRST_BACKOFF;
+        for attempt in 1..=TRIES {
+            let step = heartbeat.step();
+            let outcome = tokio::time::timeout(PUBLISH_TIMEOUT, publish(request.clone())).await;
+            drop(step);
+            let failure = match outcome {
+                Ok(Ok(())) => {
+                    tracing::info!(reason = %request.occurrence.reason, message = %request.occurrence.message, "recorded an Event");
+                    break;
+                }
+                Ok(Err(error)) => chain(&error),
+                Err(_) => format!(
+                    "failed to record an Event: no answer within {} s",
+                    PUBLISH_TIMEOUT.as_secs()
+                ),
+            };
+            if attempt == TRIES {
+                tracing::warn!(reason = %request.occurrence.reason, error = %failure, "dropped an Event after {TRIES} tries");
+            } else {
+                tracing::debug!(reason = %request.occurrence.reason, error = %failure, "retrying an Event");
+                tokio::time::sleep(backoff).await;
+                backoff *= 2;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex, PoisonError};
+
+    use switchyard_telemetry::Health;
+
+    use super::*;
+
+    fn request(reason: &str) -> EventRequest {
+        EventRequest {
+            involved: dataplane_node_reference("node-1", Some("uid-1")),
+            occurrence: Occurrence::normal(reason, "Drain", "message"),
+        }
+    }
+
+    /// The reasons of every try, in order, shared with the test.
+    type Tries = Arc<Mutex<Vec<String>>>;
+
+    fn tries_of(tries: &Tries) -> Vec<String> {
+        tries.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// A writer whose API server never answers an Event of reason `Stuck`, refuses `Refused`
+    /// and records every other.
+    fn spawn_writer(health: &Health, bound: Duration) -> (mpsc::Sender<EventRequest>, Tries) {
+        let tries = Tries::default();
+        let seen = Arc::clone(&tries);
+        let publish = move |request: EventRequest| {
+            let seen = Arc::clone(&seen);
+            async move {
+                let reason = request.occurrence.reason;
+                seen.lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .push(reason.clone());
+                match reason.as_str() {
+                    "Stuck" => std::future::pending().await,
+                    "Refused" => Err(std::io::Error::other("forbidden")),
+                    _ => Ok(()),
+                }
+            }
+        };
+        let (sender, requests) = mpsc::channel(QUEUE_CAPACITY);
+        tokio::spawn(run_event_writer(
+            publish,
+            requests,
+            health.register_loop("event writer", bound),
+        ));
+        (sender, tries)
+    }
+
+    async fn settle() {
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_event_never_answered_is_tried_three_times_then_dropped_and_the_next_is_written() {
+        let (sender, tries) = spawn_writer(&Health::new(), Duration::from_secs(60));
+        sender.send(request("Stuck")).await.expect("queued");
+        sender.send(request("DrainStarted")).await.expect("queued");
+        // Three tries of 30 s and backoffs of 1 s and 2 s.
+        tokio::time::sleep(PUBLISH_TIMEOUT * 3 + Duration::from_secs(4)).await;
+        settle().await;
+        assert_eq!(
+            tries_of(&tries),
+            ["Stuck", "Stuck", "Stuck", "DrainStarted"]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refused_event_is_retried_and_a_written_one_is_not() {
+        let (sender, tries) = spawn_writer(&Health::new(), Duration::from_secs(60));
+        sender.send(request("Refused")).await.expect("queued");
+        sender.send(request("DrainFinished")).await.expect("queued");
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        settle().await;
+        assert_eq!(
+            tries_of(&tries),
+            ["Refused", "Refused", "Refused", "DrainFinished"]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_try_in_flight_is_a_step_of_the_heartbeat_and_the_backoff_after_it_is_not() {
+        let health = Health::new();
+        // A bound below the try's timeout, so that a try in flight shows as stuck.
+        let (sender, _tries) = spawn_writer(&health, Duration::from_secs(10));
+        assert!(health.is_live(), "an idle writer is live");
+        sender.send(request("Stuck")).await.expect("queued");
+        settle().await;
+        tokio::time::advance(Duration::from_secs(15)).await;
+        assert!(!health.is_live(), "15 s into a try bounded at 10 s");
+        // The try gives up at 30 s; the backoff of 1 s that follows is waiting.
+        tokio::time::advance(Duration::from_millis(15_500)).await;
+        settle().await;
+        assert!(health.is_live(), "{:?}", health.liveness());
+    }
+}
