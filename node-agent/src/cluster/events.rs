@@ -5,7 +5,9 @@
 //! Every Event follows from a change of the conditions the agent reports, so `kubectl get
 //! events` tells the same story as the conditions' history, and an agent restarted in the middle
 //! of a transition compares with the status its previous process wrote (read back) instead of
-//! announcing the current state again:
+//! announcing the current state again. A condition reported `Unknown` (rules not read yet, or a
+//! failed read) is no news: the last known value stands for it.
+//!
 //!
 //! | transition | Event |
 //! | --- | --- |
@@ -209,6 +211,22 @@ impl RateLimiter {
     }
 }
 
+/// `current`, with every condition it reports `Unknown` replaced by the one `previous` knew.
+/// `Unknown` is no news: the rules not read yet after a start (`NotYetChecked`) or a failed read
+/// (`RulesUnreadable`). Compared as such, a conflict going on across a restart or a failed read
+/// would be announced again when the next read finds it.
+fn known_or_previous(previous: &Reported, mut current: Reported) -> Reported {
+    for condition in &mut current.conditions {
+        if condition.status != ConditionStatus::Unknown {
+            continue;
+        }
+        if let Some(known) = find_condition(&previous.conditions, &condition.type_) {
+            *condition = known.clone();
+        }
+    }
+    current
+}
+
 /// The agent's Event decisions between rounds: the last report and the rate limit.
 #[derive(Clone, Debug, Default)]
 pub struct EventDecisions {
@@ -238,6 +256,7 @@ impl EventDecisions {
             conditions: read_back.map(<[Condition]>::to_vec).unwrap_or_default(),
             cleanup_generation: current.cleanup_generation,
         });
+        let current = known_or_previous(&previous, current);
         let (publish, suppressed) = occurrences(&previous, &current)
             .into_iter()
             .partition(|occurrence| self.limiter.allow(&occurrence.reason, now));
@@ -444,6 +463,48 @@ mod tests {
         assert_eq!(
             reasons_of(&finished.publish),
             [(DRAIN_FINISHED, EventType::Normal)]
+        );
+    }
+
+    #[test]
+    fn a_conflict_going_on_across_a_restart_and_a_failed_read_is_announced_once() {
+        let mut decisions = EventDecisions::default();
+        let now = Instant::now();
+        let read_back = rules(true, reasons::KUBE_PROXY_CONFLICT, true).conditions;
+        let unknown = |reason: &str| Reported {
+            conditions: vec![Condition::new(
+                condition_types::KUBE_PROXY_RULES_PRESENT,
+                ConditionStatus::Unknown,
+                reason,
+                "message",
+                Some(1),
+                at(),
+            )],
+            cleanup_generation: Some(3),
+        };
+        let mut published = Vec::new();
+        for report in [
+            unknown("NotYetChecked"),
+            rules(true, reasons::KUBE_PROXY_CONFLICT, true),
+            unknown("RulesUnreadable"),
+            rules(true, reasons::KUBE_PROXY_CONFLICT, true),
+        ] {
+            published.extend(
+                decisions
+                    .after_report(report, Some(&read_back), now)
+                    .publish,
+            );
+        }
+        assert!(published.is_empty(), "{published:?}");
+        // The control: a conflict after the rules were known present without one is news.
+        let mut decisions = EventDecisions::default();
+        let read_back = rules(true, reasons::RULES_PRESENT, true).conditions;
+        decisions.after_report(unknown("NotYetChecked"), Some(&read_back), now);
+        let decided =
+            decisions.after_report(rules(true, reasons::KUBE_PROXY_CONFLICT, true), None, now);
+        assert_eq!(
+            reasons_of(&decided.publish),
+            [(KUBE_PROXY_CONFLICT, EventType::Warning)]
         );
     }
 
