@@ -8,7 +8,6 @@
 //! announcing the current state again. A condition reported `Unknown` (rules not read yet, or a
 //! failed read) is no news: the last known value stands for it.
 //!
-//!
 //! | transition | Event |
 //! | --- | --- |
 //! | `Draining` becomes True | `DrainStarted` (Normal) |
