@@ -321,18 +321,20 @@ impl TrafficGenerator {
             if let Ok(mut shared) = generator.report.lock() {
                 shared.flows.entry(flow.name.clone()).or_default();
             }
+            let worker = Worker {
+                flow: flow.clone(),
+                timeouts,
+                report: generator.report.clone(),
+                stopped: stopped.clone(),
+                started,
+            };
             match flow.mode {
                 FlowMode::ShortConnections { interval, workers } => {
                     for _ in 0..workers.max(1) {
-                        let worker = short_connection_loop(
-                            flow.clone(),
-                            interval,
-                            timeouts,
-                            generator.report.clone(),
-                            stopped.clone(),
-                            started,
+                        generator.spawn_worker(
+                            &flow.name,
+                            short_connection_loop(worker.clone(), interval),
                         );
-                        generator.spawn_worker(&flow.name, worker);
                     }
                 }
                 FlowMode::LongLived {
@@ -340,15 +342,10 @@ impl TrafficGenerator {
                     message_interval,
                 } => {
                     for _ in 0..connections.max(1) {
-                        let worker = long_lived_loop(
-                            flow.clone(),
-                            message_interval,
-                            timeouts,
-                            generator.report.clone(),
-                            stopped.clone(),
-                            started,
+                        generator.spawn_worker(
+                            &flow.name,
+                            long_lived_loop(worker.clone(), message_interval),
                         );
-                        generator.spawn_worker(&flow.name, worker);
                     }
                 }
             }
@@ -441,13 +438,16 @@ fn record(
     }
 }
 
-async fn connect(flow: &Flow, timeouts: Timeouts) -> std::result::Result<TcpStream, FailureCause> {
-    let socket = flow
-        .source
+async fn connect(
+    source: &NamespaceThread,
+    destination: SocketAddr,
+    timeouts: Timeouts,
+) -> std::result::Result<TcpStream, FailureCause> {
+    let socket = source
         .tcp_socket()
         .await
         .map_err(|error| FailureCause::Other(format!("socket: {error}")))?;
-    match tokio::time::timeout(timeouts.connect, socket.connect(flow.destination)).await {
+    match tokio::time::timeout(timeouts.connect, socket.connect(destination)).await {
         Err(_) => Err(FailureCause::ConnectTimeout),
         Ok(Err(error)) => Err(classify_io_error(&error)),
         Ok(Ok(stream)) => Ok(stream),
@@ -482,19 +482,20 @@ pub async fn exchange_once(
     destination: SocketAddr,
     timeouts: Timeouts,
 ) -> std::result::Result<String, FailureCause> {
-    let flow = Flow {
-        name: "once".into(),
-        source: source.clone(),
-        destination,
-        mode: FlowMode::ShortConnections {
-            interval: Duration::from_secs(1),
-            workers: 1,
-        },
-    };
-    let stream = connect(&flow, timeouts).await?;
+    short_exchange(source, destination, "once", timeouts).await
+}
+
+/// A new connection that sends `message`, reads the answer and closes.
+async fn short_exchange(
+    source: &NamespaceThread,
+    destination: SocketAddr,
+    message: &str,
+    timeouts: Timeouts,
+) -> std::result::Result<String, FailureCause> {
+    let stream = connect(source, destination, timeouts).await?;
     let (reader, mut writer) = stream.into_split();
     let mut reader = BufReader::new(reader);
-    let outcome = exchange(&mut reader, &mut writer, "once", timeouts).await;
+    let outcome = exchange(&mut reader, &mut writer, message, timeouts).await;
     let _ = writer.shutdown().await;
     outcome
 }
@@ -509,73 +510,69 @@ pub fn parse_answer(answer: &str, message: &str) -> std::result::Result<String, 
     }
 }
 
-async fn short_connection_loop(
+/// What each worker of a flow works with.
+#[derive(Clone)]
+struct Worker {
     flow: Flow,
-    interval: Duration,
     timeouts: Timeouts,
+    /// The report its outcomes are recorded in.
     report: SharedReport,
-    mut stopped: watch::Receiver<bool>,
+    stopped: watch::Receiver<bool>,
+    /// When the generator started (failure times are counted from it).
     started: tokio::time::Instant,
-) {
+}
+
+impl Worker {
+    fn record(&self, outcome: std::result::Result<String, FailureCause>) {
+        record(&self.report, &self.flow.name, self.started, outcome);
+    }
+}
+
+async fn short_connection_loop(mut worker: Worker, interval: Duration) {
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut sequence = 0u64;
     loop {
         tokio::select! {
-            _ = stopped.changed() => return,
+            _ = worker.stopped.changed() => return,
             _ = ticker.tick() => {}
         }
-        if *stopped.borrow() {
+        if *worker.stopped.borrow() {
             return;
         }
         sequence += 1;
-        let outcome = match connect(&flow, timeouts).await {
-            Err(cause) => Err(cause),
-            Ok(stream) => {
-                let (reader, mut writer) = stream.into_split();
-                let mut reader = BufReader::new(reader);
-                let outcome = exchange(
-                    &mut reader,
-                    &mut writer,
-                    &format!("probe-{sequence}"),
-                    timeouts,
-                )
-                .await;
-                let _ = writer.shutdown().await;
-                outcome
-            }
-        };
-        record(&report, &flow.name, started, outcome);
+        let outcome = short_exchange(
+            &worker.flow.source,
+            worker.flow.destination,
+            &format!("probe-{sequence}"),
+            worker.timeouts,
+        )
+        .await;
+        worker.record(outcome);
     }
 }
 
-async fn long_lived_loop(
-    flow: Flow,
-    message_interval: Duration,
-    timeouts: Timeouts,
-    report: SharedReport,
-    mut stopped: watch::Receiver<bool>,
-    started: tokio::time::Instant,
-) {
+async fn long_lived_loop(mut worker: Worker, message_interval: Duration) {
     let mut sequence = 0u64;
     'reconnect: loop {
-        if *stopped.borrow() {
+        if *worker.stopped.borrow() {
             return;
         }
-        let stream = match connect(&flow, timeouts).await {
+        let flow = &worker.flow;
+        let stream = match connect(&flow.source, flow.destination, worker.timeouts).await {
             Ok(stream) => stream,
             Err(cause) => {
-                record(&report, &flow.name, started, Err(cause));
+                worker.record(Err(cause));
                 tokio::select! {
-                    _ = stopped.changed() => return,
+                    _ = worker.stopped.changed() => return,
                     _ = tokio::time::sleep(message_interval) => continue 'reconnect,
                 }
             }
         };
-        if let Ok(mut report) = report.lock() {
+        if let Ok(mut report) = worker.report.lock() {
             report
                 .flows
-                .entry(flow.name.clone())
+                .entry(worker.flow.name.clone())
                 .or_default()
                 .connections_opened += 1;
         }
@@ -585,7 +582,7 @@ async fn long_lived_loop(
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
-                _ = stopped.changed() => {
+                _ = worker.stopped.changed() => {
                     let _ = writer.shutdown().await;
                     return;
                 }
@@ -596,11 +593,11 @@ async fn long_lived_loop(
                 &mut reader,
                 &mut writer,
                 &format!("message-{sequence}"),
-                timeouts,
+                worker.timeouts,
             )
             .await;
             let broken = outcome.is_err();
-            record(&report, &flow.name, started, outcome);
+            worker.record(outcome);
             if broken {
                 continue 'reconnect;
             }
