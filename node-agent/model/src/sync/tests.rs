@@ -513,6 +513,33 @@ proptest! {
     }
 }
 
+/// What each frontend balances over, independent of ids and slot order (the sync tests
+/// compare maps by it).
+pub(crate) fn semantics(state: &MapState) -> BTreeMap<FrontendKey, (u32, u32, Vec<BackendValue>)> {
+    state
+        .frontends
+        .iter()
+        .map(|(key, value)| {
+            let mut backends: Vec<BackendValue> = (0..value.backend_count)
+                .filter_map(|ordinal| {
+                    state
+                        .backend_slots
+                        .get(&BackendSlotKey {
+                            group_id: value.group_id,
+                            ordinal,
+                        })
+                        .copied()
+                })
+                .collect();
+            backends.sort();
+            (
+                *key,
+                (value.flags, value.affinity_timeout_seconds, backends),
+            )
+        })
+        .collect()
+}
+
 mod partial {
     use std::collections::BTreeMap;
 
@@ -526,32 +553,6 @@ mod partial {
         after: &BTreeMap<ServiceName, ServiceDesired>,
     ) -> Vec<(ServiceName, Option<ServiceDesired>)> {
         crate::desired::changed_services(before, after)
-    }
-
-    /// What each frontend balances over, independent of ids and slot order.
-    fn semantics(state: &MapState) -> BTreeMap<FrontendKey, (u32, u32, Vec<BackendValue>)> {
-        state
-            .frontends
-            .iter()
-            .map(|(key, value)| {
-                let mut backends: Vec<BackendValue> = (0..value.backend_count)
-                    .filter_map(|ordinal| {
-                        state
-                            .backend_slots
-                            .get(&BackendSlotKey {
-                                group_id: value.group_id,
-                                ordinal,
-                            })
-                            .copied()
-                    })
-                    .collect();
-                backends.sort();
-                (
-                    *key,
-                    (value.flags, value.affinity_timeout_seconds, backends),
-                )
-            })
-            .collect()
     }
 
     #[test]

@@ -3,9 +3,7 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
-use switchyard_common::{
-    BackendSlotKey, BackendValue, FrontendKey, SCOPE_EXTERNAL, SCOPE_INTERNAL,
-};
+use switchyard_common::{BackendSlotKey, FrontendKey, SCOPE_EXTERNAL, SCOPE_INTERNAL};
 
 use super::*;
 use crate::desired::{desired_services, frontend_key, lay_out};
@@ -15,6 +13,7 @@ use crate::model::{
     AddressFamily, EndpointModel, EndpointPortModel, Protocol, ServicePortModel, TargetPort,
     TrafficPolicy,
 };
+use crate::sync::tests::semantics;
 
 fn open_gate() -> GateOpen {
     let now = Instant::now();
@@ -639,32 +638,6 @@ impl Reference {
         let slices: Vec<EndpointSliceModel> = self.slices.values().cloned().collect();
         desired_services(&services, &slices, &self.node)
     }
-}
-
-/// What each frontend balances over, independent of ids and slot order.
-fn semantics(state: &MapState) -> BTreeMap<FrontendKey, (u32, u32, Vec<BackendValue>)> {
-    state
-        .frontends
-        .iter()
-        .map(|(key, value)| {
-            let mut backends: Vec<BackendValue> = (0..value.backend_count)
-                .filter_map(|ordinal| {
-                    state
-                        .backend_slots
-                        .get(&BackendSlotKey {
-                            group_id: value.group_id,
-                            ordinal,
-                        })
-                        .copied()
-                })
-                .collect();
-            backends.sort();
-            (
-                *key,
-                (value.flags, value.affinity_timeout_seconds, backends),
-            )
-        })
-        .collect()
 }
 
 proptest! {
