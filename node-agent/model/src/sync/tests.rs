@@ -98,6 +98,20 @@ fn before_and_after() -> (DesiredServices, DesiredServices) {
     (before, after)
 }
 
+/// Maps that record every moment a frontend points at a missing slot, and a syncer that has
+/// synced `desired` into them.
+fn synced(desired: &DesiredServices) -> (FakeServiceMaps, Syncer) {
+    let mut maps = FakeServiceMaps {
+        watch_for_missing_slots: true,
+        ..FakeServiceMaps::default()
+    };
+    let mut syncer = Syncer::restore(&maps).expect("restores");
+    syncer
+        .sync(open_gate(), desired, &mut maps)
+        .expect("applies");
+    (maps, syncer)
+}
+
 #[test]
 fn an_apply_into_empty_maps_writes_exactly_the_desired_entries() {
     let (before, _) = before_and_after();
@@ -121,11 +135,7 @@ fn an_apply_into_empty_maps_writes_exactly_the_desired_entries() {
 #[test]
 fn a_restarted_agent_with_unchanged_inputs_writes_nothing() {
     let (before, _) = before_and_after();
-    let mut maps = FakeServiceMaps::default();
-    Syncer::restore(&maps)
-        .expect("restores")
-        .sync(open_gate(), &before, &mut maps)
-        .expect("applies");
+    let (mut maps, _) = synced(&before);
     let writes_before_restart = maps.mutations_attempted;
 
     // A new process: restore from the maps and sync the same inputs.
@@ -140,14 +150,7 @@ fn a_restarted_agent_with_unchanged_inputs_writes_nothing() {
 #[test]
 fn a_change_deletes_stale_frontends_first_and_unused_slots_last() {
     let (before, after) = before_and_after();
-    let mut maps = FakeServiceMaps {
-        watch_for_missing_slots: true,
-        ..FakeServiceMaps::default()
-    };
-    let mut syncer = Syncer::restore(&maps).expect("restores");
-    syncer
-        .sync(open_gate(), &before, &mut maps)
-        .expect("applies");
+    let (mut maps, mut syncer) = synced(&before);
     let current = syncer.current().clone();
     let expected = entries_of(&after, &current);
     let change = plan(&current, &expected);
@@ -180,11 +183,7 @@ fn a_plan_between_equal_states_is_empty() {
 fn a_failure_at_any_point_of_an_apply_leaves_no_frontend_on_a_missing_slot_and_the_next_apply_converges(
 ) {
     let (before, after) = before_and_after();
-    let mut reference = FakeServiceMaps::default();
-    let mut reference_syncer = Syncer::restore(&reference).expect("restores");
-    reference_syncer
-        .sync(open_gate(), &before, &mut reference)
-        .expect("applies");
+    let (reference, reference_syncer) = synced(&before);
     let operations = plan(
         reference_syncer.current(),
         &entries_of(&after, reference_syncer.current()),
@@ -194,7 +193,6 @@ fn a_failure_at_any_point_of_an_apply_leaves_no_frontend_on_a_missing_slot_and_t
 
     for failing in 0..operations {
         let mut maps = reference.clone();
-        maps.watch_for_missing_slots = true;
         maps.failing_mutations
             .insert(maps.mutations_attempted + failing);
         let mut syncer = Syncer::restore(&maps).expect("restores");
@@ -293,11 +291,7 @@ fn an_entry_that_always_fails_blocks_no_other_write_and_is_reported_for_its_serv
 #[test]
 fn a_failed_apply_makes_the_next_sync_reread_the_maps() {
     let (before, after) = before_and_after();
-    let mut maps = FakeServiceMaps::default();
-    let mut syncer = Syncer::restore(&maps).expect("restores");
-    syncer
-        .sync(open_gate(), &before, &mut maps)
-        .expect("applies");
+    let (mut maps, mut syncer) = synced(&before);
     maps.failing_kinds.insert(MapMutation::WriteFrontend);
     assert!(syncer.sync(open_gate(), &after, &mut maps).is_err());
     // Something else changed the map meanwhile (an operator with bpftool).
@@ -324,14 +318,7 @@ fn a_failed_apply_makes_the_next_sync_reread_the_maps() {
 #[test]
 fn a_full_map_fails_the_apply_safely_and_a_bigger_one_converges() {
     let (before, after) = before_and_after();
-    let mut maps = FakeServiceMaps {
-        watch_for_missing_slots: true,
-        ..FakeServiceMaps::default()
-    };
-    let mut syncer = Syncer::restore(&maps).expect("restores");
-    syncer
-        .sync(open_gate(), &before, &mut maps)
-        .expect("applies");
+    let (mut maps, mut syncer) = synced(&before);
     maps.backend_slot_capacity = Some(maps.state.backend_slots.len() + 1);
     assert!(syncer.sync(open_gate(), &after, &mut maps).is_err());
     assert!(maps.missing_slot_violations.is_empty());
