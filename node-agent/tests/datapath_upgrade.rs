@@ -159,3 +159,108 @@ fn maps_of_an_older_schema_version_are_taken_over_without_a_failed_connection() 
         },
     );
 }
+
+const LOAD_BALANCER_IP: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 7);
+
+/// A load-balancer frontend on port 80 with `flags`, over pod1.
+fn write_load_balancer(maps: &mut loader::PinnedServiceMaps, pods: &[Pod], flags: u32) {
+    let mut entry =
+        ServiceEntry::cluster_ip(2, LOAD_BALANCER_IP, 80, PROTOCOL_TCP).with_backends(&[&pods[0]]);
+    entry.frontends = vec![(LOAD_BALANCER_IP, 80, switchyard_common::SCOPE_EXTERNAL)];
+    entry.flags = flags;
+    write_service(maps, &entry);
+}
+
+fn client_range() -> switchyard_agent::maps::SourceRangeEntry {
+    switchyard_agent::maps::SourceRangeEntry {
+        frontend: switchyard_common::FrontendKey {
+            address: switchyard_common::ipv4_mapped(LOAD_BALANCER_IP.octets()),
+            port_big_endian: 80u16.to_be(),
+            protocol: PROTOCOL_TCP,
+            scope: switchyard_common::SCOPE_EXTERNAL,
+        },
+        prefix: switchyard_agent::maps::SourcePrefix {
+            address: switchyard_common::ipv4_mapped(CLIENT_IP.octets()),
+            length: 128,
+        },
+    }
+}
+
+#[test]
+#[ignore = "privileged netns test: run by make datapath-test"]
+fn a_pin_directory_of_the_build_before_source_ranges_is_upgraded_in_place_without_a_failed_connection(
+) {
+    run_isolated(
+        "a_pin_directory_of_the_build_before_source_ranges_is_upgraded_in_place_without_a_failed_connection",
+        |node| {
+            let pods = standard_topology(3);
+            start_servers(&pods[0]);
+            start_servers(&pods[1]);
+            let (datapath, mut maps) = start_datapath(node, &pods);
+            drop(datapath);
+            write_service(
+                &mut maps,
+                &ServiceEntry::cluster_ip(1, CLUSTER_IP, 80, PROTOCOL_TCP)
+                    .with_backends(&[&pods[0], &pods[1]]),
+            );
+            let frontends_before = maps.frontends().expect("frontends");
+            drop(maps);
+            let connections: Vec<LongLivedConnection> = (0..5)
+                .map(|_| {
+                    LongLivedConnection::open(
+                        Some("pod3"),
+                        SocketAddrV4::new(CLUSTER_IP, 80),
+                        Duration::from_millis(100),
+                    )
+                })
+                .collect();
+
+            // The pins now look like those of the build before the source range
+            // maps (same schema version): the running programs keep their maps.
+            let current = loader::version_directory(&node.pin_directory, SCHEMA_VERSION);
+            for name in [map_names::SOURCE_RANGES, map_names::SOURCE_RANGE_DROPS] {
+                std::fs::remove_file(current.join(name)).expect("unpin a source range map");
+            }
+
+            let mut datapath = Datapath::load(node.loader_settings()).expect("load");
+            for pod in &pods {
+                datapath
+                    .attach_interface(&pod.host_interface(), InterfaceKind::Pod)
+                    .expect("attach");
+            }
+            datapath
+                .attach_interface("ext0", InterfaceKind::Host)
+                .expect("attach");
+            datapath.attach_socket_hooks().expect("socket hooks");
+            for name in [map_names::SOURCE_RANGES, map_names::SOURCE_RANGE_DROPS] {
+                assert!(current.join(name).exists(), "{name} is pinned again");
+            }
+            let mut maps = datapath.service_maps().expect("maps");
+            assert_eq!(maps.frontends().expect("frontends"), frontends_before);
+            assert!(maps.source_ranges().expect("source ranges").is_empty());
+
+            // The new programs read the new map: a filtered frontend answers the
+            // client its range holds, and drops it once the range is gone.
+            maps.write_source_range(&client_range()).expect("write a range");
+            write_load_balancer(&mut maps, &pods, switchyard_common::FRONTEND_FLAG_SOURCE_RANGES);
+            let load_balancer = SocketAddrV4::new(LOAD_BALANCER_IP, 80);
+            let request = move || {
+                in_namespace(Some("client"), move || {
+                    tcp_request(load_balancer, Duration::from_millis(500))
+                })
+                .join()
+                .expect("client")
+            };
+            request().expect("the client in the range is answered");
+            maps.delete_source_range(&client_range()).expect("delete the range");
+            let error = request().expect_err("the client outside the ranges is answered");
+            assert_eq!(error.kind(), std::io::ErrorKind::TimedOut, "{error}");
+            assert!(maps.source_range_drops().expect("drops") > 0);
+
+            for report in connections.into_iter().map(LongLivedConnection::close) {
+                assert!(report.failure.is_none(), "{report:?}");
+                assert!(report.requests >= 5, "{report:?}");
+            }
+        },
+    );
+}
