@@ -78,6 +78,7 @@ fn slice(index: u32, generation: u32) -> EndpointSliceModel {
                 serving: true,
                 terminating: false,
                 node_name: Some(format!("node-{}", endpoint % 50)),
+                hints: Default::default(),
             })
             .collect(),
     }
@@ -141,6 +142,7 @@ fn timed_sync(
 fn run<M: ServiceMaps>(label: &str, mut fresh_maps: impl FnMut() -> M, rows: &mut Vec<Row>) {
     let node = NodeView {
         name: "node-0".into(),
+        zone: None,
         addresses: vec![IpAddr::V4(Ipv4Addr::new(192, 168, 1, 10))],
     };
     let services: Vec<ServiceModel> = (0..SERVICES).map(service).collect();

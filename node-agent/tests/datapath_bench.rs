@@ -100,6 +100,7 @@ fn models(
                 serving: true,
                 terminating: false,
                 node_name: Some(NODE_NAME.to_string()),
+                hints: Default::default(),
             })
             .collect();
         slices.push(EndpointSliceModel {
@@ -396,6 +397,7 @@ fn benchmark_datapath_against_iptables_and_direct() {
         //    `standalone` keep, synced into empty maps (a full sync).
         let node_view = NodeView {
             name: NODE_NAME.to_string(),
+            zone: None,
             addresses: vec![IpAddr::V4(NODE_IP)],
         };
         let (services, slices) = models(&pods, SERVICES, None);
@@ -769,6 +771,7 @@ fn benchmark_connect_latency_across_service_counts() {
             .expect("enable BPF run-time statistics");
         let node_view = NodeView {
             name: NODE_NAME.to_string(),
+            zone: None,
             addresses: vec![IpAddr::V4(NODE_IP)],
         };
         let models_by_count: Vec<_> = COUNTS

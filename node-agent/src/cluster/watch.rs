@@ -211,8 +211,16 @@ impl<K: Resource, V> ChangeBuilder<K, V> {
 /// of thousands of nodes), costs the control plane far more, and the watch that
 /// follows brings a list that was a little behind up to date. The Node and the
 /// DataplaneNode (one object each) stay quorum reads.
+///
+/// Both are watched with kube-proxy's label selector (`model::labels`): a
+/// Service owned by another proxy (`service.kubernetes.io/service-proxy-name`),
+/// its slices, and the slices of headless Services are never listed, and one
+/// that gains the label leaves the watch as a deletion. The conversion leaves
+/// such objects out too, for the standalone mode's manifests.
 fn collection_watch_config() -> watcher::Config {
-    watcher::Config::default().any_semantic()
+    watcher::Config::default()
+        .any_semantic()
+        .labels(model::labels::KUBE_PROXY_LABEL_SELECTOR)
 }
 
 /// Watches a collection converted to the model, sending complete lists as one
@@ -461,6 +469,64 @@ mod tests {
         assert_eq!(
             collection_watch_config().list_semantic,
             watcher::ListSemantic::Any
+        );
+    }
+
+    #[test]
+    fn services_and_endpoint_slices_are_watched_with_kube_proxys_label_selector() {
+        assert_eq!(
+            collection_watch_config().label_selector.as_deref(),
+            Some("!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless")
+        );
+    }
+
+    fn labelled_service(labels: serde_json::Value) -> Service {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "web", "namespace": "default", "labels": labels},
+            "spec": {"clusterIP": "10.96.0.10", "ports": [{"port": 80}]}
+        }))
+        .expect("a valid Service")
+    }
+
+    #[test]
+    fn a_service_that_gains_the_proxy_name_label_is_removed_and_one_without_it_is_kept() {
+        let mut builder = ChangeBuilder::new("Services", service_entry);
+        assert!(matches!(
+            builder.on_event(watcher::Event::Apply(labelled_service(
+                serde_json::json!({"app": "web"})
+            ))),
+            Some(StoreChange::Upsert(key, _)) if key == ServiceName::new("default", "web")
+        ));
+        assert_eq!(
+            builder.on_event(watcher::Event::Apply(labelled_service(serde_json::json!({
+                "app": "web",
+                "service.kubernetes.io/service-proxy-name": "other-proxy"
+            })))),
+            Some(StoreChange::Remove(ServiceName::new("default", "web")))
+        );
+    }
+
+    #[test]
+    fn a_labelled_v1beta1_slice_is_left_out_of_a_list() {
+        let mut builder = ChangeBuilder::new("EndpointSlices", slice_model_v1beta1);
+        let mut labelled = v1beta1_slice("web-2", true);
+        labelled
+            .metadata
+            .labels
+            .get_or_insert_with(Default::default)
+            .insert("service.kubernetes.io/headless".into(), String::new());
+        assert_eq!(builder.on_event(watcher::Event::Init), None);
+        assert_eq!(
+            builder.on_event(watcher::Event::InitApply(v1beta1_slice("web-1", true))),
+            None
+        );
+        assert_eq!(builder.on_event(watcher::Event::InitApply(labelled)), None);
+        let Some(StoreChange::Replace(list)) = builder.on_event(watcher::Event::InitDone) else {
+            panic!("a complete list");
+        };
+        assert_eq!(
+            list.keys().cloned().collect::<Vec<_>>(),
+            vec![ServiceName::new("default", "web-1")]
         );
     }
 

@@ -423,7 +423,7 @@ impl<D: Datapath> NodeAgent<D> {
             Input::Node(facts) => {
                 self.gate.receive(GateInput::Node, now);
                 if node_update_is_relevant(self.node.as_ref(), &facts) {
-                    tracing::info!(addresses = ?facts.addresses, "Node addresses");
+                    tracing::info!(addresses = ?facts.addresses, zone = ?facts.zone, "Node addresses and zone");
                     self.node = Some(facts);
                     self.update_node_view();
                 } else {
@@ -513,6 +513,7 @@ impl<D: Datapath> NodeAgent<D> {
         let view = NodeView {
             name: self.settings.node_name.clone(),
             addresses,
+            zone: node.zone.clone(),
         };
         if self.inputs.set_node(view) {
             self.coalescer.changed();

@@ -4,17 +4,22 @@
 //! Calico 3.29.1 re-attached every TC program on every Node heartbeat (tc storms,
 //! stuck rollouts: projectcalico/calico#10143). Here a Node update is projected to
 //! the few facts the desired state uses ([`NodeFacts`]), and only a change of those
-//! reaches the syncer; heartbeats, conditions, `resourceVersion`, labels and
-//! annotations are counted as ignored and cause no map write and no attach.
+//! reaches the syncer; heartbeats, conditions, `resourceVersion`, labels other
+//! than the zone and annotations are counted as ignored and cause no map write
+//! and no attach.
 
 use std::net::IpAddr;
 
 use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 /// Node address types whose addresses NodePorts are served on (kube-proxy's
 /// default `nodePortAddresses` are the node's own addresses; these are what the
 /// Node says they are).
 const SERVED_ADDRESS_TYPES: [&str; 2] = ["InternalIP", "ExternalIP"];
+/// The Node label topology hints are matched against (kube-proxy reads this
+/// one label for them).
+pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
 
 /// The facts of the Node the desired state depends on.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -23,6 +28,8 @@ pub struct NodeFacts {
     /// `status.addresses` of type InternalIP and ExternalIP that parse as IP
     /// addresses, sorted, without duplicates.
     pub addresses: Vec<IpAddr>,
+    /// The [`ZONE_LABEL`] label, if set and not empty.
+    pub zone: Option<String>,
 }
 
 impl NodeFacts {
@@ -39,8 +46,19 @@ impl NodeFacts {
         Self {
             name: node.metadata.name.clone().unwrap_or_default(),
             addresses,
+            zone: zone_of(&node.metadata),
         }
     }
+}
+
+/// The zone label of a Node's metadata, if set and not empty.
+pub fn zone_of(metadata: &ObjectMeta) -> Option<String> {
+    metadata
+        .labels
+        .as_ref()
+        .and_then(|labels| labels.get(ZONE_LABEL))
+        .filter(|zone| !zone.is_empty())
+        .cloned()
 }
 
 /// Whether a Node update changes anything the agent uses. Pure, so the rule
@@ -103,8 +121,28 @@ mod tests {
                     "10.99.0.11".parse().expect("valid"),
                     "192.0.2.7".parse().expect("valid")
                 ],
+                zone: None,
             }
         );
+    }
+
+    #[test]
+    fn the_zone_label_is_a_fact_and_a_change_of_it_is_relevant() {
+        let mut zoned = base();
+        zoned["metadata"]["labels"][ZONE_LABEL] = "zone-a".into();
+        let before = facts(zoned.clone());
+        assert_eq!(before.zone.as_deref(), Some("zone-a"));
+        let mut moved = zoned.clone();
+        moved["metadata"]["labels"][ZONE_LABEL] = "zone-b".into();
+        assert!(node_update_is_relevant(Some(&before), &facts(moved)));
+        // The control: another label changing is not relevant.
+        let mut relabelled = zoned;
+        relabelled["metadata"]["labels"]["churn"] = "yes".into();
+        assert!(!node_update_is_relevant(Some(&before), &facts(relabelled)));
+        // An empty label is no zone.
+        let mut empty = base();
+        empty["metadata"]["labels"][ZONE_LABEL] = "".into();
+        assert_eq!(facts(empty).zone, None);
     }
 
     #[test]

@@ -63,6 +63,7 @@ fn host(extra_eth0_address: Option<&str>, pods: &[&str]) -> Input {
 fn node_facts(addresses: &[&str]) -> NodeFacts {
     NodeFacts {
         name: "node-1".into(),
+        zone: None,
         addresses: addresses
             .iter()
             .map(|address| address.parse().expect("valid"))
@@ -521,6 +522,7 @@ fn api_slice(hosts: &[&str]) -> EndpointSliceModel {
         .map(|address| EndpointModel {
             address: address.parse().expect("valid"),
             node_name: Some("node-1".into()),
+            hints: Default::default(),
             ..template.clone()
         })
         .collect();

@@ -1,7 +1,11 @@
 //! Reading Kubernetes manifests from a file or a directory: multi-document YAML
 //! (JSON is YAML too), `kind: List` included. Services, EndpointSlices (v1 and
-//! v1beta1) and this node's DataplaneNode are kept; other kinds are skipped, so a
-//! file can also hold the Deployments that go with its Services.
+//! v1beta1), this node's DataplaneNode and the zone label of this node's Node
+//! (for topology hints) are kept; other kinds are skipped, so a file can also
+//! hold the Deployments that go with its Services. Services and EndpointSlices
+//! that kube-proxy's label selector would hide are left out by the model
+//! (`model::labels`), as the API server's selector leaves them out in cluster
+//! mode.
 //!
 //! Any problem is reported with the file, the document's position in it (from 1)
 //! and the field, and the whole set is rejected: the caller keeps serving the
@@ -11,7 +15,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use serde::de::DeserializeOwned;
 use switchyard_crds::{DataplaneNode, DataplaneNodeSpec};
@@ -26,6 +30,10 @@ pub struct Manifests {
     pub endpoint_slices: Vec<EndpointSliceModel>,
     /// The spec of the DataplaneNode named after this node, if the manifests have one.
     pub dataplane_node: Option<DataplaneNodeSpec>,
+    /// The `topology.kubernetes.io/zone` label of the Node named after this
+    /// node, if the manifests have one (its addresses are not read: standalone
+    /// NodePorts are served on the host's addresses or `--node-ip`).
+    pub node_zone: Option<String>,
 }
 
 /// Files a manifest path stands for: the file itself, or the `.yaml`, `.yml` and
@@ -137,6 +145,11 @@ pub enum ManifestObject {
         name: String,
         spec: DataplaneNodeSpec,
     },
+    /// A Node: its name and zone label.
+    Node {
+        name: String,
+        zone: Option<String>,
+    },
 }
 
 /// An object and where it is in its file.
@@ -197,6 +210,7 @@ pub fn combine<'a>(
     let mut services: BTreeMap<ServiceName, Origin<'a>> = BTreeMap::new();
     let mut slices: BTreeMap<ServiceName, Origin<'a>> = BTreeMap::new();
     let mut dataplane_node: Option<Origin<'a>> = None;
+    let mut node: Option<Origin<'a>> = None;
     for (file, objects) in files {
         for located in objects {
             let duplicate = |what: String, first: &Origin<'_>| Error::InvalidManifest {
@@ -237,6 +251,16 @@ pub fn combine<'a>(
                     }
                     dataplane_node = Some(origin);
                     manifests.dataplane_node = Some(spec.clone());
+                }
+                ManifestObject::Node { name, zone } => {
+                    if name != node_name {
+                        continue;
+                    }
+                    if let Some(first) = &node {
+                        return Err(duplicate(format!("Node {node_name}"), first));
+                    }
+                    node = Some(origin);
+                    manifests.node_zone = zone.clone();
                 }
             }
         }
@@ -352,6 +376,13 @@ fn collect_object(
                 push(ManifestObject::EndpointSlice(model));
             }
         }
+        ("v1", "Node") => {
+            let node: Node = typed(value).map_err(fail)?;
+            push(ManifestObject::Node {
+                zone: crate::core::node::zone_of(&node.metadata),
+                name: node.metadata.name.unwrap_or_default(),
+            });
+        }
         ("switchyard.dev/v1alpha1", "DataplaneNode") => {
             let node: DataplaneNode = typed(value).map_err(fail)?;
             push(ManifestObject::DataplaneNode {
@@ -437,6 +468,21 @@ spec: {mode: Ebpf, drainTimeoutSeconds: 30}
         let spec = manifests.dataplane_node.expect("node-a's DataplaneNode");
         assert_eq!(spec.mode, DataplaneMode::Ebpf);
         assert_eq!(spec.drain_timeout_seconds, 30);
+    }
+
+    #[test]
+    fn this_nodes_zone_is_read_from_its_node_and_a_second_one_is_an_error() {
+        let nodes = "apiVersion: v1\nkind: Node\nmetadata: {name: node-b, labels: {topology.kubernetes.io/zone: zone-b}}\n---\napiVersion: v1\nkind: Node\nmetadata: {name: node-a, labels: {topology.kubernetes.io/zone: zone-a}}\n";
+        assert_eq!(
+            parse_one(nodes).expect("parses").node_zone.as_deref(),
+            Some("zone-a")
+        );
+        assert_eq!(parse_one(GOOD).expect("parses").node_zone, None);
+        let twice = format!("{nodes}---\napiVersion: v1\nkind: Node\nmetadata: {{name: node-a}}\n");
+        match parse_one(&twice) {
+            Err(Error::InvalidManifest { document, .. }) => assert_eq!(document, 3),
+            other => panic!("expected a duplicate error, got {other:?}"),
+        }
     }
 
     #[test]

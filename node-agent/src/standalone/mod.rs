@@ -127,14 +127,15 @@ impl ManifestSource {
             "read the manifests"
         );
         self.reported_error = None;
-        manifest_inputs(&manifests)
+        manifest_inputs(&manifests, &self.node_name)
     }
 }
 
 /// What a set of manifests says, as the core's inputs: complete lists of
-/// Services and EndpointSlices, and the DataplaneNode (without one in the
-/// files, a spec of `Ebpf`: a standalone node serves from eBPF unless told).
-fn manifest_inputs(manifests: &Manifests) -> Vec<Input> {
+/// Services and EndpointSlices, the DataplaneNode (without one in the
+/// files, a spec of `Ebpf`: a standalone node serves from eBPF unless told),
+/// and the node's facts with the zone of its Node manifest, if any.
+fn manifest_inputs(manifests: &Manifests, node_name: &str) -> Vec<Input> {
     let services = manifests
         .services
         .iter()
@@ -150,6 +151,7 @@ fn manifest_inputs(manifests: &Manifests) -> Vec<Input> {
         .clone()
         .unwrap_or_else(|| DataplaneNodeSpec::new(DataplaneMode::Ebpf));
     vec![
+        Input::Node(node_facts(node_name, manifests.node_zone.clone())),
         Input::Services(StoreChange::Replace(services)),
         Input::EndpointSlices(StoreChange::Replace(slices)),
         Input::DataplaneNode(Some(DataplaneNodeView {
@@ -159,6 +161,16 @@ fn manifest_inputs(manifests: &Manifests) -> Vec<Input> {
             status: None,
         })),
     ]
+}
+
+/// Standalone mode's Node: its name, no addresses (NodePorts are served on the
+/// host's addresses or `--node-ip`), and the zone a Node manifest gives.
+fn node_facts(node_name: &str, zone: Option<String>) -> NodeFacts {
+    NodeFacts {
+        name: node_name.to_string(),
+        addresses: Vec::new(),
+        zone,
+    }
 }
 
 /// The standalone agent: the core and its manifest source.
@@ -179,13 +191,7 @@ impl<D: Datapath> Standalone<D> {
     /// (or `--node-ip`), so the Node input is given here.
     pub fn start(options: StandaloneOptions, datapath: D, now: Instant) -> Result<Self, Error> {
         let mut agent = NodeAgent::start(agent_settings(&options), datapath, now)?;
-        agent.receive(
-            Input::Node(NodeFacts {
-                name: options.node_name.clone(),
-                addresses: Vec::new(),
-            }),
-            now,
-        );
+        agent.receive(Input::Node(node_facts(&options.node_name, None)), now);
         Ok(Self {
             agent,
             manifests: ManifestSource::new(options.manifests, options.node_name),

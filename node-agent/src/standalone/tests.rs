@@ -560,3 +560,97 @@ fn a_change_to_one_services_manifest_is_a_partial_sync_and_a_resync_follows_the_
     assert_eq!(agent.counts.resyncs, 1);
     assert_eq!(agent.datapath.maps.mutations_attempted, writes);
 }
+
+fn cluster_ip_key(address: &str) -> switchyard_common::FrontendKey {
+    crate::desired::frontend_key(
+        &address.parse().expect("valid"),
+        80,
+        crate::model::Protocol::Tcp,
+        switchyard_common::SCOPE_INTERNAL,
+    )
+}
+
+#[test]
+fn a_service_owned_by_another_proxy_is_not_served_and_its_unlabelled_twin_is() {
+    let directory = TempDirectory::new("proxy-name");
+    let other = SERVICE
+        .replace(
+            "metadata: {name: web}",
+            "metadata: {name: other, labels: {service.kubernetes.io/service-proxy-name: other-proxy}}",
+        )
+        .replace("10.96.0.10", "10.96.0.11")
+        .replace("nodePort: 30080", "nodePort: 30081")
+        .replace(
+            "metadata: {name: web-1, labels: {kubernetes.io/service-name: web}}",
+            "metadata: {name: other-1, labels: {kubernetes.io/service-name: other, service.kubernetes.io/service-proxy-name: other-proxy}}",
+        );
+    write(&directory, "web.yaml", SERVICE);
+    write(&directory, "other.yaml", &other);
+    let now = Instant::now();
+    let mut agent = Harness::start(options(&directory.0), FakeDatapath::default(), host(), now)
+        .expect("starts");
+    agent.tick(now);
+    let frontends = &agent.datapath.maps.state.frontends;
+    assert_eq!(frontends[&cluster_ip_key("10.96.0.10")].backend_count, 2);
+    assert!(
+        !frontends.contains_key(&cluster_ip_key("10.96.0.11")),
+        "the other proxy's Service is served"
+    );
+    // web's ClusterIP and its NodePort in both scopes: nothing of `other`.
+    assert_eq!(frontends.len(), 3);
+
+    // The label removed: kube-proxy (and the agent) take the Service over.
+    write(
+        &directory,
+        "other.yaml",
+        &other.replace(
+            "service.kubernetes.io/service-proxy-name: other-proxy",
+            "app: other",
+        ),
+    );
+    agent.tick(now + Duration::from_secs(1));
+    assert_eq!(
+        agent.datapath.maps.state.frontends[&cluster_ip_key("10.96.0.11")].backend_count,
+        2
+    );
+}
+
+#[test]
+fn the_zone_of_the_node_manifest_narrows_hinted_endpoints_and_a_change_of_it_is_applied() {
+    let directory = TempDirectory::new("zone");
+    let hinted = SERVICE
+        .replace(
+            "- {addresses: [10.0.0.5], nodeName: node-a}",
+            "- {addresses: [10.0.0.5], nodeName: node-a, hints: {forZones: [{name: zone-a}]}}",
+        )
+        .replace(
+            "- {addresses: [10.0.0.6], nodeName: node-a}",
+            "- {addresses: [10.0.0.6], nodeName: node-b, hints: {forZones: [{name: zone-b}]}}",
+        );
+    let node = |zone: &str| {
+        format!(
+            "apiVersion: v1\nkind: Node\nmetadata: {{name: node-a, labels: {{topology.kubernetes.io/zone: {zone}}}}}\n---\napiVersion: v1\nkind: Node\nmetadata: {{name: node-b, labels: {{topology.kubernetes.io/zone: zone-b}}}}\n"
+        )
+    };
+    write(&directory, "web.yaml", &hinted);
+    write(&directory, "node.yaml", &node("zone-a"));
+    let now = Instant::now();
+    let mut agent = Harness::start(options(&directory.0), FakeDatapath::default(), host(), now)
+        .expect("starts");
+    agent.tick(now);
+    let backends = |agent: &Harness| {
+        agent.datapath.maps.state.frontends[&cluster_ip_key("10.96.0.10")].backend_count
+    };
+    assert_eq!(backends(&agent), 1, "zone-a keeps its one endpoint");
+    // A zone no endpoint is hinted for: every endpoint (the control).
+    write(&directory, "node.yaml", &node("zone-cc"));
+    agent.tick(now + Duration::from_secs(1));
+    assert_eq!(backends(&agent), 2);
+    write(&directory, "node.yaml", &node("zone-b"));
+    agent.tick(now + Duration::from_secs(2));
+    assert_eq!(backends(&agent), 1, "zone-b keeps its one endpoint");
+    // Without a Node manifest the node has no zone: every endpoint.
+    std::fs::remove_file(directory.0.join("node.yaml")).expect("remove");
+    agent.tick(now + Duration::from_secs(3));
+    assert_eq!(backends(&agent), 2);
+}

@@ -24,9 +24,12 @@
 //! - A view's backends are its ready endpoints; if none is ready, its serving
 //!   terminating endpoints (kube-proxy since 1.26); otherwise none, and new flows
 //!   are refused.
+//! - The cluster-wide view's ready endpoints are narrowed by topology hints
+//!   (same node, else same zone) when the hints allow it ([`topology`]).
 
 pub mod layout;
 pub mod source_ranges;
+pub mod topology;
 
 use std::collections::{btree_map::Entry, BTreeMap};
 use std::net::IpAddr;
@@ -51,6 +54,8 @@ pub struct NodeView {
     pub name: String,
     /// Addresses NodePorts are served on.
     pub addresses: Vec<IpAddr>,
+    /// The Node's `topology.kubernetes.io/zone` label (topology hints).
+    pub zone: Option<String>,
 }
 
 /// Which endpoints of a Service port a group holds.
@@ -121,23 +126,28 @@ pub fn frontend_key(address: &IpAddr, port: u16, protocol: Protocol, scope: u8) 
 
 /// One endpoint candidate of a Service port, before the ready/serving choice.
 #[derive(Clone, Copy, Debug)]
-struct Candidate {
+struct Candidate<'a> {
     backend: BackendValue,
     ready: bool,
     serving_terminating: bool,
+    hints: topology::Hints<'a>,
 }
 
 /// Endpoints of one Service port in one family, deduplicated by address and port
 /// (several slices may list the same endpoint while they are being updated; the
 /// best condition wins).
-fn candidates(
+fn candidates<'a>(
     port: &ServicePortModel,
     family: AddressFamily,
-    slices: &[&EndpointSliceModel],
+    slices: &[&'a EndpointSliceModel],
     node_name: &str,
-) -> Vec<Candidate> {
-    let mut by_backend: BTreeMap<(Address, u16), Candidate> = BTreeMap::new();
-    for slice in slices.iter().filter(|slice| slice.family == family) {
+) -> Vec<Candidate<'a>> {
+    let mut by_backend: BTreeMap<(Address, u16), Candidate<'a>> = BTreeMap::new();
+    for slice in slices
+        .iter()
+        .copied()
+        .filter(|slice| slice.family == family)
+    {
         // EndpointSlice ports carry the Service port's name and the resolved
         // target port (named target ports are resolved per pod by the
         // EndpointSlice controller), so they are matched by name and protocol.
@@ -148,7 +158,7 @@ fn candidates(
         else {
             continue;
         };
-        for endpoint in &slice.endpoints {
+        for endpoint in slice.endpoints.iter() {
             let local = !node_name.is_empty() && endpoint.node_name.as_deref() == Some(node_name);
             let candidate = Candidate {
                 backend: BackendValue {
@@ -158,6 +168,7 @@ fn candidates(
                 },
                 ready: endpoint.ready,
                 serving_terminating: endpoint.serving && endpoint.terminating,
+                hints: topology::Hints::of(&endpoint.hints),
             };
             by_backend
                 .entry((candidate.backend.address, slice_port.port))
@@ -165,6 +176,7 @@ fn candidates(
                     existing.ready |= candidate.ready;
                     existing.serving_terminating |= candidate.serving_terminating;
                     existing.backend.flags |= candidate.backend.flags;
+                    existing.hints = existing.hints.merged(candidate.hints);
                 })
                 .or_insert(candidate);
         }
@@ -172,15 +184,26 @@ fn candidates(
     by_backend.into_values().collect()
 }
 
-/// Ready endpoints of the view, or its serving terminating ones if none is ready.
-fn backends_of_view(candidates: &[Candidate], view: EndpointView) -> Vec<BackendValue> {
+/// Ready endpoints of the view (the cluster-wide view narrowed by topology
+/// hints, see [`topology`]), or its serving terminating ones if none is ready.
+fn backends_of_view(
+    candidates: &[Candidate],
+    view: EndpointView,
+    node: &NodeView,
+) -> Vec<BackendValue> {
     let in_view = |candidate: &&Candidate| {
         view == EndpointView::All || candidate.backend.flags & BACKEND_FLAG_LOCAL != 0
+    };
+    let topology = match view {
+        EndpointView::All => topology::mode(candidates, node),
+        // A Local policy never looks at hints (kube-proxy's CategorizeEndpoints).
+        EndpointView::Local => topology::Mode::Every,
     };
     let mut backends: Vec<BackendValue> = candidates
         .iter()
         .filter(in_view)
         .filter(|candidate| candidate.ready)
+        .filter(|candidate| topology.admits(candidate.hints, node))
         .map(|candidate| candidate.backend)
         .collect();
     if backends.is_empty() {
@@ -350,7 +373,7 @@ fn add_service(
                         if !desired.groups.contains_key(&frontend.group) {
                             desired.groups.insert(
                                 frontend.group.clone(),
-                                backends_of_view(&candidates, view),
+                                backends_of_view(&candidates, view, node),
                             );
                         }
                         vacant.insert(frontend);

@@ -18,6 +18,7 @@ fn ip(text: &str) -> IpAddr {
 fn node(addresses: &[&str]) -> NodeView {
     NodeView {
         name: NODE.to_string(),
+        zone: None,
         addresses: addresses.iter().map(|address| ip(address)).collect(),
     }
 }
@@ -67,6 +68,7 @@ fn endpoint(address: &str, state: State, node_name: &str) -> EndpointModel {
         serving,
         terminating,
         node_name: Some(node_name.to_string()),
+        hints: Default::default(),
     }
 }
 

@@ -14,7 +14,13 @@
 //! - An endpoint's conditions default as the API documents: unknown `ready` is
 //!   ready, unknown `serving` is the value of `ready`, unknown `terminating` is
 //!   not terminating. Only an endpoint's first address is used, as kube-proxy does.
+//! - Services and EndpointSlices that kube-proxy's label selector hides
+//!   (`service.kubernetes.io/service-proxy-name`, `service.kubernetes.io/headless`)
+//!   are ignored ([`labels`]).
+//! - An endpoint's topology hints (`hints.forZones`, `hints.forNodes`) are kept
+//!   for the desired state's topology-aware choice.
 
+pub mod labels;
 pub mod source_ranges;
 pub mod v1beta1;
 
@@ -185,6 +191,30 @@ pub struct EndpointModel {
     pub terminating: bool,
     /// `nodeName`, or the `kubernetes.io/hostname` topology of older slices.
     pub node_name: Option<String>,
+    /// `hints`: the zones and nodes the EndpointSlice controller meant the
+    /// endpoint for (empty: no hint).
+    pub hints: TopologyHints,
+}
+
+/// An endpoint's `hints.forZones[].name` and `hints.forNodes[].name`, sorted,
+/// without duplicates or empty names. Boxed slices: most endpoints have none,
+/// and an endpoint is kept for every pod of the cluster.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TopologyHints {
+    pub zones: Box<[String]>,
+    pub nodes: Box<[String]>,
+}
+
+impl TopologyHints {
+    fn from_names<'a>(names: impl Iterator<Item = &'a str>) -> Box<[String]> {
+        let mut names: Vec<String> = names
+            .filter(|name| !name.is_empty())
+            .map(str::to_string)
+            .collect();
+        names.sort();
+        names.dedup();
+        names.into_boxed_slice()
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -253,6 +283,9 @@ fn parse_traffic_policy(field: &str, policy: Option<&str>) -> Result<TrafficPoli
 /// implement (ExternalName, headless, no cluster IP yet).
 pub fn service_from_v1(service: &Service) -> Result<Option<ServiceModel>, FieldError> {
     let name = required_name(&service.metadata)?;
+    if labels::hidden_from_kube_proxy(&service.metadata) {
+        return Ok(None);
+    }
     let Some(spec) = service.spec.as_ref() else {
         return Ok(None);
     };
@@ -410,6 +443,8 @@ pub(crate) struct EndpointFields<'a> {
     pub terminating: Option<bool>,
     pub node_name: Option<&'a str>,
     pub topology: Option<&'a BTreeMap<String, String>>,
+    pub zone_hints: Vec<&'a str>,
+    pub node_hints: Vec<&'a str>,
 }
 
 /// The parts of an EndpointSlice port that both API versions share.
@@ -420,7 +455,7 @@ pub(crate) struct EndpointPortFields<'a> {
 }
 
 /// Shared by the v1 and v1beta1 conversions: `Ok(None)` for slices the datapath
-/// does not use (FQDN addresses, no Service label).
+/// does not use (FQDN addresses, no Service label, hidden from kube-proxy).
 pub(crate) fn endpoint_slice_from_fields<'a>(
     metadata: &ObjectMeta,
     address_type: &str,
@@ -428,6 +463,9 @@ pub(crate) fn endpoint_slice_from_fields<'a>(
     endpoints: impl Iterator<Item = EndpointFields<'a>>,
 ) -> Result<Option<EndpointSliceModel>, FieldError> {
     let slice_name = required_name(metadata)?;
+    if labels::hidden_from_kube_proxy(metadata) {
+        return Ok(None);
+    }
     let Some(service_name) = metadata
         .labels
         .as_ref()
@@ -491,6 +529,10 @@ pub(crate) fn endpoint_slice_from_fields<'a>(
             serving: endpoint.serving.unwrap_or(ready),
             terminating: endpoint.terminating.unwrap_or(false),
             node_name,
+            hints: TopologyHints {
+                zones: TopologyHints::from_names(endpoint.zone_hints.into_iter()),
+                nodes: TopologyHints::from_names(endpoint.node_hints.into_iter()),
+            },
         });
     }
     Ok(Some(EndpointSliceModel {
@@ -504,7 +546,7 @@ pub(crate) fn endpoint_slice_from_fields<'a>(
 
 /// An EndpointSlice of either API version read through
 /// [`endpoint_slice_from_fields`]: their types differ, their fields have the
-/// same names, save the topology (`topology_field`).
+/// same names (v1beta1's hints included), save the topology (`topology_field`).
 macro_rules! endpoint_slice_fields {
     ($slice:expr, $topology_field:ident) => {
         endpoint_slice_from_fields(
@@ -528,6 +570,18 @@ macro_rules! endpoint_slice_fields {
                     terminating: conditions.and_then(|conditions| conditions.terminating),
                     node_name: endpoint.node_name.as_deref(),
                     topology: endpoint.$topology_field.as_ref(),
+                    zone_hints: endpoint
+                        .hints
+                        .iter()
+                        .flat_map(|hints| hints.for_zones.iter().flatten())
+                        .map(|zone| zone.name.as_str())
+                        .collect(),
+                    node_hints: endpoint
+                        .hints
+                        .iter()
+                        .flat_map(|hints| hints.for_nodes.iter().flatten())
+                        .map(|node| node.name.as_str())
+                        .collect(),
                 }
             }),
         )

@@ -277,6 +277,7 @@ fn a_v1_slice_keeps_ports_conditions_and_nodes() {
                 serving: true,
                 terminating: false,
                 node_name: Some("node-a".into()),
+                hints: Default::default(),
             },
             EndpointModel {
                 address: ip("10.0.2.5"),
@@ -284,6 +285,7 @@ fn a_v1_slice_keeps_ports_conditions_and_nodes() {
                 serving: true,
                 terminating: true,
                 node_name: Some("node-b".into()),
+                hints: Default::default(),
             },
             // Unknown conditions are ready, as the API documents.
             EndpointModel {
@@ -292,6 +294,7 @@ fn a_v1_slice_keeps_ports_conditions_and_nodes() {
                 serving: true,
                 terminating: false,
                 node_name: None,
+                hints: Default::default(),
             },
             // Only the first address counts; unknown serving follows ready.
             EndpointModel {
@@ -300,6 +303,7 @@ fn a_v1_slice_keeps_ports_conditions_and_nodes() {
                 serving: false,
                 terminating: false,
                 node_name: Some("node-c".into()),
+                hints: Default::default(),
             },
         ]
     );

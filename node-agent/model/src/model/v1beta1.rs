@@ -1,7 +1,8 @@
 //! `discovery.k8s.io/v1beta1` EndpointSlices, which k8s-openapi 0.29 no longer
 //! has types for, and which Kubernetes 1.20 (the oldest test cluster) serves
 //! instead of v1. The shape is v1's, except that the endpoint's node is in
-//! `topology["kubernetes.io/hostname"]` (`nodeName` came later, behind a gate).
+//! `topology["kubernetes.io/hostname"]` (`nodeName` came later, behind a gate),
+//! and that hints (1.21+) have zones only.
 
 use std::collections::BTreeMap;
 
@@ -40,6 +41,31 @@ pub struct Endpoint {
     pub node_name: Option<String>,
     #[serde(default)]
     pub topology: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    pub hints: Option<EndpointHints>,
+}
+
+/// `hints` of a v1beta1 endpoint (TopologyAwareHints, 1.21+).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EndpointHints {
+    #[serde(default)]
+    pub for_zones: Option<Vec<ForZone>>,
+    /// Not in the v1beta1 API (`forNodes` is v1 only, 1.33+), so always absent
+    /// from a server's objects; here so that both versions read through one
+    /// conversion.
+    #[serde(default)]
+    pub for_nodes: Option<Vec<ForNode>>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ForZone {
+    pub name: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ForNode {
+    pub name: String,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

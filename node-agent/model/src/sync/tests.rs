@@ -65,6 +65,7 @@ fn slice(index: u32, hosts: std::ops::Range<u32>) -> EndpointSliceModel {
                 serving: true,
                 terminating: false,
                 node_name: Some("node-a".into()),
+                hints: Default::default(),
             })
             .collect(),
     }
@@ -73,6 +74,7 @@ fn slice(index: u32, hosts: std::ops::Range<u32>) -> EndpointSliceModel {
 fn node() -> NodeView {
     NodeView {
         name: "node-a".into(),
+        zone: None,
         addresses: vec![ip("192.168.1.10")],
     }
 }

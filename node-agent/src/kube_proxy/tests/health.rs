@@ -449,6 +449,7 @@ mod from_services {
             serving: ready || terminating,
             terminating,
             node_name: Some(node.into()),
+            hints: Default::default(),
         }
     }
 

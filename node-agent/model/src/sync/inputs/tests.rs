@@ -35,6 +35,7 @@ fn name(text: &str) -> ServiceName {
 fn node(addresses: &[&str]) -> NodeView {
     NodeView {
         name: "node-a".into(),
+        zone: None,
         addresses: addresses.iter().map(|address| ip(address)).collect(),
     }
 }
@@ -77,6 +78,7 @@ fn slice(slice_name: &str, service_name: &str, port: u16, hosts: &[u8]) -> Endpo
                 serving: true,
                 terminating: false,
                 node_name: Some("node-a".into()),
+                hints: Default::default(),
             })
             .collect(),
     }
@@ -592,6 +594,7 @@ fn slice_strategy() -> impl Strategy<Value = EndpointSliceModel> {
                             serving: state <= 1,
                             terminating: state >= 1,
                             node_name: Some(if local { "node-a" } else { "node-b" }.into()),
+                            hints: Default::default(),
                         })
                         .collect(),
                 }
@@ -602,6 +605,7 @@ fn slice_strategy() -> impl Strategy<Value = EndpointSliceModel> {
 fn node_strategy() -> impl Strategy<Value = NodeView> {
     prop::collection::btree_set(0u8..3, 0..3).prop_map(|hosts| NodeView {
         name: "node-a".into(),
+        zone: None,
         addresses: hosts
             .into_iter()
             .map(|host| ip(&format!("192.168.1.{host}")))
