@@ -55,6 +55,24 @@ enum State {
     NotReady,
 }
 
+/// A Service with the one port most tests need: `http`, TCP 80, to the target port named `http`.
+fn http_service(name: &str, cluster_ip: &str) -> ServiceModel {
+    service(
+        name,
+        cluster_ip,
+        vec![port("http", Protocol::Tcp, 80, None)],
+    )
+}
+
+/// A slice of `service` whose port `http` is TCP `target_port`.
+fn http_slice(
+    service: &str,
+    target_port: u16,
+    endpoints: Vec<EndpointModel>,
+) -> EndpointSliceModel {
+    slice(service, &[("http", Protocol::Tcp, target_port)], endpoints)
+}
+
 fn endpoint(address: &str, state: State, node_name: &str) -> EndpointModel {
     let (ready, serving, terminating) = match state {
         State::Ready => (true, true, false),
@@ -142,14 +160,10 @@ fn sorted(mut backends: Vec<BackendValue>) -> Vec<BackendValue> {
 
 #[test]
 fn a_cluster_ip_service_gets_one_internal_frontend_over_its_ready_endpoints() {
-    let services = [service(
+    let services = [http_service("web", "10.96.0.1")];
+    let slices = [http_slice(
         "web",
-        "10.96.0.1",
-        vec![port("http", Protocol::Tcp, 80, None)],
-    )];
-    let slices = [slice(
-        "web",
-        &[("http", Protocol::Tcp, 8080)],
+        8080,
         vec![
             endpoint("10.0.0.2", State::Ready, "node-b"),
             endpoint("10.0.0.1", State::Ready, NODE),
@@ -194,22 +208,10 @@ fn a_service_without_endpoint_slices_refuses_with_zero_backends() {
 #[test]
 fn named_target_ports_are_resolved_per_slice_by_port_name() {
     // Two pod generations expose the named port `web` on different numbers.
-    let services = [service(
-        "app",
-        "10.96.0.2",
-        vec![port("http", Protocol::Tcp, 80, None)],
-    )];
+    let services = [http_service("app", "10.96.0.2")];
     let slices = [
-        slice(
-            "app",
-            &[("http", Protocol::Tcp, 8080)],
-            vec![endpoint("10.0.0.1", State::Ready, NODE)],
-        ),
-        slice(
-            "app",
-            &[("http", Protocol::Tcp, 9090)],
-            vec![endpoint("10.0.0.2", State::Ready, NODE)],
-        ),
+        http_slice("app", 8080, vec![endpoint("10.0.0.1", State::Ready, NODE)]),
+        http_slice("app", 9090, vec![endpoint("10.0.0.2", State::Ready, NODE)]),
         // A slice without the port's name contributes nothing to it.
         slice(
             "app",
@@ -280,14 +282,10 @@ fn several_ports_get_their_own_frontends_and_groups() {
 
 #[test]
 fn terminating_endpoints_get_no_new_flows_while_any_endpoint_is_ready() {
-    let services = [service(
+    let services = [http_service("web", "10.96.0.1")];
+    let slices = [http_slice(
         "web",
-        "10.96.0.1",
-        vec![port("http", Protocol::Tcp, 80, None)],
-    )];
-    let slices = [slice(
-        "web",
-        &[("http", Protocol::Tcp, 8080)],
+        8080,
         vec![
             endpoint("10.0.0.1", State::Ready, NODE),
             endpoint("10.0.0.2", State::ServingTerminating, NODE),
@@ -303,14 +301,10 @@ fn terminating_endpoints_get_no_new_flows_while_any_endpoint_is_ready() {
 
 #[test]
 fn serving_terminating_endpoints_are_used_when_none_is_ready() {
-    let services = [service(
+    let services = [http_service("web", "10.96.0.1")];
+    let slices = [http_slice(
         "web",
-        "10.96.0.1",
-        vec![port("http", Protocol::Tcp, 80, None)],
-    )];
-    let slices = [slice(
-        "web",
-        &[("http", Protocol::Tcp, 8080)],
+        8080,
         vec![
             endpoint("10.0.0.2", State::ServingTerminating, NODE),
             endpoint("10.0.0.3", State::NotServingTerminating, NODE),
@@ -326,22 +320,14 @@ fn serving_terminating_endpoints_are_used_when_none_is_ready() {
 
 #[test]
 fn an_endpoint_listed_in_two_slices_is_one_backend_with_its_best_condition() {
-    let services = [service(
-        "web",
-        "10.96.0.1",
-        vec![port("http", Protocol::Tcp, 80, None)],
-    )];
+    let services = [http_service("web", "10.96.0.1")];
     let slices = [
-        slice(
+        http_slice(
             "web",
-            &[("http", Protocol::Tcp, 8080)],
+            8080,
             vec![endpoint("10.0.0.1", State::NotReady, NODE)],
         ),
-        slice(
-            "web",
-            &[("http", Protocol::Tcp, 8080)],
-            vec![endpoint("10.0.0.1", State::Ready, NODE)],
-        ),
+        http_slice("web", 8080, vec![endpoint("10.0.0.1", State::Ready, NODE)]),
     ];
     let desired = desired_services(&services, &slices, &node(&[]));
     assert_eq!(
@@ -361,9 +347,9 @@ fn node_port_service(external: TrafficPolicy) -> ServiceModel {
 }
 
 fn mixed_slice(service: &str) -> EndpointSliceModel {
-    slice(
+    http_slice(
         service,
-        &[("http", Protocol::Tcp, 8080)],
+        8080,
         vec![
             endpoint("10.0.0.1", State::Ready, NODE),
             endpoint("10.0.1.1", State::Ready, "node-b"),
@@ -450,9 +436,9 @@ fn external_traffic_policy_local_keeps_the_client_address_and_only_local_endpoin
 #[test]
 fn external_traffic_policy_local_without_local_endpoints_refuses_outside_traffic() {
     let services = [node_port_service(TrafficPolicy::Local)];
-    let slices = [slice(
+    let slices = [http_slice(
         "np",
-        &[("http", Protocol::Tcp, 8080)],
+        8080,
         vec![endpoint("10.0.1.1", State::Ready, "node-b")],
     )];
     let entries = desired_entries(
@@ -473,11 +459,7 @@ fn external_traffic_policy_local_without_local_endpoints_refuses_outside_traffic
 
 #[test]
 fn internal_traffic_policy_local_restricts_the_cluster_ip_to_local_endpoints() {
-    let mut model = service(
-        "itp",
-        "10.96.0.4",
-        vec![port("http", Protocol::Tcp, 80, None)],
-    );
+    let mut model = http_service("itp", "10.96.0.4");
     model.internal_traffic_policy = TrafficPolicy::Local;
     let entries = desired_entries(
         &[model],
@@ -566,14 +548,10 @@ fn node_addresses_of_another_family_get_no_node_port() {
 
 #[test]
 fn ipv6_slices_do_not_feed_an_ipv4_service() {
-    let services = [service(
+    let services = [http_service("web", "10.96.0.1")];
+    let slices = [http_slice(
         "web",
-        "10.96.0.1",
-        vec![port("http", Protocol::Tcp, 80, None)],
-    )];
-    let slices = [slice(
-        "web",
-        &[("http", Protocol::Tcp, 8080)],
+        8080,
         vec![endpoint("fd00::1", State::Ready, NODE)],
     )];
     let desired = desired_services(&services, &slices, &node(&[]));
@@ -585,11 +563,7 @@ fn ipv6_slices_do_not_feed_an_ipv4_service() {
 
 #[test]
 fn slices_of_another_namespace_do_not_feed_a_service_of_the_same_name() {
-    let services = [service(
-        "web",
-        "10.96.0.1",
-        vec![port("http", Protocol::Tcp, 80, None)],
-    )];
+    let services = [http_service("web", "10.96.0.1")];
     let mut other = mixed_slice("web");
     other.service = ServiceName::new("elsewhere", "web");
     let desired = desired_services(&services, &[other], &node(&[]));
@@ -601,17 +575,9 @@ fn slices_of_another_namespace_do_not_feed_a_service_of_the_same_name() {
 
 #[test]
 fn two_services_claiming_one_address_keep_the_first_by_name_whatever_the_input_order() {
-    let mut first = service(
-        "a-first",
-        "10.96.0.1",
-        vec![port("http", Protocol::Tcp, 80, None)],
-    );
+    let mut first = http_service("a-first", "10.96.0.1");
     first.external_ips = vec![ip("192.0.2.10")];
-    let mut second = service(
-        "b-second",
-        "10.96.0.2",
-        vec![port("http", Protocol::Tcp, 80, None)],
-    );
+    let mut second = http_service("b-second", "10.96.0.2");
     second.external_ips = vec![ip("192.0.2.10")];
     let forward = desired_services(&[first.clone(), second.clone()], &[], &node(&[]));
     let backward = desired_services(&[second, first], &[], &node(&[]));
@@ -634,11 +600,7 @@ fn two_services_claiming_one_address_keep_the_first_by_name_whatever_the_input_o
 
 #[test]
 fn an_address_listed_twice_by_one_service_is_not_a_conflict() {
-    let mut model = service(
-        "web",
-        "10.96.0.1",
-        vec![port("http", Protocol::Tcp, 80, None)],
-    );
+    let mut model = http_service("web", "10.96.0.1");
     model.external_ips = vec![ip("192.0.2.10"), ip("192.0.2.10")];
     let desired = desired_services(&[model], &[], &node(&[]));
     assert!(desired.conflicts.is_empty());
@@ -646,11 +608,7 @@ fn an_address_listed_twice_by_one_service_is_not_a_conflict() {
 
 #[test]
 fn new_groups_take_their_stable_hash_as_id() {
-    let services = [service(
-        "web",
-        "10.96.0.1",
-        vec![port("http", Protocol::Tcp, 80, None)],
-    )];
+    let services = [http_service("web", "10.96.0.1")];
     let entries = desired_entries(&services, &[], &node(&[]), &MapState::default());
     assert_eq!(
         entries.frontends[&tcp("10.96.0.1", 80, SCOPE_INTERNAL)].group_id,
@@ -682,11 +640,7 @@ fn the_id_probe_skips_taken_ids_and_zero_and_wraps() {
 
 #[test]
 fn inherited_group_ids_are_kept_even_when_they_are_not_the_hash() {
-    let services = [service(
-        "web",
-        "10.96.0.1",
-        vec![port("http", Protocol::Tcp, 80, None)],
-    )];
+    let services = [http_service("web", "10.96.0.1")];
     let slices = [mixed_slice("web")];
     let fresh = desired_entries(&services, &slices, &node(&[]), &MapState::default());
     // Renumber the group as an older agent might have.
@@ -738,11 +692,7 @@ fn a_new_group_never_takes_an_id_still_used_in_the_maps() {
         },
         backend("10.9.9.9", 1, false),
     );
-    let services = [service(
-        "web",
-        "10.96.0.1",
-        vec![port("http", Protocol::Tcp, 80, None)],
-    )];
+    let services = [http_service("web", "10.96.0.1")];
     let entries = desired_entries(&services, &[], &node(&[]), &current);
     assert_ne!(
         entries.frontends[&tcp("10.96.0.1", 80, SCOPE_INTERNAL)].group_id,
@@ -985,11 +935,7 @@ fn any_frontend_masquerades(desired: &DesiredServices) -> bool {
 
 #[test]
 fn a_service_masquerades_exactly_when_one_of_its_frontends_is_flagged_for_it() {
-    let cluster_ip = service(
-        "plain",
-        "10.96.0.7",
-        vec![port("http", Protocol::Tcp, 80, None)],
-    );
+    let cluster_ip = http_service("plain", "10.96.0.7");
     let mut with_affinity = cluster_ip.clone();
     with_affinity.session_affinity_timeout_seconds = Some(30);
     let mut internal_local = cluster_ip.clone();
