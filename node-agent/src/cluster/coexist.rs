@@ -6,6 +6,14 @@
 //! from eBPF and removes them once it does not, and serves kube-proxy's
 //! `:10256/healthz` once kube-proxy has left. The decisions are the `kube_proxy`
 //! module's; this is the wiring.
+//!
+//! kube-proxy's health ports are served only while the spec permits it
+//! (`CoexistenceRequest::health_ports_permitted`), and a round whose request does
+//! not permit it closes them before anything else; each report says which spec
+//! generation its round acted on, and the status reports a generation as observed
+//! only once a round has (`core::status::observable_generation`). So a node told to
+//! go back has handed kube-proxy's ports back before the operator, which waits for
+//! every node to report that spec, restores kube-proxy.
 
 use std::time::Duration;
 
@@ -15,13 +23,13 @@ use tokio::sync::watch;
 use switchyard_model::error::chain;
 
 use crate::core::round::CoexistenceRequest;
-use crate::core::status::{CoexistenceReport, ConditionValue};
+use crate::core::status::{CoexistenceProgress, CoexistenceReport, ConditionValue};
 use crate::kube_proxy::detection::{CleanupStateMachine, ConditionReport};
 use switchyard_telemetry::Heartbeat;
 
 use crate::kube_proxy::health::{HealthzTarget, NodeHealth};
 use crate::kube_proxy::health_server::{HealthServerSettings, HealthServers};
-use crate::kube_proxy::round::{coexistence_round, RoundSettings};
+use crate::kube_proxy::round::{coexistence_round_beside, RoundSettings};
 use crate::kube_proxy::system::Tools;
 use crate::kube_proxy::Family;
 
@@ -62,6 +70,7 @@ fn failed_read(message: String) -> CoexistenceReport {
         chain_order_safe: unknown(),
         kube_proxy_healthy: unknown(),
         kube_proxy_rules: None,
+        progress: CoexistenceProgress::NoRoundYet,
     }
 }
 
@@ -93,7 +102,7 @@ pub async fn run_coexistence(
         let chains_may_go = rounds_not_serving >= 2;
         let still_not_serving = || !requests.borrow().serving_from_ebpf;
         let step = settings.heartbeat.step();
-        let report = round(
+        let mut report = round(
             &settings,
             &tools,
             &mut machine,
@@ -104,6 +113,7 @@ pub async fn run_coexistence(
         )
         .await;
         drop(step);
+        report.progress = CoexistenceProgress::ActedOn(request.spec_generation);
         reports.send_if_modified(|current| {
             let changed = *current != report;
             *current = report;
@@ -126,16 +136,23 @@ async fn round(
     chains_may_go: bool,
     still_not_serving: impl Fn() -> bool,
 ) -> CoexistenceReport {
+    let permitted = settings.serve_replacement_healthz && request.health_ports_permitted;
+    if !permitted {
+        // First, before the rules are read (which may fail, or take long): the spec took the
+        // permission back, and the round's report tells the core it acted on this spec.
+        health_servers.stop().await;
+    }
     let round_settings = RoundSettings {
         families: SERVED_FAMILIES.to_vec(),
         healthz: settings.kube_proxy_healthz.clone(),
         probe_timeout: PROBE_TIMEOUT,
     };
-    let outcome = match coexistence_round(
+    let outcome = match coexistence_round_beside(
         tools,
         machine,
         request.cleanup_generation,
         &round_settings,
+        &health_servers.own_probes(),
     )
     .await
     {
@@ -207,7 +224,8 @@ async fn round(
         // Also never while kube-proxy's rules are on the node: a kube-proxy that
         // starts (again) binds its healthz before it writes rules, and holding
         // the port would hide it from the probe (projectcalico/calico#10748).
-        let allowed = outcome.verdict.replacement_health_allowed
+        let allowed = permitted
+            && outcome.verdict.replacement_health_allowed
             && request.serving_from_ebpf
             && !found.present();
         let errors = health_servers
@@ -234,6 +252,7 @@ async fn round(
         chain_order_safe,
         kube_proxy_healthy: value(outcome.kube_proxy_healthy),
         kube_proxy_rules: Some(remaining),
+        progress: CoexistenceProgress::NoRoundYet,
     }
 }
 

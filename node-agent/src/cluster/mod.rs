@@ -38,7 +38,7 @@ use self::events::{EventDecisions, Reported};
 use self::events_writer::{dataplane_node_reference, EventRequest};
 use self::metrics::AgentMetrics;
 use crate::core::round::StatusTracker;
-use crate::core::status::{CoexistenceReport, WrittenStatus};
+use crate::core::status::{CoexistenceProgress, CoexistenceReport, WrittenStatus};
 use crate::core::{AgentSettings, NodeAgent};
 use crate::datapath::{Datapath, DatapathOptions, KernelDatapath};
 use crate::error::Cause;
@@ -175,7 +175,10 @@ pub async fn run(options: ClusterOptions, shutdown: impl Future<Output = ()>) ->
     // first real request puts them back.
     let (request_sender, request_receiver) =
         channel::channel(agent.coexistence_request(false, None));
-    let (report_sender, mut reports) = channel::channel(CoexistenceReport::default());
+    let (report_sender, mut reports) = channel::channel(CoexistenceReport {
+        progress: CoexistenceProgress::NoRoundYet,
+        ..CoexistenceReport::default()
+    });
     let coexistence = tokio::spawn(coexist::run_coexistence(
         CoexistenceSettings {
             round_interval: options.coexistence_interval,
@@ -191,7 +194,7 @@ pub async fn run(options: ClusterOptions, shutdown: impl Future<Output = ()>) ->
     ));
 
     let started = Instant::now();
-    let mut coexistence_report = CoexistenceReport::default();
+    let mut coexistence_report = reports.borrow().clone();
     let mut status_tracker = StatusTracker::default();
     let mut counters_read_at: Option<Instant> = None;
     let mut status_writes_counted = 0_u64;

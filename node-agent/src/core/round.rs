@@ -6,10 +6,11 @@
 use std::time::{Duration, Instant, SystemTime};
 
 use chrono::{DateTime, Utc};
-use switchyard_crds::Condition;
+use switchyard_crds::{Condition, DataplaneMode};
 
 use super::status::{
-    compute_status, worth_reporting, CoexistenceReport, SyncReport, WrittenStatus,
+    compute_status, observable_generation, worth_reporting, CoexistenceReport, SyncReport,
+    WrittenStatus,
 };
 use super::{NodeAgent, TickReport};
 use crate::datapath::Datapath;
@@ -20,8 +21,18 @@ use crate::kube_proxy::health::LocalServiceHealth;
 /// What the agent tells the coexistence loop.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CoexistenceRequest {
+    /// The `metadata.generation` of the DataplaneNode this request follows (`None`:
+    /// none). The loop reports it back once a round has acted on it, and the status
+    /// reports that generation as observed only then ([`observable_generation`]).
+    pub spec_generation: Option<i64>,
     /// `Some(generation)` while the DataplaneNode says `iptablesCleanup: true`.
     pub cleanup_generation: Option<i64>,
+    /// The spec lets the agent serve kube-proxy's health ports (its healthz and the
+    /// `healthCheckNodePort`s): `mode: Ebpf` with `iptablesCleanup: true`, which the
+    /// operator sets only once kube-proxy is gone from the node and withdraws first
+    /// when it brings kube-proxy back. Without it the loop closes them before it
+    /// does anything else, so kube-proxy finds its ports free when it returns.
+    pub health_ports_permitted: bool,
     /// Programs attached (or draining): the agent's chains must come first.
     pub serving_from_ebpf: bool,
     /// Some Service needs the agent's masquerade rule (or the agent installed
@@ -71,7 +82,12 @@ impl<D: Datapath> NodeAgent<D> {
         synced: bool,
         last_sync: Option<DateTime<Utc>>,
     ) -> CoexistenceRequest {
+        let view = self.dataplane_node();
         CoexistenceRequest {
+            spec_generation: view.and_then(|view| view.generation),
+            health_ports_permitted: view.is_some_and(|view| {
+                view.spec.mode == DataplaneMode::Ebpf && view.spec.iptables_cleanup
+            }),
             cleanup_generation: self
                 .dataplane_node()
                 .filter(|view| view.spec.iptables_cleanup)
@@ -100,7 +116,22 @@ impl<D: Datapath> NodeAgent<D> {
         coexistence: &CoexistenceReport,
         status: &mut StatusTracker,
     ) -> RoundReport {
-        let inputs = self.status_inputs(now, coexistence);
+        let mut inputs = self.status_inputs(now, coexistence);
+        let reported_before = self.dataplane_node().and_then(|view| {
+            let written = status
+                .last_written
+                .status
+                .as_ref()
+                .filter(|_| status.last_written.object_uid == view.uid);
+            written
+                .or(view.status.as_ref())
+                .and_then(|reported| reported.observed_generation)
+        });
+        inputs.acted_generation = observable_generation(
+            inputs.acted_generation,
+            coexistence.progress,
+            reported_before,
+        );
         let synced = inputs.sync == SyncReport::Synced;
         let gate_wait = match &inputs.gate {
             GateStatus::Open { waited } => *waited,

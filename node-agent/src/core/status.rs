@@ -48,6 +48,44 @@ pub struct CoexistenceReport {
     pub kube_proxy_healthy: ConditionValue,
     /// kube-proxy rules found on the node (for the metric), if checked.
     pub kube_proxy_rules: Option<usize>,
+    /// Which spec the coexistence loop has acted on.
+    pub progress: CoexistenceProgress,
+}
+
+/// Which DataplaneNode spec the coexistence loop has acted on: what it serves of
+/// kube-proxy's health ports and whether it cleans follow that spec from then on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CoexistenceProgress {
+    /// No coexistence loop runs (standalone mode): the core waits for none.
+    #[default]
+    NoLoop,
+    /// The loop has not finished a round yet.
+    NoRoundYet,
+    /// A round finished on the request of this DataplaneNode generation (`None`:
+    /// there was no DataplaneNode).
+    ActedOn(Option<i64>),
+}
+
+/// The spec generation the status may report as observed: the one the core acted
+/// on (`acted`) once the coexistence loop has acted on it too, else the one reported
+/// before (never a later one). The operator reads `observedGeneration` as "the node
+/// did what this spec says": brings kube-proxy back only after every node has
+/// reported the spec that took cleanup away, so a node must have closed
+/// kube-proxy's health ports (and stopped cleaning) before it reports that spec,
+/// or kube-proxy would find its healthz port taken
+/// (`FailedToStartProxierHealthcheck`).
+pub fn observable_generation(
+    acted: Option<i64>,
+    progress: CoexistenceProgress,
+    reported_before: Option<i64>,
+) -> Option<i64> {
+    match progress {
+        CoexistenceProgress::NoLoop => acted,
+        CoexistenceProgress::ActedOn(generation) if generation == acted => acted,
+        CoexistenceProgress::NoRoundYet | CoexistenceProgress::ActedOn(_) => {
+            reported_before.filter(|before| acted.is_some_and(|acted| *before <= acted))
+        }
+    }
 }
 
 impl Default for CoexistenceReport {
@@ -59,6 +97,7 @@ impl Default for CoexistenceReport {
             chain_order_safe: unknown(),
             kube_proxy_healthy: unknown(),
             kube_proxy_rules: None,
+            progress: CoexistenceProgress::default(),
         }
     }
 }
@@ -555,6 +594,46 @@ mod tests {
     }
 
     #[test]
+    fn a_spec_is_reported_as_observed_once_the_coexistence_loop_has_acted_on_it_too() {
+        // The core acted on generation 5; the loop's last round was on 4 (its health ports
+        // may still be open): 4 is what was reported, and stays.
+        let held = observable_generation(Some(5), CoexistenceProgress::ActedOn(Some(4)), Some(4));
+        assert_eq!(held, Some(4));
+        // The control: the loop acted on 5.
+        let caught_up =
+            observable_generation(Some(5), CoexistenceProgress::ActedOn(Some(5)), Some(4));
+        assert_eq!(caught_up, Some(5));
+        // Before the loop's first round, what the previous process reported stays.
+        assert_eq!(
+            observable_generation(Some(5), CoexistenceProgress::NoRoundYet, Some(4)),
+            Some(4)
+        );
+        // Without a coexistence loop (standalone) nothing is waited for.
+        assert_eq!(
+            observable_generation(Some(5), CoexistenceProgress::NoLoop, None),
+            Some(5)
+        );
+    }
+
+    #[test]
+    fn a_held_back_generation_never_runs_ahead_of_the_spec_acted_on() {
+        // A DataplaneNode recreated (generations start again) while the old one had
+        // reported 9: nothing is reported as observed until the loop acts on the new one.
+        assert_eq!(
+            observable_generation(Some(1), CoexistenceProgress::ActedOn(Some(9)), Some(9)),
+            None
+        );
+        assert_eq!(
+            observable_generation(None, CoexistenceProgress::NoRoundYet, Some(3)),
+            None
+        );
+        assert_eq!(
+            observable_generation(None, CoexistenceProgress::ActedOn(None), None),
+            None
+        );
+    }
+
+    #[test]
     fn coexistence_reports_are_passed_through_and_foreign_conditions_dropped() {
         let mut inputs = ready_inputs();
         inputs.coexistence = CoexistenceReport {
@@ -566,6 +645,7 @@ mod tests {
             chain_order_safe: ConditionValue::new(true, reasons::CHAIN_ORDER_VERIFIED, "first"),
             kube_proxy_healthy: ConditionValue::new(true, reasons::KUBE_PROXY_HEALTHZ_OK, "200"),
             kube_proxy_rules: Some(40),
+            progress: CoexistenceProgress::ActedOn(Some(4)),
         };
         let foreign = Condition::new("Foreign", ConditionStatus::True, "X", "", None, at(0));
         let status = compute_status(&inputs, &[foreign], at(10));

@@ -1050,3 +1050,125 @@ async fn an_agent_waiting_for_input_stays_live_for_minutes() {
     assert!(synced.has_synced() && !without_inputs.has_synced());
     assert!(rounds < 20, "the agents mostly waited ({rounds} rounds)");
 }
+
+/// This node's DataplaneNode at `generation`, one object throughout.
+fn dataplane_node_spec(spec: DataplaneNodeSpec, generation: i64) -> Input {
+    Input::DataplaneNode(Some(DataplaneNodeView {
+        uid: Some("uid-one-object".into()),
+        generation: Some(generation),
+        spec,
+        status: None,
+    }))
+}
+
+/// What the coexistence loop reports after a round on `generation`'s request; `rules` varies
+/// the report so that the status changes and is handed over.
+fn coexistence_after_round_on(generation: i64, rules: usize) -> CoexistenceReport {
+    CoexistenceReport {
+        kube_proxy_rules: Some(rules),
+        rules_present: status::ConditionValue::new(
+            rules > 0,
+            "Test",
+            format!("{rules} kube-proxy rules"),
+        ),
+        progress: status::CoexistenceProgress::ActedOn(Some(generation)),
+        ..CoexistenceReport::default()
+    }
+}
+
+/// The operator brings kube-proxy back only once every node reports the spec that took cleanup
+/// away: the node must have closed kube-proxy's health ports by then, which the coexistence
+/// loop does in its first round on that spec. So the status names that generation only once
+/// the loop reports a round on it.
+#[test]
+fn a_spec_taking_cleanup_back_is_reported_as_observed_only_after_the_coexistence_loop_acted_on_it()
+{
+    let start = Instant::now();
+    let mut agent = NodeAgent::start(settings(), FakeDatapath::default(), start).expect("starts");
+    for input in every_input_but_the_dataplane_node() {
+        agent.receive(input, start);
+    }
+    let mut tracker = round::StatusTracker::default();
+    let cleaning = DataplaneNodeSpec {
+        iptables_cleanup: true,
+        ..DataplaneNodeSpec::new(DataplaneMode::Ebpf)
+    };
+    agent.receive(dataplane_node_spec(cleaning, 2), start);
+    let tick = agent.tick(start, wall());
+    let round = agent.round_report(
+        &tick,
+        start,
+        wall(),
+        start,
+        &coexistence_after_round_on(2, 0),
+        &mut tracker,
+    );
+    assert!(round.coexistence.health_ports_permitted);
+    assert_eq!(round.coexistence.spec_generation, Some(2));
+    let written = round.status.and_then(|written| written.status);
+    assert_eq!(
+        written.and_then(|status| status.observed_generation),
+        Some(2)
+    );
+
+    // Told to go back: cleanup taken away. The loop's last round was still on 2 (its servers
+    // may be open): the status, though it changed, still names 2.
+    let later = start + Duration::from_secs(1);
+    agent.receive(
+        dataplane_node_spec(DataplaneNodeSpec::new(DataplaneMode::Ebpf), 3),
+        later,
+    );
+    let tick = agent.tick(later, wall());
+    let round = agent.round_report(
+        &tick,
+        later,
+        wall(),
+        start,
+        &coexistence_after_round_on(2, 7),
+        &mut tracker,
+    );
+    assert!(!round.coexistence.health_ports_permitted);
+    assert_eq!(round.coexistence.spec_generation, Some(3));
+    let held = round
+        .status
+        .and_then(|written| written.status)
+        .expect("the changed conditions are handed over");
+    assert_eq!(held.observed_generation, Some(2));
+    assert!(held
+        .conditions
+        .iter()
+        .all(|condition| condition.observed_generation == Some(2)));
+
+    // The control: the loop's round on 3 (ports closed) makes 3 observed.
+    let tick = agent.tick(later, wall());
+    let round = agent.round_report(
+        &tick,
+        later,
+        wall(),
+        start,
+        &coexistence_after_round_on(3, 7),
+        &mut tracker,
+    );
+    let observed = round
+        .status
+        .and_then(|written| written.status)
+        .and_then(|status| status.observed_generation);
+    assert_eq!(observed, Some(3));
+
+    // mode: KubeProxy never permits the ports either, with or without cleanup.
+    let back = DataplaneNodeSpec {
+        iptables_cleanup: true,
+        ..DataplaneNodeSpec::new(DataplaneMode::KubeProxy)
+    };
+    agent.receive(dataplane_node_spec(back, 4), later);
+    let tick = agent.tick(later, wall());
+    let round = agent.round_report(
+        &tick,
+        later,
+        wall(),
+        start,
+        &coexistence_after_round_on(3, 7),
+        &mut tracker,
+    );
+    assert!(!round.coexistence.health_ports_permitted);
+}

@@ -101,8 +101,9 @@ pub fn ipvs_mode(interface_names: &[String], rules: &NodeRules) -> bool {
 
 /// What probing kube-proxy's healthz found.
 ///
-/// Only a refused connection (nothing listens on the port) or the agent's own
-/// replacement server says that kube-proxy has left. Anything else that is not a
+/// Only a refused connection (nothing listens on the port) or an agent's
+/// replacement server says that kube-proxy has left; an answer of the agent's own
+/// server is never kube-proxy's health. Anything else that is not a
 /// clean answer (a timeout, a reset, an answer that is not HTTP) says nothing
 /// about kube-proxy's absence: a CPU-starved or busy kube-proxy answers late, and
 /// taking that for "gone" would flush its rules under it while it still runs.
@@ -117,8 +118,14 @@ pub enum KubeProxyHealth {
     NoAnswer { reason: String },
     /// The connection was refused: nothing listens on kube-proxy's healthz port.
     Absent { reason: String },
-    /// The agent's own replacement server answered: kube-proxy has left.
+    /// An agent's replacement server answered (its answer carries the agent's
+    /// header: another agent process, such as the previous pod still shutting down,
+    /// or this one): kube-proxy has left.
     AnsweredByAgent,
+    /// This agent's own server received the probe (known by the connection, not by
+    /// the answer): this process holds the port, so kube-proxy cannot, and whatever
+    /// it answered is not kube-proxy's health.
+    AnsweredByThisAgent,
 }
 
 impl KubeProxyHealth {
@@ -130,7 +137,10 @@ impl KubeProxyHealth {
 
     /// Nothing of kube-proxy listens on its healthz port any more.
     pub fn kube_proxy_has_left(&self) -> bool {
-        matches!(self, Self::Absent { .. } | Self::AnsweredByAgent)
+        matches!(
+            self,
+            Self::Absent { .. } | Self::AnsweredByAgent | Self::AnsweredByThisAgent
+        )
     }
 }
 
@@ -178,6 +188,11 @@ pub fn kube_proxy_healthy_condition(
             status: false,
             reason: reasons::KUBE_PROXY_UNHEALTHY,
             message: "kube-proxy's rules are present but it has left the node (the agent serves its healthz port)".into(),
+        },
+        (true, KubeProxyHealth::AnsweredByThisAgent) => ConditionReport {
+            status: false,
+            reason: reasons::KUBE_PROXY_UNHEALTHY,
+            message: "kube-proxy's rules are present but this agent holds its healthz port, so kube-proxy cannot serve it".into(),
         },
     }
 }

@@ -4,7 +4,7 @@
 use std::{
     collections::BTreeMap,
     net::{IpAddr, SocketAddr},
-    sync::{Arc, RwLock},
+    sync::{Arc, Mutex, RwLock},
     time::{Duration, SystemTime},
 };
 
@@ -26,15 +26,94 @@ use crate::Error;
 /// How long a client may take to send its request before the server hangs up.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// The agent's probes of kube-proxy's healthz in flight, by the local address of their
+/// connection, shared with the agent's own replacement servers ([`HealthServers::own_probes`]).
+/// A server that receives a request on one of these connections marks it, so the probe knows
+/// by the connection itself, whatever the answer says, that this very process answered: its
+/// own server holds the port, and an answer from it is never taken for kube-proxy's.
+#[derive(Clone, Debug, Default)]
+pub struct OwnProbes {
+    /// Source address of each probe in flight, and whether one of this process's servers
+    /// received it.
+    in_flight: Arc<Mutex<BTreeMap<SocketAddr, bool>>>,
+}
+
+impl OwnProbes {
+    fn begin(&self, source: SocketAddr) {
+        if let Ok(mut in_flight) = self.in_flight.lock() {
+            in_flight.insert(canonical(source), false);
+        }
+    }
+
+    /// Called by a server for each request it reads: whether `peer` is one of this process's
+    /// probes (which is then marked as answered by this process).
+    pub(crate) fn received_by_own_server(&self, peer: SocketAddr) -> bool {
+        self.in_flight
+            .lock()
+            .ok()
+            .and_then(|mut in_flight| {
+                in_flight
+                    .get_mut(&canonical(peer))
+                    .map(|received| *received = true)
+            })
+            .is_some()
+    }
+
+    /// Ends a probe: whether one of this process's servers received it.
+    fn finish(&self, source: SocketAddr) -> bool {
+        self.in_flight
+            .lock()
+            .ok()
+            .and_then(|mut in_flight| in_flight.remove(&canonical(source)))
+            .unwrap_or(false)
+    }
+}
+
+/// The same address as the two ends of a connection see it (a server bound to `::` sees an
+/// IPv4 client as `::ffff:a.b.c.d`).
+fn canonical(address: SocketAddr) -> SocketAddr {
+    SocketAddr::new(address.ip().to_canonical(), address.port())
+}
+
 /// Probes kube-proxy's healthz once, giving up after `timeout` (a node whose
 /// kube-proxy is gone must not slow the agent's loop down). Only a refused
 /// connection means nothing listens; a timeout or a broken answer is no proof that
-/// kube-proxy has left (see [`KubeProxyHealth`]).
+/// kube-proxy has left (see [`KubeProxyHealth`]). Knows no server of its own: an
+/// agent's server is recognised by its header only (see [`probe_kube_proxy_beside`]).
 pub async fn probe_kube_proxy(target: &HealthzTarget, timeout: Duration) -> KubeProxyHealth {
+    probe_kube_proxy_beside(target, timeout, &OwnProbes::default()).await
+}
+
+/// [`probe_kube_proxy`], knowing this process's own servers (`own`): a probe that one of them
+/// received is [`KubeProxyHealth::AnsweredByThisAgent`], whatever it answered.
+pub async fn probe_kube_proxy_beside(
+    target: &HealthzTarget,
+    timeout: Duration,
+    own: &OwnProbes,
+) -> KubeProxyHealth {
+    let mut source = None;
+    let outcome = probe_once(target, timeout, own, &mut source).await;
+    match source {
+        Some(source) if own.finish(source) => KubeProxyHealth::AnsweredByThisAgent,
+        _ => outcome,
+    }
+}
+
+async fn probe_once(
+    target: &HealthzTarget,
+    timeout: Duration,
+    own: &OwnProbes,
+    source: &mut Option<SocketAddr>,
+) -> KubeProxyHealth {
     let attempt = async {
         let mut stream = TcpStream::connect(target.authority.as_str())
             .await
             .map_err(ProbeFailure::Connect)?;
+        // Registered before the request goes out: a server checks only once it has read it.
+        if let Ok(local) = stream.local_addr() {
+            own.begin(local);
+            *source = Some(local);
+        }
         stream
             .write_all(target.request().as_bytes())
             .await
@@ -110,6 +189,7 @@ impl Default for HealthServerSettings {
 struct Shared {
     node: NodeHealth,
     services: BTreeMap<u16, LocalServiceHealth>,
+    own_probes: OwnProbes,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -137,9 +217,19 @@ impl HealthServers {
                     last_updated: SystemTime::UNIX_EPOCH,
                 },
                 services: BTreeMap::new(),
+                own_probes: OwnProbes::default(),
             })),
             listeners: BTreeMap::new(),
         }
+    }
+
+    /// The registry the probe shares with these servers, so that an answer of theirs is
+    /// known as this process's own ([`probe_kube_proxy_beside`]).
+    pub fn own_probes(&self) -> OwnProbes {
+        self.shared
+            .read()
+            .map(|shared| shared.own_probes.clone())
+            .unwrap_or_default()
     }
 
     /// Serves exactly what the inputs say when `allowed` (kube-proxy has left the
@@ -233,20 +323,21 @@ impl Drop for HealthServers {
 
 async fn serve(listener: TcpListener, role: Role, shared: Arc<RwLock<Shared>>) {
     loop {
-        let Ok((stream, _)) = listener.accept().await else {
+        let Ok((stream, peer)) = listener.accept().await else {
             // Out of file descriptors or similar: back off instead of spinning.
             tokio::time::sleep(Duration::from_millis(100)).await;
             continue;
         };
         let shared = Arc::clone(&shared);
         tokio::spawn(async move {
-            let _ = answer(stream, role, shared).await;
+            let _ = answer(stream, peer, role, shared).await;
         });
     }
 }
 
 async fn answer(
     mut stream: TcpStream,
+    peer: SocketAddr,
     role: Role,
     shared: Arc<RwLock<Shared>>,
 ) -> std::io::Result<()> {
@@ -278,6 +369,8 @@ async fn answer(
         let Ok(shared) = shared.read() else {
             return Ok(());
         };
+        // After the request was read: the probe registers before it sends it.
+        shared.own_probes.received_by_own_server(peer);
         match role {
             Role::Healthz => healthz_answer(&path, &shared.node, SystemTime::now()),
             Role::Service(port) => match shared.services.get(&port) {

@@ -13,7 +13,7 @@ use super::{
         KubeProxyHealth,
     },
     health::HealthzTarget,
-    health_server::probe_kube_proxy,
+    health_server::{probe_kube_proxy_beside, OwnProbes},
     plan_node_cleanup,
     system::Tools,
     Family, NodeRules,
@@ -51,6 +51,25 @@ pub async fn coexistence_round(
     cleanup_requested: Option<i64>,
     settings: &RoundSettings,
 ) -> Result<RoundOutcome, Error> {
+    coexistence_round_beside(
+        tools,
+        machine,
+        cleanup_requested,
+        settings,
+        &OwnProbes::default(),
+    )
+    .await
+}
+
+/// [`coexistence_round`] of an agent that serves kube-proxy's health ports itself: `own`
+/// comes from its servers, so their answers are never taken for kube-proxy's.
+pub async fn coexistence_round_beside(
+    tools: &Tools,
+    machine: &mut CleanupStateMachine,
+    cleanup_requested: Option<i64>,
+    settings: &RoundSettings,
+    own: &OwnProbes,
+) -> Result<RoundOutcome, Error> {
     let reader = tools.clone();
     let families = settings.families.clone();
     let (rules, interfaces) = blocking(move || {
@@ -60,7 +79,7 @@ pub async fn coexistence_round(
         ))
     })
     .await?;
-    let health = probe_kube_proxy(&settings.healthz, settings.probe_timeout).await;
+    let health = probe_kube_proxy_beside(&settings.healthz, settings.probe_timeout, own).await;
     let found = footprint(&rules);
     let agent_chains = rules
         .iptables

@@ -5,12 +5,22 @@ use std::{
 };
 
 use crate::kube_proxy::{
-    detection::KubeProxyHealth,
+    detection::{kube_proxy_healthy_condition, KubeProxyFootprint, KubeProxyHealth},
     health::{
         classify_probe_answer, healthz_answer, request_path, rfc3339, service_health_answer,
         HealthzTarget, LocalServiceHealth, NodeHealth, AGENT_HEADER,
     },
-    health_server::{probe_kube_proxy, HealthServerSettings, HealthServers},
+    health_server::{
+        probe_kube_proxy, probe_kube_proxy_beside, HealthServerSettings, HealthServers, OwnProbes,
+    },
+};
+
+/// kube-proxy's rules on the node, as `KubeProxyHealthy` needs them.
+const PRESENT: KubeProxyFootprint = KubeProxyFootprint {
+    chains: 10,
+    rules: 40,
+    nft_tables: 0,
+    nft_rules: 0,
 };
 
 fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
@@ -380,6 +390,102 @@ fn replacement_servers_follow_their_inputs_and_stop_when_not_allowed() {
             .is_empty());
         assert!(servers.serving_ports().is_empty());
         assert!(std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, healthz_port)).is_ok());
+    });
+}
+
+/// A server of this process that answers exactly as kube-proxy does (200, no agent header):
+/// the probe still knows the answer is its own, by the connection it came on.
+#[test]
+fn an_answer_like_kube_proxys_from_a_server_of_this_process_is_not_kube_proxys_health() {
+    runtime().block_on(async {
+        let own = OwnProbes::default();
+        let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+            .await
+            .unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let server_own = own.clone();
+        let server = tokio::spawn(async move {
+            use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+            let (mut stream, peer) = listener.accept().await.unwrap();
+            let mut buffer = [0_u8; 512];
+            let _ = stream.read(&mut buffer).await.unwrap();
+            let was_own = server_own.received_by_own_server(peer);
+            stream
+                .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+                .await
+                .unwrap();
+            was_own
+        });
+        let target = HealthzTarget::parse(&format!("http://127.0.0.1:{port}/healthz")).unwrap();
+        let health = probe_kube_proxy_beside(&target, Duration::from_secs(2), &own).await;
+        assert!(server.await.unwrap(), "the server saw the probe as its own");
+        assert_eq!(health, KubeProxyHealth::AnsweredByThisAgent);
+        assert!(!health.kube_proxy_may_run());
+        assert!(!kube_proxy_healthy_condition(&PRESENT, &health).status);
+    });
+}
+
+/// The agent's replacement servers on kube-proxy's healthz port: the probe is answered by
+/// this very process and knows it; the control, a real other listener (kube-proxy), is
+/// counted, probed with the same registry while the agent's servers run; and another
+/// agent's server (another process, here another set of servers) is known by its header.
+#[test]
+fn the_agents_own_healthz_server_is_never_counted_as_kube_proxy_and_another_listener_is() {
+    runtime().block_on(async {
+        let node = NodeHealth {
+            healthy: true,
+            last_updated: SystemTime::now(),
+        };
+        let own_port = free_port();
+        let mut servers = HealthServers::new(HealthServerSettings {
+            bind_address: Ipv4Addr::LOCALHOST.into(),
+            healthz_port: own_port,
+        });
+        assert!(servers.reconcile(true, node, &[]).await.is_empty());
+        let own = servers.own_probes();
+        let target = HealthzTarget::parse(&format!("http://127.0.0.1:{own_port}/healthz")).unwrap();
+        let health = probe_kube_proxy_beside(&target, Duration::from_secs(2), &own).await;
+        assert_eq!(health, KubeProxyHealth::AnsweredByThisAgent);
+        assert!(!kube_proxy_healthy_condition(&PRESENT, &health).status);
+
+        // The control: kube-proxy itself on another port answers, and is counted.
+        let kube_proxy = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+            .await
+            .unwrap();
+        let kube_proxy_port = kube_proxy.local_addr().unwrap().port();
+        let kube_proxy_server = tokio::spawn(async move {
+            use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+            let (mut stream, _) = kube_proxy.accept().await.unwrap();
+            let mut buffer = [0_u8; 512];
+            let _ = stream.read(&mut buffer).await.unwrap();
+            stream
+                .write_all(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n{}")
+                .await
+                .unwrap();
+        });
+        let kube_proxy_target =
+            HealthzTarget::parse(&format!("http://127.0.0.1:{kube_proxy_port}/healthz")).unwrap();
+        let health =
+            probe_kube_proxy_beside(&kube_proxy_target, Duration::from_secs(2), &own).await;
+        kube_proxy_server.await.unwrap();
+        assert_eq!(health, KubeProxyHealth::Healthy);
+        assert!(kube_proxy_healthy_condition(&PRESENT, &health).status);
+
+        // Another agent's server: not this process, known by its header.
+        let other_port = free_port();
+        let mut other_agent = HealthServers::new(HealthServerSettings {
+            bind_address: Ipv4Addr::LOCALHOST.into(),
+            healthz_port: other_port,
+        });
+        assert!(other_agent.reconcile(true, node, &[]).await.is_empty());
+        let other_target =
+            HealthzTarget::parse(&format!("http://127.0.0.1:{other_port}/healthz")).unwrap();
+        assert_eq!(
+            probe_kube_proxy_beside(&other_target, Duration::from_secs(2), &own).await,
+            KubeProxyHealth::AnsweredByAgent
+        );
+        servers.stop().await;
+        other_agent.stop().await;
     });
 }
 
