@@ -31,6 +31,10 @@ pub enum Command {
     Run(RunArguments),
     /// Remove every program, link and map this agent pinned.
     Detach(DetachArguments),
+    /// Mount a BPF filesystem at the pin directory's parent unless one holds the
+    /// pin directory already (the chart's privileged init container runs this,
+    /// so that the mount reaches the host through `Bidirectional` propagation).
+    MountBpfFs(DetachArguments),
 }
 
 #[derive(Debug, Args)]
@@ -235,6 +239,7 @@ pub struct StandaloneArguments {
     pub poll_interval_ms: u64,
 }
 
+/// The pin directory alone (`detach`, `mount-bpf-fs`).
 #[derive(Debug, Args)]
 pub struct DetachArguments {
     #[arg(long, default_value = DEFAULT_PIN_DIRECTORY)]

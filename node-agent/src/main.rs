@@ -70,6 +70,19 @@ fn main() -> std::process::ExitCode {
                 switchyard_agent::loader::detach_everything(&arguments.bpf_pin_dir)?;
                 switchyard_agent::masquerade::remove()
             }
+            Command::MountBpfFs(arguments) => {
+                use switchyard_agent::loader::pins;
+                match pins::ensure_bpf_filesystem(&arguments.bpf_pin_dir)
+                    .map_err(switchyard_agent::loader::Error::from)?
+                {
+                    pins::BpfFilesystem::Found { at } => {
+                        tracing::info!(at = %at.display(), "a BPF filesystem is mounted already")
+                    }
+                    // Logged by ensure_bpf_filesystem.
+                    pins::BpfFilesystem::Mounted { .. } => {}
+                }
+                Ok(())
+            }
         }
     });
     match result {

@@ -156,6 +156,8 @@ impl ProgramIdentity {
         })
     }
 
+    /// Without CAP_SYS_ADMIN the lookup by id fails and the answer is no: the
+    /// caller then updates the link in place to the (identical) new program.
     fn is_attached_as(&self, attached_program_id: u32) -> bool {
         Self::of_id(attached_program_id).ok().as_ref() == Some(self)
     }
@@ -571,9 +573,12 @@ fn live_link_interfaces(pin_directory: &Path, prune_defunct: bool) -> Result<Vec
 /// Pinned hooks (link pins, clsact markers) whose program is none of `ours`
 /// (same instructions and same maps): hooks that still run programs on other
 /// maps. Links of interfaces that are gone are not counted (they run nothing).
+/// A link running one of `our_program_ids` is ours without a lookup by id
+/// (which needs CAP_SYS_ADMIN, which the agent does without).
 pub(crate) fn hooks_running_other_programs(
     pin_directory: &Path,
     ours: &std::collections::BTreeSet<ProgramIdentity>,
+    our_program_ids: &std::collections::BTreeSet<u32>,
 ) -> Result<Vec<String>, Error> {
     let directory = links_directory(pin_directory);
     let entries = match std::fs::read_dir(&directory) {
@@ -600,6 +605,7 @@ pub(crate) fn hooks_running_other_programs(
                 Ok(info) if info.link_type == system::LINK_TYPE_TCX && info.tcx_ifindex == 0 => {
                     continue
                 }
+                Ok(info) if our_program_ids.contains(&info.program_id) => continue,
                 Ok(info) => ProgramIdentity::of_id(info.program_id).ok(),
                 Err(_) => None,
             }

@@ -19,6 +19,8 @@ pub enum Error {
         #[source]
         source: Option<Cause>,
     },
+    #[error(transparent)]
+    BpfFilesystem(#[from] crate::pins::BpfFilesystemError),
     #[error("failed to {step} the pin directory {path}")]
     PreparePinDirectory {
         step: &'static str,

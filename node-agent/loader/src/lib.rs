@@ -19,6 +19,7 @@ pub mod expiry;
 mod migrate;
 pub mod netlink;
 mod pinned_maps;
+pub mod pins;
 mod port_filter;
 pub mod schema;
 pub mod system;
@@ -135,6 +136,10 @@ pub struct Datapath {
     /// The programs this process loaded (instructions and maps): a hook runs
     /// "the new programs" when its program is identical to one of these.
     programs: std::collections::BTreeSet<attach::ProgramIdentity>,
+    /// The kernel's ids of those programs: a hook running one of them is known
+    /// as ours from its link alone, without looking the program up by id (which
+    /// needs CAP_SYS_ADMIN).
+    program_ids: std::collections::BTreeSet<u32>,
     /// Whether the wait for hooks still running old programs has been logged.
     migration_wait_reported: bool,
     /// `CLOCK_MONOTONIC` when this process last copied flow state from the old
@@ -174,6 +179,9 @@ impl Datapath {
                 ),
             });
         }
+        // The pins must go to a BPF filesystem: anywhere else they would not be
+        // pins, and elsewhere than the host's they would vanish with this process.
+        pins::ensure_bpf_filesystem(&settings.pin_directory)?;
         let observation = migrate::observe(&settings.pin_directory)?;
         let plan = settings
             .schema
@@ -245,7 +253,10 @@ impl Datapath {
         let mut ebpf = loader
             .load(PROGRAM_OBJECT)
             .map_err(|error| Error::LoadPrograms {
-                what: "the object was refused".to_string(),
+                what: format!(
+                    "the object was refused{}",
+                    pins::lacking_capabilities_hint()
+                ),
                 source: Some(error.into()),
             })?;
         for (name, version, path) in &reused {
@@ -287,22 +298,27 @@ impl Datapath {
             .map_err(io_error("create", &programs_directory))?;
 
         let mut programs = std::collections::BTreeSet::new();
+        let mut program_ids = std::collections::BTreeSet::new();
+        let mut add_identity = |(identity, id)| {
+            programs.insert(identity);
+            program_ids.insert(id);
+        };
         for name in TC_PROGRAMS {
             let program: &mut SchedClassifier = program_mut(&mut ebpf, name)?;
             program.load().map_err(|error| load_error(name, error))?;
-            programs.insert(program_identity(program.fd(), name)?);
+            add_identity(program_identity(program.fd(), name)?);
             pin_program(program.fd(), &programs_directory, name)?;
         }
         for name in attach::SOCKET_HOOKS.iter().map(|hook| hook.program) {
             let program: &mut CgroupSockAddr = program_mut(&mut ebpf, name)?;
             program.load().map_err(|error| load_error(name, error))?;
-            programs.insert(program_identity(program.fd(), name)?);
+            add_identity(program_identity(program.fd(), name)?);
             pin_program(program.fd(), &programs_directory, name)?;
         }
         let name = attach::RELEASE_HOOK.program;
         let program: &mut CgroupSock = program_mut(&mut ebpf, name)?;
         program.load().map_err(|error| load_error(name, error))?;
-        programs.insert(program_identity(program.fd(), name)?);
+        add_identity(program_identity(program.fd(), name)?);
         pin_program(program.fd(), &programs_directory, name)?;
         let conntrack_expiry = expiry::ConntrackExpiry::start(&version_directory)?;
         Ok(Self {
@@ -311,6 +327,7 @@ impl Datapath {
             settings,
             migrated_versions: plan.older_versions,
             programs,
+            program_ids,
             migration_wait_reported: false,
             converted_at_nanoseconds,
             switch_started: false,
@@ -414,8 +431,11 @@ impl Datapath {
         if self.migrated_versions.is_empty() {
             return Ok(());
         }
-        let waiting =
-            attach::hooks_running_other_programs(&self.settings.pin_directory, &self.programs)?;
+        let waiting = attach::hooks_running_other_programs(
+            &self.settings.pin_directory,
+            &self.programs,
+            &self.program_ids,
+        )?;
         if !waiting.is_empty() {
             if !self.migration_wait_reported {
                 tracing::info!(
@@ -478,22 +498,29 @@ where
         })
 }
 
+/// A program's identity and its id.
 fn program_identity(
     fd: Result<&aya::programs::ProgramFd, aya::programs::ProgramError>,
     name: &str,
-) -> Result<attach::ProgramIdentity, Error> {
+) -> Result<(attach::ProgramIdentity, u32), Error> {
     use std::os::fd::AsFd as _;
     let fd = fd.map_err(|error| load_error(name, error))?;
-    attach::ProgramIdentity::of_fd(fd.as_fd()).map_err(|error| Error::LoadPrograms {
+    let unreadable = |error: std::io::Error| Error::LoadPrograms {
         what: format!("cannot read the identity of program {name}"),
         source: Some(error.into()),
-    })
+    };
+    let identity = attach::ProgramIdentity::of_fd(fd.as_fd()).map_err(unreadable)?;
+    let (id, _) = system::program_identity(fd.as_fd()).map_err(unreadable)?;
+    Ok((identity, id))
 }
 
 fn load_error(name: &str, error: aya::programs::ProgramError) -> Error {
     // The verifier log is in the Debug form of the error; keep all of it.
     Error::LoadPrograms {
-        what: format!("program {name} was rejected: {error:?}"),
+        what: format!(
+            "program {name} was rejected{}: {error:?}",
+            pins::lacking_capabilities_hint()
+        ),
         source: None,
     }
 }
