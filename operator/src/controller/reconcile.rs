@@ -509,7 +509,7 @@ mod tests {
     fn each_unsupported_service_is_warned_about_once_until_it_changes_or_leaves_the_list() {
         let mut warned = WarnedServices::default();
         let pbx = unsupported("pbx", "u1", &[UnsupportedFeature::SctpPorts]);
-        let lb = unsupported("lb", "u2", &[UnsupportedFeature::LoadBalancerSourceRanges]);
+        let lb = unsupported("lb", "u2", &[UnsupportedFeature::Ipv6]);
         let (new, left) = warned.select(&[pbx.clone(), lb.clone()], 10);
         assert_eq!((names(&new), left), (vec!["pbx", "lb"], false));
         let (new, _) = warned.select(&[pbx.clone(), lb.clone()], 10);
@@ -522,7 +522,7 @@ mod tests {
         );
         let (new, _) = warned.select(&[pbx_dual_stack.clone(), lb.clone()], 10);
         assert_eq!(names(&new), ["pbx"], "a new feature is worth a new Event");
-        let recreated = unsupported("lb", "u3", &[UnsupportedFeature::LoadBalancerSourceRanges]);
+        let recreated = unsupported("lb", "u3", &[UnsupportedFeature::Ipv6]);
         let (new, _) = warned.select(&[pbx_dual_stack.clone(), recreated.clone()], 10);
         assert_eq!(
             names(&new),
@@ -562,7 +562,7 @@ mod tests {
 
     #[test]
     fn an_unsupported_service_event_is_about_the_service_in_its_namespace() {
-        let lb = unsupported("lb", "u2", &[UnsupportedFeature::LoadBalancerSourceRanges]);
+        let lb = unsupported("lb", "u2", &[UnsupportedFeature::Ipv6]);
         let reference = service_reference(&lb);
         let occurrence = events::unsupported_service(&lb);
         let event = events::build_event(&reference, &occurrence, "operator-0", Utc::now());
@@ -578,8 +578,7 @@ mod tests {
         );
         let message = event.message.unwrap_or_default();
         assert!(
-            message.contains("loadBalancerSourceRanges")
-                && message.contains("every source is answered"),
+            message.contains("does not serve this Service's IPv6 yet"),
             "{message}"
         );
         let sctp = events::unsupported_service(&unsupported(
@@ -588,7 +587,7 @@ mod tests {
             &[UnsupportedFeature::SctpPorts],
         ));
         assert!(
-            sctp.message.contains("SCTP ports") && !sctp.message.contains("every source"),
+            sctp.message.contains("SCTP ports") && !sctp.message.contains("IPv6"),
             "{}",
             sctp.message
         );

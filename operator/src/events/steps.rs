@@ -8,8 +8,7 @@ use switchyard_crds::{
 use super::Occurrence;
 use crate::kube_proxy;
 use crate::planner::{
-    AgentPodDeletion, DataplaneNodeWrite, KubeProxyAction, Plan, UnsupportedFeature,
-    UnsupportedService,
+    AgentPodDeletion, DataplaneNodeWrite, KubeProxyAction, Plan, UnsupportedService,
 };
 
 /// The Events a plan's steps deserve (at most one per kind of step).
@@ -183,19 +182,11 @@ pub fn unsupported_service(service: &UnsupportedService) -> Occurrence {
         .iter()
         .map(|feature| feature.named())
         .collect();
-    let open = if service
-        .features
-        .contains(&UnsupportedFeature::LoadBalancerSourceRanges)
-    {
-        " (its loadBalancerSourceRanges are not enforced there: every source is answered)"
-    } else {
-        ""
-    };
     Occurrence::warning(
         UNSUPPORTED_BY_DATAPLANE,
         "CheckParity",
         format!(
-            "the eBPF datapath does not serve this Service's {} yet; on the nodes eBPF serves, kube-proxy's rules for it are gone or going, so it does not work as kube-proxy served it{open}. \
+            "the eBPF datapath does not serve this Service's {} yet; on the nodes eBPF serves, kube-proxy's rules for it are gone or going, so it does not work as kube-proxy served it. \
              Remove those features, or go back to kube-proxy (DataplaneConfig default, spec.mode KubeProxy)",
             features.join(" and ")
         ),

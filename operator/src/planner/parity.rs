@@ -1,18 +1,19 @@
 //! The parity preflight: Services that use something the eBPF datapath does not serve yet
-//! (docs/parity.md). kube-proxy serves them; once it has left a node they stop working there (or,
-//! with `loadBalancerSourceRanges`, answer every source: a security regression). So a transition
-//! to `Ebpf` is refused before any node is activated while such a Service exists, and a cluster
-//! that already runs on eBPF, wholly or partly, says so: the `ServicesSupported` condition and a
-//! Warning Event on each such Service. Going back to kube-proxy is never held by it.
+//! (docs/parity.md). kube-proxy serves them; once it has left a node they stop working there. So a
+//! transition to `Ebpf` is refused before any node is activated while such a Service exists, and
+//! a cluster that already runs on eBPF, wholly or partly, says so: the `ServicesSupported`
+//! condition and a Warning Event on each such Service. Going back to kube-proxy is never held by
+//! it.
 //!
 //! [`UNSUPPORTED_FEATURES`] is the one table of what is not served: a row leaves the table when
-//! the datapath learns to serve its feature.
+//! the datapath learns to serve its feature (`loadBalancerSourceRanges` left it when the datapath
+//! learned to filter sources, issue 24).
 //!
 //! The controller keeps only [`UnsupportedService`] summaries of the Services that use such a
 //! feature (a cluster has tens of thousands of Services, nearly all of them served), so what
 //! the planner reads stays small.
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Service, ServiceSpec};
@@ -31,9 +32,6 @@ pub enum UnsupportedFeature {
     SctpPorts,
     /// An IPv6 or dual-stack Service (issue 25: the datapath is IPv4 only).
     Ipv6,
-    /// A `LoadBalancer` Service with `loadBalancerSourceRanges` (issue 24: the datapath does not
-    /// filter sources, so serving it would open the Service to every source).
-    LoadBalancerSourceRanges,
 }
 
 /// One row of [`UNSUPPORTED_FEATURES`].
@@ -56,11 +54,6 @@ pub const UNSUPPORTED_FEATURES: &[FeatureRow] = &[
         feature: UnsupportedFeature::Ipv6,
         named: "IPv6",
         used_by: uses_ipv6,
-    },
-    FeatureRow {
-        feature: UnsupportedFeature::LoadBalancerSourceRanges,
-        named: "loadBalancerSourceRanges",
-        used_by: filters_load_balancer_sources,
     },
 ];
 
@@ -160,29 +153,6 @@ fn uses_ipv6(spec: &ServiceSpec) -> bool {
         .chain(spec.cluster_ips.iter().flatten())
         .any(|ip| matches!(ip.parse::<IpAddr>(), Ok(IpAddr::V6(_))));
     families || addresses
-}
-
-/// A `LoadBalancer` whose `loadBalancerSourceRanges` restrict sources: any range given, unless one
-/// of them is `0.0.0.0/0` (every source allowed, as kube-proxy reads it). A range that does not
-/// parse counts as restricting: refusing is the safe side of a filter nobody serves.
-fn filters_load_balancer_sources(spec: &ServiceSpec) -> bool {
-    if spec.type_.as_deref() != Some("LoadBalancer") {
-        return false;
-    }
-    let ranges: Vec<&str> = spec
-        .load_balancer_source_ranges
-        .iter()
-        .flatten()
-        .map(|range| range.trim())
-        .filter(|range| !range.is_empty())
-        .collect();
-    !ranges.is_empty() && !ranges.iter().any(|range| allows_every_ipv4_source(range))
-}
-
-fn allows_every_ipv4_source(range: &str) -> bool {
-    range.split_once('/').is_some_and(|(address, prefix)| {
-        address.trim().parse::<Ipv4Addr>().is_ok() && prefix.trim().parse::<u8>() == Ok(0)
-    })
 }
 
 /// `services` in namespace/name order, each once (so messages do not depend on list order).

@@ -18,7 +18,7 @@ use super::super::parity::SERVICE_PROXY_NAME_LABEL;
 use super::super::*;
 use super::fixtures::*;
 use super::three_kube_proxy_nodes;
-use UnsupportedFeature::{Ipv6, LoadBalancerSourceRanges, SctpPorts};
+use UnsupportedFeature::{Ipv6, SctpPorts};
 
 /// A ClusterIP Service with one TCP port at an IPv4 cluster IP, as a 1.20 API server fills it.
 fn service(name: &str) -> Service {
@@ -130,48 +130,30 @@ fn an_ipv6_or_dual_stack_service_is_unsupported_and_an_ipv4_one_is_not() {
 }
 
 #[test]
-fn a_load_balancer_with_source_ranges_is_unsupported_unless_they_allow_every_source() {
-    assert_eq!(features(&load_balancer(&[])), [], "control: no ranges");
+fn a_load_balancer_with_source_ranges_is_served_and_never_refused() {
+    // The datapath filters sources itself (docs/parity.md row 32): no range, blank, open,
+    // restricting or unparsable, keeps a LoadBalancer from a transition.
+    for ranges in [
+        &[][..],
+        &["  "][..],
+        &["10.0.0.0/8", " 0.0.0.0/0 "][..],
+        &["10.0.0.0/8"][..],
+        &["192.168.0.0/16", "203.0.113.7/32"][..],
+        &["not-a-cidr"][..],
+    ] {
+        assert_eq!(features(&load_balancer(ranges)), [], "{ranges:?}");
+    }
+    // Control: the same LoadBalancer is still flagged for what the datapath does not serve.
+    let mut with_sctp = load_balancer(&["10.0.0.0/8"]);
+    spec(&mut with_sctp)
+        .ports
+        .get_or_insert_with(Vec::new)
+        .push(port("sctp", "SCTP"));
+    assert_eq!(features(&with_sctp), [SctpPorts]);
+    // Nothing kept for the planner: no summary, so no refusal, condition or Event.
     assert_eq!(
-        features(&load_balancer(&["  "])),
-        [],
-        "a blank range is none"
-    );
-    assert_eq!(
-        features(&load_balancer(&["10.0.0.0/8", " 0.0.0.0/0 "])),
-        [],
-        "0.0.0.0/0 lets every source in: nothing to enforce"
-    );
-    assert_eq!(
-        features(&load_balancer(&["10.0.0.0/8"])),
-        [LoadBalancerSourceRanges]
-    );
-    assert_eq!(
-        features(&load_balancer(&["192.168.0.0/16", "203.0.113.7/32"])),
-        [LoadBalancerSourceRanges]
-    );
-    assert_eq!(
-        features(&load_balancer(&["not-a-cidr"])),
-        [LoadBalancerSourceRanges],
-        "a range that does not parse is refused, not read as open"
-    );
-
-    let mut node_port = load_balancer(&["10.0.0.0/8"]);
-    spec(&mut node_port).type_ = Some("NodePort".into());
-    assert_eq!(
-        features(&node_port),
-        [],
-        "only load-balancer addresses are filtered by kube-proxy"
-    );
-    let mut annotated = load_balancer(&[]);
-    annotated.metadata.annotations = Some(BTreeMap::from([(
-        "service.beta.kubernetes.io/load-balancer-source-ranges".into(),
-        "10.0.0.0/8".into(),
-    )]));
-    assert_eq!(
-        features(&annotated),
-        [],
-        "kube-proxy never reads the cloud annotation"
+        UnsupportedService::of(&load_balancer(&["10.0.0.0/8"])),
+        None
     );
 }
 
@@ -185,7 +167,7 @@ fn services_kube_proxy_does_not_proxy_are_never_flagged() {
     spec(&mut everything).ip_families = Some(vec!["IPv4".into(), "IPv6".into()]);
     assert_eq!(
         features(&everything),
-        [SctpPorts, Ipv6, LoadBalancerSourceRanges],
+        [SctpPorts, Ipv6],
         "control: a proxied Service with every unsupported feature, in the table's order"
     );
 
@@ -295,7 +277,7 @@ fn the_refusal_names_ten_services_with_their_features_and_counts_the_rest() {
     let twelve: Vec<Arc<UnsupportedService>> = names
         .iter()
         .rev()
-        .map(|name| unsupported(name, &[Ipv6, LoadBalancerSourceRanges]))
+        .map(|name| unsupported(name, &[SctpPorts, Ipv6]))
         .collect();
     let plan = plan(
         Some(&config(Ebpf)),
@@ -303,11 +285,11 @@ fn the_refusal_names_ten_services_with_their_features_and_counts_the_rest() {
     );
     let message = &condition_of(&plan, types::DEGRADED).message;
     assert!(
-        message.contains("12 Service(s) use what the eBPF datapath does not serve yet: shop/svc-00 (IPv6, loadBalancerSourceRanges), shop/svc-01 (IPv6, loadBalancerSourceRanges)"),
+        message.contains("12 Service(s) use what the eBPF datapath does not serve yet: shop/svc-00 (SCTP ports, IPv6), shop/svc-01 (SCTP ports, IPv6)"),
         "{message}"
     );
     assert!(
-        message.contains("shop/svc-09 (IPv6, loadBalancerSourceRanges) and 2 more"),
+        message.contains("shop/svc-09 (SCTP ports, IPv6) and 2 more"),
         "{message}"
     );
     assert!(!message.contains("svc-10") && !message.contains("svc-11"));
@@ -319,7 +301,7 @@ fn the_refusal_names_ten_services_with_their_features_and_counts_the_rest() {
     );
     let message = &condition_of(&plan, types::DEGRADED).message;
     assert!(
-        message.contains("shop/svc-08 (IPv6, loadBalancerSourceRanges) and shop/svc-09"),
+        message.contains("shop/svc-08 (SCTP ports, IPv6) and shop/svc-09"),
         "control: ten are all named: {message}"
     );
     assert!(!message.contains("more"), "{message}");

@@ -80,7 +80,7 @@ prop_compose! {
         kube_proxy in prop::option::weighted(0.8, (any::<bool>(), prop::option::of(0i32..4), prop::option::weighted(0.15, Just("argocd.argoproj.io/tracking-id".to_owned())))),
         update_revision in prop::option::of(any::<bool>()),
         api_server_address_configured in prop::bool::weighted(0.9),
-        unsupported_services in prop::collection::vec(prop::sample::subsequence(vec![UnsupportedFeature::SctpPorts, UnsupportedFeature::Ipv6, UnsupportedFeature::LoadBalancerSourceRanges], 1..=3), 0..3),
+        unsupported_services in prop::collection::vec(prop::sample::subsequence(vec![UnsupportedFeature::SctpPorts, UnsupportedFeature::Ipv6], 1..=2), 0..3),
         now in 0i64..1500,
     ) -> ObservedCluster {
         let nodes = nodes
@@ -181,7 +181,7 @@ proptest! {
     fn no_node_is_activated_while_an_unsupported_service_exists_and_the_transition_has_not_started(
         node_count in 1usize..7,
         config in config_strategy(),
-        unsupported_services in prop::collection::vec(prop::sample::subsequence(vec![UnsupportedFeature::SctpPorts, UnsupportedFeature::Ipv6, UnsupportedFeature::LoadBalancerSourceRanges], 1..=3), 0..3),
+        unsupported_services in prop::collection::vec(prop::sample::subsequence(vec![UnsupportedFeature::SctpPorts, UnsupportedFeature::Ipv6], 1..=2), 0..3),
     ) {
         let mut cluster = cluster((1..=node_count).map(|index| kube_proxy_node(&format!("node-{index}"))).collect());
         cluster.unsupported_services = unsupported_services
