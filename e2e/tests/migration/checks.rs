@@ -10,6 +10,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
 use switchyard_crds::{
     condition_types, find_condition, ConditionStatus, DataplaneConfig, DataplaneMode,
@@ -65,6 +66,37 @@ impl TransitionRecorders {
             .await
             .expect("kube-proxy pods recorded");
     }
+}
+
+/// The field managers that have written an object (its `managedFields`).
+pub fn field_managers(metadata: &ObjectMeta) -> Vec<String> {
+    metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter_map(|entry| entry.manager.clone())
+        .collect()
+}
+
+/// `dataplane_node` is Node `node`'s as the operator creates it: owned by the Node (so it goes
+/// with it) and written by the operator.
+pub fn assert_made_by_the_operator(dataplane_node: &DataplaneNode, node: &str) {
+    let owners = dataplane_node
+        .metadata
+        .owner_references
+        .clone()
+        .unwrap_or_default();
+    assert!(
+        owners.len() == 1 && owners[0].kind == "Node" && owners[0].name == node,
+        "DataplaneNode {node} owned by {owners:?}"
+    );
+    let managers = field_managers(&dataplane_node.metadata);
+    assert!(
+        managers
+            .iter()
+            .any(|manager| manager == "switchyard-operator"),
+        "DataplaneNode {node} managed by {managers:?}"
+    );
 }
 
 /// Long-lived connections opened from each client before the transitions of (1) and (3).

@@ -225,28 +225,7 @@ pub async fn play_config_deleted(world: &World) {
         deleted_at.elapsed(),
         recreated.spec.mode
     );
-    let owners = recreated
-        .metadata
-        .owner_references
-        .clone()
-        .unwrap_or_default();
-    assert!(
-        owners.len() == 1 && owners[0].kind == "Node" && owners[0].name == "node-3",
-        "the DataplaneNode created again is owned by {owners:?}"
-    );
-    let managers: Vec<String> = recreated
-        .metadata
-        .managed_fields
-        .iter()
-        .flatten()
-        .filter_map(|entry| entry.manager.clone())
-        .collect();
-    assert!(
-        managers
-            .iter()
-            .any(|manager| manager == "switchyard-operator"),
-        "the DataplaneNode created again is managed by {managers:?}"
-    );
+    super::checks::assert_made_by_the_operator(&recreated, "node-3");
     let daemon_set = world
         .kube_proxy_daemon_set()
         .get("kube-proxy")

@@ -72,24 +72,7 @@ pub async fn play(world: &World, shared: &mut Shared) {
     // Every Node got its DataplaneNode from the operator, owned by the Node (so it goes with
     // it), with an Event about it on the Node.
     for (name, node) in world.dataplane_nodes().await.expect("list DataplaneNodes") {
-        let owners = node.metadata.owner_references.clone().unwrap_or_default();
-        assert!(
-            owners.len() == 1 && owners[0].kind == "Node" && owners[0].name == name,
-            "DataplaneNode {name} owned by {owners:?}"
-        );
-        let managers: Vec<String> = node
-            .metadata
-            .managed_fields
-            .iter()
-            .flatten()
-            .filter_map(|entry| entry.manager.clone())
-            .collect();
-        assert!(
-            managers
-                .iter()
-                .any(|manager| manager == "switchyard-operator"),
-            "DataplaneNode {name} managed by {managers:?}"
-        );
+        assert_made_by_the_operator(&node, &name);
     }
     assert!(
         world

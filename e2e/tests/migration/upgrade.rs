@@ -236,13 +236,7 @@ pub async fn play(world: &World) {
         .get("switchyard-agent")
         .await
         .expect("read the agent DaemonSet");
-    let writers: Vec<String> = agent_daemon_set
-        .metadata
-        .managed_fields
-        .iter()
-        .flatten()
-        .filter_map(|entry| entry.manager.clone())
-        .collect();
+    let writers = super::checks::field_managers(&agent_daemon_set.metadata);
     assert!(
         !writers
             .iter()
