@@ -3,5 +3,6 @@
 chart-test:
 	bash e2e/scripts/build-kubernetes.sh
 	bash charts/test-chart.sh
+	bash charts/test-chart-privileges.sh
 
 TEST_SUITES += chart-test
