@@ -5,10 +5,29 @@ use std::time::{Duration, Instant, SystemTime};
 
 use switchyard_crds::{DataplaneMode, DataplanePhase};
 use switchyard_e2e::audit::{read_audit_events, AuditEvent};
+use switchyard_e2e::pod_runner::events::RunnerEvent;
 use switchyard_e2e::wait::{hold_for, Check, WaitOptions};
 
 use super::checks::*;
 use crate::migration_support::*;
+
+/// SIGKILLs the leading operator, process `pid` (`when`: where in the transition, for the
+/// log), and waits for a new one to lead.
+async fn kill_the_leader(world: &World, pid: u32, when: &str) -> RunnerEvent {
+    kill(pid, libc::SIGKILL);
+    let killed_at = Instant::now();
+    println!("SIGKILL operator pid {pid} {when}");
+    let next = world
+        .wait_operator_leading(Some(pid), Duration::from_secs(60))
+        .await
+        .expect("a new operator leads");
+    println!(
+        "new operator pid {:?} leads {:.1} s after the kill",
+        next.pid,
+        killed_at.elapsed().as_secs_f64()
+    );
+    next
+}
 
 /// Scenario 4: KubeProxy -> Ebpf with the operator SIGKILLed during ActivatingNodes and again
 /// during DisablingKubeProxy (held there by a finalizer on node-3's kube-proxy pod, so that the
@@ -98,8 +117,6 @@ pub async fn play(world: &World) {
         .await;
     let first = world.operator_process().expect("the operator's process");
     let first_pid = first.pid.expect("a pid");
-    kill(first_pid, libc::SIGKILL);
-    let killed_at = Instant::now();
     let asked: Vec<&String> = at_first_kill
         .iter()
         .filter(|(_, node)| node.spec.mode == DataplaneMode::Ebpf)
@@ -110,19 +127,15 @@ pub async fn play(world: &World) {
         .filter(|(_, node)| is_serving(node))
         .map(|(name, _)| name)
         .collect();
-    println!("SIGKILL operator pid {first_pid} in ActivatingNodes: told Ebpf {asked:?}, serving {serving:?}");
+    let second = kill_the_leader(
+        world,
+        first_pid,
+        &format!("in ActivatingNodes: told Ebpf {asked:?}, serving {serving:?}"),
+    )
+    .await;
     assert!(
         asked.len() < 3 || serving.len() < 3,
         "killed too late: every node already served"
-    );
-    let second = world
-        .wait_operator_leading(Some(first_pid), Duration::from_secs(60))
-        .await
-        .expect("a new operator leads");
-    println!(
-        "new operator pid {:?} leads {:.1} s after the kill",
-        second.pid,
-        killed_at.elapsed().as_secs_f64()
     );
     let second_pid = second.pid.expect("a pid");
 
@@ -152,20 +165,12 @@ pub async fn play(world: &World) {
         !at_second_kill["node-3"].spec.iptables_cleanup,
         "node-3 told to clean while its kube-proxy pod is still there"
     );
-    kill(second_pid, libc::SIGKILL);
-    let killed_at = Instant::now();
-    println!(
-        "SIGKILL operator pid {second_pid} in DisablingKubeProxy (node-3's kube-proxy pod held)"
-    );
-    let third = world
-        .wait_operator_leading(Some(second_pid), Duration::from_secs(60))
-        .await
-        .expect("a new operator leads");
-    println!(
-        "new operator pid {:?} leads {:.1} s after the kill",
-        third.pid,
-        killed_at.elapsed().as_secs_f64()
-    );
+    kill_the_leader(
+        world,
+        second_pid,
+        "in DisablingKubeProxy (node-3's kube-proxy pod held)",
+    )
+    .await;
     // The new operator has its snapshot and its reconcile: for the next 3 s nothing may move
     // (node-3 not told to clean, no DataplaneNode written, still DisablingKubeProxy).
     let generations_at_second_kill = generations(&at_second_kill);
