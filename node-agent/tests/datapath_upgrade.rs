@@ -242,6 +242,11 @@ fn a_pin_directory_of_the_build_before_source_ranges_is_upgraded_in_place_withou
             // The new programs read the new map: a filtered frontend answers the
             // client its range holds, and drops it once the range is gone.
             maps.write_source_range(&client_range()).expect("write a range");
+            assert_eq!(
+                maps.source_ranges().expect("source ranges"),
+                std::collections::BTreeSet::from([client_range()]),
+                "a range reads back as it was written (what a restart restores)"
+            );
             write_load_balancer(&mut maps, &pods, switchyard_common::FRONTEND_FLAG_SOURCE_RANGES);
             let load_balancer = SocketAddrV4::new(LOAD_BALANCER_IP, 80);
             let request = move || {

@@ -486,6 +486,29 @@ mod tests {
     }
 
     #[test]
+    fn a_source_range_entry_round_trips_through_its_trie_key_and_foreign_keys_are_skipped() {
+        let entry = SourceRangeEntry {
+            frontend: FrontendKey {
+                address: switchyard_common::ipv4_mapped([198, 51, 100, 7]),
+                port_big_endian: 80u16.to_be(),
+                protocol: PROTOCOL_TCP,
+                scope: switchyard_common::SCOPE_EXTERNAL,
+            },
+            prefix: SourcePrefix {
+                address: switchyard_common::ipv4_mapped([192, 168, 60, 0]),
+                length: 96 + 24,
+            },
+        };
+        let key = source_range_key(&entry);
+        assert_eq!(key.prefix_len(), 160 + 120);
+        assert_eq!(source_range_entry(&key), Some(entry));
+        let data = key.data();
+        // A prefix that does not cover the whole frontend, or longer than an address.
+        assert_eq!(source_range_entry(&LpmKey::new(100, data)), None);
+        assert_eq!(source_range_entry(&LpmKey::new(160 + 129, data)), None);
+    }
+
+    #[test]
     fn only_open_recent_tcp_connections_count_as_live_flows() {
         let now = 1_000 * 1_000_000_000;
         let entries = [
