@@ -42,6 +42,18 @@ impl Harness {
         self.standalone.tick(now)
     }
 
+    /// The agent started on the web Service's manifest (in a directory of its own, `name`),
+    /// after its first round: programmed and attached.
+    fn serving_web(name: &str) -> (TempDirectory, Self, Instant) {
+        let directory = TempDirectory::new(name);
+        write(&directory, "web.yaml", SERVICE);
+        let now = Instant::now();
+        let mut agent = Self::start(options(&directory.0), FakeDatapath::default(), host(), now)
+            .expect("starts");
+        agent.tick(now);
+        (directory, agent, now)
+    }
+
     fn shut_down(&mut self) -> Result<(), Error> {
         self.standalone.shut_down()
     }
@@ -181,12 +193,7 @@ fn nothing_is_written_or_attached_before_the_manifests_are_read() {
 
 #[test]
 fn manifests_are_programmed_and_every_interface_attached_without_a_dataplane_node() {
-    let directory = TempDirectory::new("program");
-    write(&directory, "web.yaml", SERVICE);
-    let now = Instant::now();
-    let mut agent = Harness::start(options(&directory.0), FakeDatapath::default(), host(), now)
-        .expect("starts");
-    agent.tick(now);
+    let (_directory, mut agent, now) = Harness::serving_web("program");
     let datapath = &agent.datapath;
     assert_eq!(
         datapath.maps.state.frontends[&node_port_key()].backend_count,
@@ -215,12 +222,7 @@ fn manifests_are_programmed_and_every_interface_attached_without_a_dataplane_nod
 
 #[test]
 fn a_bad_manifest_keeps_the_last_good_state_and_a_fixed_one_is_applied() {
-    let directory = TempDirectory::new("bad");
-    write(&directory, "web.yaml", SERVICE);
-    let now = Instant::now();
-    let mut agent = Harness::start(options(&directory.0), FakeDatapath::default(), host(), now)
-        .expect("starts");
-    agent.tick(now);
+    let (directory, mut agent, now) = Harness::serving_web("bad");
     let good = agent.datapath.maps.state.clone();
     write(
         &directory,
@@ -266,12 +268,7 @@ fn a_kube_proxy_dataplane_node_keeps_maps_in_sync_with_nothing_attached() {
 
 #[test]
 fn switching_to_kube_proxy_drains_and_detaches_when_the_last_flow_closes() {
-    let directory = TempDirectory::new("drain");
-    write(&directory, "web.yaml", SERVICE);
-    let now = Instant::now();
-    let mut agent = Harness::start(options(&directory.0), FakeDatapath::default(), host(), now)
-        .expect("starts");
-    agent.tick(now);
+    let (directory, mut agent, now) = Harness::serving_web("drain");
     agent.datapath.live_flows = 2;
     write(
         &directory,
@@ -301,12 +298,7 @@ fn switching_to_kube_proxy_drains_and_detaches_when_the_last_flow_closes() {
 
 #[test]
 fn a_failed_detach_is_retried_every_round_and_the_node_is_detached_only_once_it_succeeds() {
-    let directory = TempDirectory::new("detach-retry");
-    write(&directory, "web.yaml", SERVICE);
-    let now = Instant::now();
-    let mut agent = Harness::start(options(&directory.0), FakeDatapath::default(), host(), now)
-        .expect("starts");
-    agent.tick(now);
+    let (directory, mut agent, now) = Harness::serving_web("detach-retry");
     agent.datapath.failing_detaches.insert("veth1".into());
     write(
         &directory,
@@ -447,12 +439,7 @@ fn manifests_that_appear_later_are_programmed_then() {
 
 #[test]
 fn a_new_node_address_adds_its_node_ports() {
-    let directory = TempDirectory::new("address");
-    write(&directory, "web.yaml", SERVICE);
-    let now = Instant::now();
-    let mut agent = Harness::start(options(&directory.0), FakeDatapath::default(), host(), now)
-        .expect("starts");
-    agent.tick(now);
+    let (_directory, mut agent, now) = Harness::serving_web("address");
     agent.host.0[1].addr_info.push(IpAddressInfo {
         family: "inet".to_string(),
         local: Some("192.168.1.11".to_string()),
