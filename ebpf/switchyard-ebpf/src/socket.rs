@@ -40,8 +40,8 @@ use switchyard_common::{
 };
 
 use crate::{
-    choose_backend, config, count, count_source_range_drop, port_marked, BackendChoice,
-    FRONTENDS, SOCKET_REVERSE,
+    choose_backend, config, count, count_source_range_drop, port_marked, BackendChoice, FRONTENDS,
+    SOCKET_REVERSE,
 };
 
 const ALLOW: i32 = 1;
