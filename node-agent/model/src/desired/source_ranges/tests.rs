@@ -196,7 +196,8 @@ fn a_range_holding_a_node_address_lets_the_node_in_and_admits_the_load_balancer_
 
 #[test]
 fn no_range_of_the_family_or_a_range_of_every_address_filters_nothing() {
-    for ranges in ["", "fd00::/8", "10.0.0.0/8, 0.0.0.0/0"] {
+    // The last: every entry is skipped, which leaves no range, as in kube-proxy.
+    for ranges in ["", "fd00::/8", "10.0.0.0/8, 0.0.0.0/0", "not-a-cidr"] {
         let share = share(&load_balancer(ranges), &node(&[NODE_ADDRESS]));
         for (key, frontend) in &share.frontends {
             assert_eq!(
