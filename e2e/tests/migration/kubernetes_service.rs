@@ -32,6 +32,13 @@ const PROBE: &str = "api-probe";
 const PROBE_HOST_NUMBER: u8 = 20;
 /// How long the API server and the probe get to show each state.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(60);
+/// The way back drains node-1 until this bound: the probe keeps trying the dead endpoint
+/// through eBPF, and the agent counts each unanswered connection as a live flow to drain (a
+/// TCP entry neither closed nor reset, within the idle timeout), so node-1 drains until the
+/// timeout, as it would in a cluster whose clients retry a dead `kubernetes` Service.
+const DRAIN_TIMEOUT_SECONDS: u64 = 20;
+/// Each transition's bound: the way back includes the drain.
+const TRANSITION_TIMEOUT: Duration = Duration::from_secs(DRAIN_TIMEOUT_SECONDS + 100);
 
 /// The scenario: see the module's documentation.
 pub async fn play(world: &World) {
@@ -64,13 +71,7 @@ pub async fn play(world: &World) {
         .apply_config(DataplaneMode::Ebpf, rollout())
         .await
         .expect("apply mode Ebpf");
-    let to_ebpf = wait_config_ready(
-        world,
-        DataplaneMode::Ebpf,
-        &traffic,
-        Duration::from_secs(120),
-    )
-    .await;
+    let to_ebpf = wait_config_ready(world, DataplaneMode::Ebpf, &traffic, TRANSITION_TIMEOUT).await;
     assert_endpoint_kept(world, &endpoint).await;
     let dead_window = probe.assert_never_reached_since(dead.since_ms, "KubeProxy -> Ebpf");
     drop(dead);
@@ -101,7 +102,7 @@ pub async fn play(world: &World) {
         world,
         DataplaneMode::KubeProxy,
         &traffic,
-        Duration::from_secs(120),
+        TRANSITION_TIMEOUT,
     )
     .await;
     assert_endpoint_kept(world, &endpoint).await;
@@ -143,9 +144,14 @@ pub async fn play(world: &World) {
     probe.stop().await.expect("the probe stopped");
 }
 
-/// The rollout every transition of this scenario uses (as the harness's recovery does).
+/// The rollout of this scenario's transitions: the harness's recovery's, with a drain bounded
+/// at [`DRAIN_TIMEOUT_SECONDS`].
 fn rollout() -> serde_json::Value {
-    serde_json::json!({"maxUnavailable": 3, "nodeReadyTimeoutSeconds": 60, "drainTimeoutSeconds": 120})
+    serde_json::json!({
+        "maxUnavailable": 3,
+        "nodeReadyTimeoutSeconds": 60,
+        "drainTimeoutSeconds": DRAIN_TIMEOUT_SECONDS,
+    })
 }
 
 fn now_ms() -> u64 {
