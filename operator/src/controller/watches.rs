@@ -21,7 +21,7 @@ use switchyard_crds::{DataplaneConfig, DataplaneNode, KubeProxySpec, DEFAULT_CON
 use switchyard_telemetry::Heartbeat;
 
 use super::reconcile::{error_policy, reconcile, reconcile_without_config};
-use super::{Context, KubeProxyLocation};
+use super::{Context, KubeProxyLocation, Liveness};
 use crate::cache::{self, OwnWrites, UnsupportedServices, WrittenKind};
 use crate::planner::parity::SERVICE_PROXY_NAME_LABEL;
 
@@ -56,13 +56,15 @@ impl Watched for Node {
 /// A watch whose events fill `writer`'s store and are then reported to `own_writes` (when the
 /// operator writes such objects: [`WrittenKind::of`]); yields the
 /// objects touched (for triggers). Relists read the API server's most recent state (not its
-/// watch cache): [`OwnWrites`] counts on a relist that starts after a write to include it.
+/// watch cache): [`OwnWrites`] counts on a relist that starts after a write to include it. Its
+/// liveness is named after the kind it watches.
 fn watched<K: Watched>(
     api: Api<K>,
     writer: reflector::store::Writer<K>,
     own_writes: &Arc<OwnWrites>,
-    heartbeat: Heartbeat,
+    liveness: &Liveness,
 ) -> impl Stream<Item = Result<K, watcher::Error>> + Send + 'static {
+    let heartbeat = liveness.watch(&K::kind(&()));
     let own_writes = Arc::clone(own_writes);
     let kind = WrittenKind::of::<K>();
     let events = watcher(api, watcher::Config::default())
@@ -326,7 +328,7 @@ pub async fn run(context: Arc<Context>) {
         Api::all(client.clone()),
         writers.configs,
         own_writes,
-        liveness.watch("DataplaneConfig"),
+        liveness,
     )
     .inspect(
         move |config| {
@@ -343,25 +345,25 @@ pub async fn run(context: Arc<Context>) {
         Api::all(client.clone()),
         writers.dataplane_nodes,
         own_writes,
-        liveness.watch("DataplaneNode"),
+        liveness,
     );
     let nodes = watched(
         Api::all(client.clone()),
         writers.nodes,
         own_writes,
-        liveness.watch("Node"),
+        liveness,
     );
     let daemon_sets = watched(
         Api::all(client.clone()),
         writers.daemon_sets,
         own_writes,
-        liveness.watch("DaemonSet"),
+        liveness,
     );
     let revisions = watched(
         Api::namespaced(client.clone(), agent_namespace),
         writers.revisions,
         own_writes,
-        liveness.watch("ControllerRevision"),
+        liveness,
     );
     let services = watched_services(
         Api::all(client.clone()),
