@@ -470,6 +470,7 @@ fn kube_proxy_healthy_needs_its_rules_and_a_200() {
         (PRESENT, KubeProxyHealth::Unhealthy { status: 503 }),
         (PRESENT, gone()),
         (PRESENT, KubeProxyHealth::AnsweredByAgent),
+        (PRESENT, KubeProxyHealth::AnsweredByThisAgent),
     ] {
         let report = kube_proxy_healthy_condition(&footprint, &health);
         assert!(!report.status, "{footprint:?} {health:?}");
@@ -482,6 +483,7 @@ fn any_health() -> impl Strategy<Value = KubeProxyHealth> {
         Just(KubeProxyHealth::Healthy),
         Just(KubeProxyHealth::Unhealthy { status: 503 }),
         Just(KubeProxyHealth::AnsweredByAgent),
+        Just(KubeProxyHealth::AnsweredByThisAgent),
         Just(KubeProxyHealth::Absent {
             reason: "refused".into()
         }),
