@@ -21,6 +21,12 @@ images=${SWITCHYARD_E2E_STATE:-/var/lib/switchyard-e2e}.images.conf
 summary=${SWITCHYARD_DEMO_SUMMARY:-}
 down=${SWITCHYARD_DEMO_DOWN:-0}
 started=$(date +%s)
+step_started=$started
+# Each step's wall time (the suite's cost in `make test`).
+step() {
+  echo "demo: $1 in $(( $(date +%s) - step_started )) s"
+  step_started=$(date +%s)
+}
 
 demo_arguments=()
 if [ -n "$summary" ]; then
@@ -37,7 +43,8 @@ if [ "$down" = 1 ]; then
     e2e/cluster down >/dev/null 2>&1 || status=1
     e2e/cluster verify-clean || status=1
     rm -f "$images"
-    echo "demo: $(( $(date +%s) - started )) s in all, cluster removed"
+    step "cluster removed"
+    echo "demo: $(( $(date +%s) - started )) s in all"
     exit "$status"
   }
   trap remove_cluster EXIT
@@ -47,6 +54,7 @@ echo "==> building (or reusing) Kubernetes 1.20, helm, the agent, the operator a
 bash e2e/scripts/build-kubernetes.sh
 "$CARGO" build --locked --quiet -p switchyard-agent -p switchyard-operator --bins
 "$CARGO" build --locked --quiet -p switchyard-e2e --bins
+step "built or reused"
 # The chart's images, run by the pod runner as the binaries just built.
 cat > "$images" <<IMAGES
 ghcr.io/switchyard/switchyard-agent:* $target_directory/debug/switchyard-agent
@@ -55,4 +63,6 @@ IMAGES
 echo "==> starting the local cluster (3 nodes, real kube-proxy; a demo cluster left up before is removed)"
 e2e/cluster down >/dev/null 2>&1 || true
 SWITCHYARD_E2E_IMAGES=$images e2e/cluster up --nodes 3
+step "cluster up"
 e2e/cluster exec "$target_directory/debug/switchyard-demo" "${demo_arguments[@]}"
+step "demo there and back"

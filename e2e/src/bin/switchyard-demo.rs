@@ -398,7 +398,7 @@ async fn demo(arguments: Arguments) -> Outcome<()> {
         demo_seconds: summary::seconds(started.elapsed()),
     };
     println!(
-        "\n  {:<48} {:>14}",
+        "\n  {:<52} {:>14}",
         "whole demo",
         format!("{:.0} s", summary.demo_seconds)
     );

@@ -146,7 +146,7 @@ pub fn seconds(duration: Duration) -> f64 {
 }
 
 fn row(label: impl AsRef<str>, value: impl AsRef<str>) {
-    println!("  {:<48} {:>14}", label.as_ref(), value.as_ref());
+    println!("  {:<52} {:>14}", label.as_ref(), value.as_ref());
 }
 
 fn mode_name(mode: DataplaneMode) -> &'static str {
@@ -175,7 +175,7 @@ pub fn print_direction(direction: &DirectionSummary) {
     for flow in &direction.flows {
         if flow.long_lived {
             row(
-                format!("long-lived connections kept, {}", flow.name),
+                format!("kept open, {}", flow.name),
                 format!(
                     "{}/{}",
                     flow.expected_connections.unwrap_or_default(),
