@@ -175,6 +175,20 @@ pub const FRONTEND_FLAG_SOURCE_RANGES: u32 = 1 << 3;
 /// source address a connect will use; kube-proxy's outcome for them is decided
 /// by the node's address, and the agent decides it the same way).
 pub const FRONTEND_FLAG_NODE_OUTSIDE_SOURCE_RANGES: u32 = 1 << 4;
+/// On the internal-scope entry of a NodePort, external or load-balancer address
+/// whose external entry balances over other endpoints (`externalTrafficPolicy:
+/// Local`): which of the two applies depends on where a client enters the node,
+/// which the TC programs see and the socket hooks do not (to them every
+/// namespace but the node's is a pod, a client's namespace on the node as much
+/// as a pod's), so pods' connects to it are left to TC.
+pub const FRONTEND_FLAG_NO_POD_CONNECT_BALANCING: u32 = 1 << 5;
+/// On an external-scope entry without backends (`externalTrafficPolicy: Local`,
+/// no local endpoint) of a Service with endpoints elsewhere: new flows are
+/// dropped, not refused, as kube-proxy does (1.20: KUBE-XLB to KUBE-MARK-DROP;
+/// current: DROP), so that the client of a load balancer whose health check has
+/// not yet failed retries instead of giving up. Programs older than the bit
+/// refuse, as before.
+pub const FRONTEND_FLAG_DROP_WITHOUT_BACKENDS: u32 = 1 << 6;
 
 /// Value of the frontends map.
 #[repr(C)]

@@ -35,8 +35,9 @@ use switchyard_common::{
     counter, ipv4_mapped, port_filter, AffinityKey, AffinityValue, BackendValue, DatapathConfig,
     FrontendKey, FrontendValue, SocketReverseKey, SocketReverseValue, DATAPATH_MODE_ACTIVE,
     FRONTEND_FLAG_MASQUERADE_REMOTE, FRONTEND_FLAG_NODE_OUTSIDE_SOURCE_RANGES,
-    FRONTEND_FLAG_SESSION_AFFINITY, FRONTEND_FLAG_SOURCE_RANGES, POD_CONNECT_BALANCING_TCP,
-    PROTOCOL_TCP, PROTOCOL_UDP, SCOPE_INTERNAL,
+    FRONTEND_FLAG_NO_POD_CONNECT_BALANCING, FRONTEND_FLAG_SESSION_AFFINITY,
+    FRONTEND_FLAG_SOURCE_RANGES, POD_CONNECT_BALANCING_TCP, PROTOCOL_TCP, PROTOCOL_UDP,
+    SCOPE_INTERNAL,
 };
 
 use crate::{
@@ -98,14 +99,17 @@ fn has_source_port(ctx: &SockAddrContext) -> bool {
 /// only where the result is the same. Session affinity is keyed by the client's
 /// address, which a socket has not got before it connects; masquerading and the
 /// ICMP refusal of a Service without endpoints happen per packet, and so does
-/// the source ranges' check, which needs the pod's source address.
+/// the source ranges' check, which needs the pod's source address; and an
+/// address whose backends depend on where the client enters the node
+/// (`FRONTEND_FLAG_NO_POD_CONNECT_BALANCING`) stays with TC, which sees that.
 #[inline(always)]
 fn pod_connect_translated_here(frontend: &FrontendValue) -> bool {
     frontend.backend_count != 0
         && frontend.flags
             & (FRONTEND_FLAG_SESSION_AFFINITY
                 | FRONTEND_FLAG_MASQUERADE_REMOTE
-                | FRONTEND_FLAG_SOURCE_RANGES)
+                | FRONTEND_FLAG_SOURCE_RANGES
+                | FRONTEND_FLAG_NO_POD_CONNECT_BALANCING)
             == 0
 }
 

@@ -17,7 +17,8 @@
 //! - A ClusterIP frontend (scope internal) uses `internalTrafficPolicy`.
 //! - NodePort, external and load-balancer frontends have two entries. Scope
 //!   external (packets from outside the node) uses `externalTrafficPolicy`; with
-//!   `Local` it keeps the client address and uses only local endpoints. Scope
+//!   `Local` it keeps the client address and uses only local endpoints, and
+//!   drops rather than refuses without one ([`traffic_policy`]). Scope
 //!   internal (this node's pods and host processes) uses every endpoint of the
 //!   cluster, as kube-proxy sends pod traffic for external destinations to the
 //!   Service's cluster-wide chain whatever the external policy says.
@@ -30,6 +31,7 @@
 pub mod layout;
 pub mod source_ranges;
 pub mod topology;
+pub mod traffic_policy;
 
 use std::collections::{btree_map::Entry, BTreeMap};
 use std::net::IpAddr;
@@ -345,6 +347,7 @@ fn add_service(
         let load_balancer_filter = source_ranges::load_balancer_filter(service, family, node);
         for port in &service.ports {
             let candidates = candidates(port, family, slices, &node.name);
+            let policy_flags = traffic_policy::external_policy_flags(service, &candidates, node);
             let group = |view: EndpointView| GroupKey {
                 service: service.name.clone(),
                 port_name: port.name.clone(),
@@ -434,7 +437,7 @@ fn add_service(
                     number,
                     SCOPE_EXTERNAL,
                     external_view,
-                    external_flags,
+                    external_flags | policy_flags.external,
                     filter,
                 );
                 add(
@@ -443,7 +446,7 @@ fn add_service(
                     number,
                     SCOPE_INTERNAL,
                     EndpointView::All,
-                    affinity_flag,
+                    affinity_flag | policy_flags.internal_twin,
                     filter,
                 );
             }

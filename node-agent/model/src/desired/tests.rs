@@ -434,7 +434,7 @@ fn external_traffic_policy_local_keeps_the_client_address_and_only_local_endpoin
 }
 
 #[test]
-fn external_traffic_policy_local_without_local_endpoints_refuses_outside_traffic() {
+fn external_traffic_policy_local_without_local_endpoints_drops_outside_traffic() {
     let services = [node_port_service(TrafficPolicy::Local)];
     let slices = [http_slice(
         "np",
@@ -447,8 +447,10 @@ fn external_traffic_policy_local_without_local_endpoints_refuses_outside_traffic
         &node(&["192.168.1.10"]),
         &MapState::default(),
     );
-    assert_eq!(
-        entries.frontends[&tcp("192.168.1.10", 30080, SCOPE_EXTERNAL)].backend_count,
+    let outside = entries.frontends[&tcp("192.168.1.10", 30080, SCOPE_EXTERNAL)];
+    assert_eq!(outside.backend_count, 0);
+    assert_ne!(
+        outside.flags & switchyard_common::FRONTEND_FLAG_DROP_WITHOUT_BACKENDS,
         0
     );
     assert_eq!(
