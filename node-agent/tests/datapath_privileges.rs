@@ -623,3 +623,67 @@ fn a_schema_upgrade_finishes_without_cap_sys_admin() {
 }
 
 const CAP_SYS_ADMIN: u32 = 21;
+
+/// Runs `command` (a tool the agent runs: its children inherit its capabilities)
+/// as a root container with exactly `capabilities`; its output, or the error.
+fn run_tool_with(capabilities: &[String], command: &str) -> Result<String, String> {
+    let bounding: Vec<String> = capabilities
+        .iter()
+        .map(|name| format!("+{}", name.to_lowercase()))
+        .collect();
+    let output = Command::new("setpriv")
+        .args([
+            "--reuid=0",
+            "--regid=0",
+            "--clear-groups",
+            "--inh-caps=-all",
+        ])
+        .arg(format!("--bounding-set=-all,{}", bounding.join(",")))
+        .args(["--no-new-privs", "--", "bash", "-c", command])
+        .output()
+        .expect("run setpriv");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    if output.status.success() {
+        Ok(text)
+    } else {
+        Err(text)
+    }
+}
+
+#[test]
+#[ignore = "privileged netns test: run by make datapath-test"]
+fn the_charts_capabilities_let_the_agents_tools_edit_both_iptables_backends_and_net_raw_is_legacys()
+{
+    run_isolated(
+        "the_charts_capabilities_let_the_agents_tools_edit_both_iptables_backends_and_net_raw_is_legacys",
+        |_node| {
+            let capabilities = chart_capabilities();
+            // What kube-proxy detection and cleanup and the masquerade rule do:
+            // read and write nat chains in both backends, and read nftables.
+            let legacy = "iptables-legacy -w -t nat -N SY-PRIVILEGES && iptables-legacy-save -t nat \
+                          && iptables-legacy -w -t nat -X SY-PRIVILEGES";
+            let nft = "iptables-nft -w -t nat -N SY-PRIVILEGES && iptables-nft-save -t nat \
+                       && iptables-nft -w -t nat -X SY-PRIVILEGES && nft list ruleset";
+            for command in [legacy, nft] {
+                let output = run_tool_with(&capabilities, command);
+                assert!(output.is_ok(), "with the chart's capabilities `{command}` failed: {output:?}");
+            }
+            let without_net_raw: Vec<String> = capabilities
+                .iter()
+                .filter(|name| *name != "NET_RAW")
+                .cloned()
+                .collect();
+            let output = run_tool_with(&without_net_raw, legacy);
+            assert!(
+                output.as_ref().is_err_and(|error| error.contains("Permission denied")),
+                "iptables-legacy worked without NET_RAW: {output:?}"
+            );
+            let output = run_tool_with(&without_net_raw, nft);
+            assert!(output.is_ok(), "the nf_tables backend needs NET_RAW: {output:?}");
+        },
+    );
+}
