@@ -200,6 +200,11 @@ fn a_local_policy_node_port_sends_outside_clients_only_to_the_local_endpoint_wit
                 vec!["pod1"],
                 "outside -> Local NodePort: {outside:?}"
             );
+            // ... and it sees the client's own address (no masquerade).
+            for answer in tcp_requests_from(Some("client"), local_node_port, 10) {
+                let answer = answer.expect("answered");
+                assert_eq!(answer.seen_client.ip(), std::net::IpAddr::V4(CLIENT_IP));
+            }
             // The control: the same endpoints under a Cluster policy are both used
             // from outside, so the restriction above is the policy's doing.
             let cluster = backends_of(Some("client"), cluster_node_port, 60);
