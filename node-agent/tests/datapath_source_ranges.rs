@@ -200,7 +200,13 @@ fn load_balancer_source_ranges_admit_an_allowed_client_and_drop_the_others_but_n
             // Only the client's first address is allowed; a range that is no CIDR
             // is skipped with a warning and does not block the other.
             write_manifests(node, &format!("'{CLIENT_IP}/32', not-a-cidr"), &[&pods[0]]);
-            let mut agent = node.start_standalone_agent(NODE_NAME, "agent.log");
+            // Pods' TCP connects balanced by the connect hook, as by default: a
+            // filtered frontend must be left to TC, which sees the pod's address.
+            let mut agent = node.start_standalone_agent_with(
+                NODE_NAME,
+                "agent.log",
+                &["--pod-connect-time-load-balancing", "tcp"],
+            );
             let load_balancer = SocketAddrV4::new(LOAD_BALANCER_IP, 80);
             let node_port = SocketAddrV4::new(NODE_IP, NODE_PORT);
             let cluster_ip = SocketAddrV4::new(CLUSTER_IP, 80);

@@ -167,8 +167,15 @@ impl Node {
             .args(socket_hooks)
             // These tests check what the TC programs do with pods' traffic (their
             // flows' state across restarts and upgrades); connect-time translation
-            // would take pods' TCP away from them.
-            .args(["--pod-connect-time-load-balancing", "disabled"])
+            // would take pods' TCP away from them. A test that names the option
+            // itself chooses.
+            .args(
+                if more_arguments.contains(&"--pod-connect-time-load-balancing") {
+                    &[][..]
+                } else {
+                    &["--pod-connect-time-load-balancing", "disabled"][..]
+                },
+            )
             .args(more_arguments)
             .env("RUST_LOG", "info")
             .stdin(std::process::Stdio::null())
