@@ -15,7 +15,8 @@ use crate::model::{
     ServicePortModel, TargetPort, TrafficPolicy,
 };
 
-fn open_gate() -> GateOpen {
+/// The gate once every start-of-day input has arrived (what a sync needs).
+pub(crate) fn open_gate() -> GateOpen {
     let now = Instant::now();
     let mut gate = Gate::new(now, Duration::from_secs(30));
     for input in GateInput::ALL {

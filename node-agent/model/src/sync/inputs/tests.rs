@@ -1,28 +1,17 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
-use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
 use switchyard_common::{BackendSlotKey, FrontendKey, SCOPE_EXTERNAL, SCOPE_INTERNAL};
 
 use super::*;
 use crate::desired::{desired_services, frontend_key, lay_out};
-use crate::gate::{Gate, GateInput};
 use crate::maps::{FakeServiceMaps, MapMutation, MapState};
 use crate::model::{
     AddressFamily, EndpointModel, EndpointPortModel, Protocol, ServicePortModel, TargetPort,
     TrafficPolicy,
 };
-use crate::sync::tests::semantics;
-
-fn open_gate() -> GateOpen {
-    let now = Instant::now();
-    let mut gate = Gate::new(now, Duration::from_secs(30));
-    for input in GateInput::ALL {
-        gate.receive(input, now);
-    }
-    gate.open().expect("every input was received")
-}
+use crate::sync::tests::{open_gate, semantics};
 
 fn ip(text: &str) -> IpAddr {
     text.parse().expect("test address is valid")
