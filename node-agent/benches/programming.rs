@@ -81,6 +81,7 @@ fn slice(index: u32, generation: u32) -> EndpointSliceModel {
                 hints: Default::default(),
             })
             .collect(),
+        last_change_trigger_time: None,
     }
 }
 

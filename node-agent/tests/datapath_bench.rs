@@ -113,6 +113,7 @@ fn models(
                 port: 8080,
             }],
             endpoints,
+            last_change_trigger_time: None,
         });
     }
     (services, slices)

@@ -112,6 +112,7 @@ fn slice(
             })
             .collect(),
         endpoints,
+        last_change_trigger_time: None,
     }
 }
 

@@ -19,6 +19,9 @@
 //!   are ignored ([`labels`]).
 //! - An endpoint's topology hints (`hints.forZones`, `hints.forNodes`) are kept
 //!   for the desired state's topology-aware choice.
+//! - A slice's `endpoints.kubernetes.io/last-change-trigger-time` annotation is
+//!   kept for kube-proxy's network programming latency metric; a value that does
+//!   not parse is no time, as in kube-proxy.
 
 pub mod labels;
 pub mod source_ranges;
@@ -27,6 +30,7 @@ pub mod v1beta1;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::net::IpAddr;
+use std::time::SystemTime;
 
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -35,6 +39,10 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 /// Label that ties an EndpointSlice to its Service.
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+/// The time of the change (of a Pod or Service) that made the EndpointSlice
+/// controller write the slice, RFC 3339 with nanoseconds (`v1.EndpointsLastChangeTriggerTime`).
+pub const LAST_CHANGE_TRIGGER_TIME_ANNOTATION: &str =
+    "endpoints.kubernetes.io/last-change-trigger-time";
 /// Topology key that v1beta1 EndpointSlices use for the endpoint's node.
 pub const HOSTNAME_TOPOLOGY_KEY: &str = "kubernetes.io/hostname";
 /// `sessionAffinityConfig.clientIP.timeoutSeconds` when unset (3 hours).
@@ -225,6 +233,23 @@ pub struct EndpointSliceModel {
     pub family: AddressFamily,
     pub ports: Vec<EndpointPortModel>,
     pub endpoints: Vec<EndpointModel>,
+    /// [`LAST_CHANGE_TRIGGER_TIME_ANNOTATION`], when set and valid: where kube-proxy's
+    /// `network_programming_duration_seconds` starts.
+    pub last_change_trigger_time: Option<SystemTime>,
+}
+
+/// A slice's [`LAST_CHANGE_TRIGGER_TIME_ANNOTATION`]. Missing or not RFC 3339: `None`,
+/// which kube-proxy's `getLastChangeTriggerTime` reads as the zero time it ignores.
+pub fn last_change_trigger_time(metadata: &ObjectMeta) -> Option<SystemTime> {
+    let text = metadata
+        .annotations
+        .as_ref()?
+        .get(LAST_CHANGE_TRIGGER_TIME_ANNOTATION)?;
+    let timestamp = text.parse::<k8s_openapi::jiff::Timestamp>().ok()?;
+    // Before 1970 is no trigger time either: kube-proxy measures only triggers after its start.
+    let seconds = u64::try_from(timestamp.as_second()).ok()?;
+    let nanoseconds = u32::try_from(timestamp.subsec_nanosecond()).ok()?;
+    SystemTime::UNIX_EPOCH.checked_add(std::time::Duration::new(seconds, nanoseconds))
 }
 
 fn required_name(metadata: &ObjectMeta) -> Result<ServiceName, FieldError> {
@@ -541,6 +566,7 @@ pub(crate) fn endpoint_slice_from_fields<'a>(
         family,
         ports: port_models,
         endpoints: endpoint_models,
+        last_change_trigger_time: last_change_trigger_time(metadata),
     }))
 }
 

@@ -359,3 +359,44 @@ endpoints:
     assert!(model.endpoints[1].terminating);
     assert_eq!(model.ports[0].port, 8080);
 }
+
+fn slice_with_annotations(annotations: &str) -> EndpointSliceModel {
+    let text = format!(
+        "metadata: {{name: web-1, namespace: default, labels: {{kubernetes.io/service-name: web}}, annotations: {annotations}}}
+addressType: IPv4
+ports: [{{name: http, port: 8080, protocol: TCP}}]
+endpoints: [{{addresses: [10.244.0.11]}}]
+"
+    );
+    endpoint_slice_from_v1(&slice(&text))
+        .expect("converts")
+        .expect("is used")
+}
+
+#[test]
+fn the_last_change_trigger_time_is_read_to_the_nanosecond_as_the_endpoint_slice_controller_writes_it(
+) {
+    let model = slice_with_annotations(
+        "{endpoints.kubernetes.io/last-change-trigger-time: \"2026-11-28T12:00:01.123456789Z\"}",
+    );
+    let expected = std::time::UNIX_EPOCH + std::time::Duration::new(1_795_867_201, 123_456_789);
+    assert_eq!(model.last_change_trigger_time, Some(expected));
+    // Whole seconds (RFC 3339 without a fraction) too.
+    let whole = slice_with_annotations(
+        "{endpoints.kubernetes.io/last-change-trigger-time: \"2026-11-28T12:00:01Z\"}",
+    );
+    assert_eq!(
+        whole.last_change_trigger_time,
+        Some(std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_795_867_201))
+    );
+}
+
+#[test]
+fn a_missing_or_malformed_trigger_time_is_no_time_and_the_slice_is_still_used() {
+    assert_eq!(slice_with_annotations("{}").last_change_trigger_time, None);
+    assert_eq!(
+        slice_with_annotations("{endpoints.kubernetes.io/last-change-trigger-time: yesterday}")
+            .last_change_trigger_time,
+        None
+    );
+}

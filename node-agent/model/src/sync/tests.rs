@@ -69,6 +69,7 @@ fn slice(index: u32, hosts: std::ops::Range<u32>) -> EndpointSliceModel {
                 hints: Default::default(),
             })
             .collect(),
+        last_change_trigger_time: None,
     }
 }
 

@@ -571,6 +571,7 @@ mod from_services {
             family,
             ports: Vec::new(),
             endpoints,
+            last_change_trigger_time: None,
         }
     }
 

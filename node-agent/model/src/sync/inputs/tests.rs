@@ -70,6 +70,7 @@ fn slice(slice_name: &str, service_name: &str, port: u16, hosts: &[u8]) -> Endpo
                 hints: Default::default(),
             })
             .collect(),
+        last_change_trigger_time: None,
     }
 }
 
@@ -586,6 +587,7 @@ fn slice_strategy() -> impl Strategy<Value = EndpointSliceModel> {
                             hints: Default::default(),
                         })
                         .collect(),
+                    last_change_trigger_time: None,
                 }
             },
         )
