@@ -73,6 +73,29 @@ pub struct RunArguments {
     pub no_replacement_healthz: bool,
     #[arg(long, default_value_t = crate::kube_proxy::health::KUBE_PROXY_HEALTHZ_PORT)]
     pub replacement_healthz_port: u16,
+    /// kube-proxy's `--metrics-bind-address`: kube-proxy's metrics are served there, under
+    /// their names, while kube-proxy's health ports are (once it has left the node). Empty:
+    /// not served (as kube-proxy takes an empty address).
+    #[arg(
+        long,
+        default_value = crate::kube_proxy::metrics::KUBE_PROXY_METRICS_ADDRESS,
+        value_parser = parse_optional_address
+    )]
+    pub kube_proxy_metrics_address: OptionalAddress,
+}
+
+/// A socket address, or none when given as an empty string.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OptionalAddress(pub Option<std::net::SocketAddr>);
+
+fn parse_optional_address(text: &str) -> Result<OptionalAddress, String> {
+    if text.trim().is_empty() {
+        return Ok(OptionalAddress(None));
+    }
+    text.trim()
+        .parse()
+        .map(|address| OptionalAddress(Some(address)))
+        .map_err(|error| format!("{text:?} is not an address with a port (or empty): {error}"))
 }
 
 /// The flags both `run` and `standalone` take: which interfaces get programs,
@@ -210,6 +233,7 @@ impl RunArguments {
             kube_proxy_absence_confirmation: self.kube_proxy_absence_confirmation,
             serve_replacement_healthz: !self.no_replacement_healthz,
             replacement_healthz_port: self.replacement_healthz_port,
+            kube_proxy_metrics_address: self.kube_proxy_metrics_address.0,
         }
     }
 }

@@ -1,9 +1,10 @@
 //! Privileged test of the coexistence loop as the cluster-mode agent runs it
-//! (`cluster::coexist::run_coexistence`): kube-proxy's health ports are handed back
-//! before the loop reports that it acted on the spec that took them away, so the
+//! (`cluster::coexist::run_coexistence`): kube-proxy's health ports and its metrics
+//! address are handed back together, before the loop reports that it acted on the spec
+//! that took them away, so the
 //! agent reports that spec as observed (and the operator restores kube-proxy) only
 //! with the ports free. A private network namespace (see `kube_proxy_support`):
-//! port 10256 and the `healthCheckNodePort` are the namespace's own. Run by
+//! ports 10256 and 10249 and the `healthCheckNodePort` are the namespace's own. Run by
 //! `make coexist-test`.
 
 mod kube_proxy_support;
@@ -21,6 +22,8 @@ use switchyard_agent::kube_proxy::{
     detection::KubeProxyHealth,
     health::{HealthzTarget, LocalServiceHealth, DEFAULT_HEALTHZ_URL},
     health_server::probe_kube_proxy,
+    metrics::{KubeProxyMetrics, KUBE_PROXY_METRICS_ADDRESS},
+    metrics_server::KubeProxyMetricsPort,
 };
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::sync::watch;
@@ -89,6 +92,10 @@ fn a_spec_taking_cleanup_away_is_acted_on_only_once_kube_proxys_ports_are_free()
                     masquerade_mark: 0x4000,
                     serve_replacement_healthz: true,
                     healthz_port: 10256,
+                    kube_proxy_metrics: Some(KubeProxyMetricsPort {
+                        address: KUBE_PROXY_METRICS_ADDRESS.parse().unwrap(),
+                        registry: KubeProxyMetrics::new().unwrap().registry,
+                    }),
                     absence_confirmation: Duration::from_millis(300),
                     heartbeat: health.register_loop("coexistence", Duration::from_secs(60)),
                 };
@@ -108,6 +115,10 @@ fn a_spec_taking_cleanup_away_is_acted_on_only_once_kube_proxys_ports_are_free()
                     "the agent serves kube-proxy's healthz"
                 );
                 assert!(!port_is_free(HEALTH_CHECK_NODE_PORT));
+                assert!(
+                    !port_is_free(10249),
+                    "the agent serves kube-proxy's metrics address"
+                );
                 let healthz = HealthzTarget::parse(DEFAULT_HEALTHZ_URL).unwrap();
                 assert_eq!(
                     probe_kube_proxy(&healthz, Duration::from_secs(2)).await,
@@ -123,6 +134,10 @@ fn a_spec_taking_cleanup_away_is_acted_on_only_once_kube_proxys_ports_are_free()
                     "kube-proxy's healthz port still taken once the spec is acted on"
                 );
                 assert!(port_is_free(HEALTH_CHECK_NODE_PORT));
+                assert!(
+                    port_is_free(10249),
+                    "kube-proxy's metrics address still taken once the spec is acted on"
+                );
 
                 // kube-proxy comes back, binds its port, and the agent's probe counts it.
                 let kube_proxy = tokio::net::TcpListener::bind((Ipv4Addr::UNSPECIFIED, 10256))

@@ -7,7 +7,8 @@
 //! `:10256/healthz` once kube-proxy has left. The decisions are the `kube_proxy`
 //! module's; this is the wiring.
 //!
-//! kube-proxy's health ports are served only while the spec permits it
+//! kube-proxy's health ports and its metrics address (`KubeProxyPorts`: one decision for
+//! both) are served only while the spec permits it
 //! (`CoexistenceRequest::health_ports_permitted`), and a round whose request does
 //! not permit it closes them before anything else; each report says which spec
 //! generation its round acted on, and the status reports a generation as observed
@@ -28,7 +29,8 @@ use crate::kube_proxy::detection::{CleanupStateMachine, ConditionReport};
 use switchyard_telemetry::Heartbeat;
 
 use crate::kube_proxy::health::{HealthzTarget, NodeHealth};
-use crate::kube_proxy::health_server::{HealthServerSettings, HealthServers};
+use crate::kube_proxy::health_server::HealthServerSettings;
+use crate::kube_proxy::metrics_server::{KubeProxyMetricsPort, KubeProxyPorts};
 use crate::kube_proxy::round::{coexistence_round_beside, RoundSettings};
 use crate::kube_proxy::system::Tools;
 use crate::kube_proxy::Family;
@@ -41,6 +43,8 @@ pub struct CoexistenceSettings {
     /// Serve `:10256/healthz` once kube-proxy has left.
     pub serve_replacement_healthz: bool,
     pub healthz_port: u16,
+    /// Serve kube-proxy's metrics once kube-proxy has left, with its health ports.
+    pub kube_proxy_metrics: Option<KubeProxyMetricsPort>,
     /// How long kube-proxy's healthz must stay refused before its rules go.
     pub absence_confirmation: Duration,
     /// Liveness of the rounds: each round is one step (the interval between is waiting).
@@ -82,10 +86,14 @@ pub async fn run_coexistence(
 ) {
     let tools = Tools::new();
     let mut machine = CleanupStateMachine::new(settings.absence_confirmation);
-    let mut health_servers = HealthServers::new(HealthServerSettings {
-        healthz_port: settings.healthz_port,
-        ..HealthServerSettings::default()
-    });
+    let mut kube_proxy_ports = KubeProxyPorts::new(
+        HealthServerSettings {
+            healthz_port: settings.healthz_port,
+            ..HealthServerSettings::default()
+        },
+        settings.serve_replacement_healthz,
+        settings.kube_proxy_metrics.clone(),
+    );
     // Rounds in a row whose request said "not serving from eBPF".
     let mut rounds_not_serving = 0_u32;
     loop {
@@ -106,7 +114,7 @@ pub async fn run_coexistence(
             &settings,
             &tools,
             &mut machine,
-            &mut health_servers,
+            &mut kube_proxy_ports,
             &request,
             chains_may_go,
             still_not_serving,
@@ -124,23 +132,23 @@ pub async fn run_coexistence(
             _ = tokio::time::sleep(settings.round_interval) => {}
         }
     }
-    health_servers.stop().await;
+    kube_proxy_ports.stop().await;
 }
 
 async fn round(
     settings: &CoexistenceSettings,
     tools: &Tools,
     machine: &mut CleanupStateMachine,
-    health_servers: &mut HealthServers,
+    kube_proxy_ports: &mut KubeProxyPorts,
     request: &CoexistenceRequest,
     chains_may_go: bool,
     still_not_serving: impl Fn() -> bool,
 ) -> CoexistenceReport {
-    let permitted = settings.serve_replacement_healthz && request.health_ports_permitted;
+    let permitted = request.health_ports_permitted;
     if !permitted {
         // First, before the rules are read (which may fail, or take long): the spec took the
         // permission back, and the round's report tells the core it acted on this spec.
-        health_servers.stop().await;
+        kube_proxy_ports.stop().await;
     }
     let round_settings = RoundSettings {
         families: SERVED_FAMILIES.to_vec(),
@@ -152,7 +160,7 @@ async fn round(
         machine,
         request.cleanup_generation,
         &round_settings,
-        &health_servers.own_probes(),
+        &kube_proxy_ports.own_probes(),
     )
     .await
     {
@@ -220,27 +228,25 @@ async fn round(
             "no program attached: nothing the datapath translates can be dropped",
         )
     };
-    if settings.serve_replacement_healthz {
-        // Also never while kube-proxy's rules are on the node: a kube-proxy that
-        // starts (again) binds its healthz before it writes rules, and holding
-        // the port would hide it from the probe (projectcalico/calico#10748).
-        let allowed = permitted
-            && outcome.verdict.replacement_health_allowed
-            && request.serving_from_ebpf
-            && !found.present();
-        let errors = health_servers
-            .reconcile(
-                allowed,
-                NodeHealth {
-                    healthy: request.healthy,
-                    last_updated: request.last_sync,
-                },
-                &request.services,
-            )
-            .await;
-        for error in errors {
-            tracing::debug!(%error, "cannot serve kube-proxy's health port yet");
-        }
+    // Also never while kube-proxy's rules are on the node: a kube-proxy that
+    // starts (again) binds its healthz before it writes rules, and holding
+    // the port would hide it from the probe (projectcalico/calico#10748).
+    let allowed = permitted
+        && outcome.verdict.replacement_health_allowed
+        && request.serving_from_ebpf
+        && !found.present();
+    let errors = kube_proxy_ports
+        .reconcile(
+            allowed,
+            NodeHealth {
+                healthy: request.healthy,
+                last_updated: request.last_sync,
+            },
+            &request.services,
+        )
+        .await;
+    for error in errors {
+        tracing::debug!(error = %chain(&error), "cannot serve kube-proxy's port yet");
     }
     let remaining = if matches!(outcome.cleanup, Some(Ok(_))) {
         0

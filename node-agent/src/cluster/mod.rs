@@ -26,7 +26,7 @@ pub mod watch;
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use chrono::Utc;
 use switchyard_telemetry::events::{Publisher, Reporter};
@@ -43,6 +43,8 @@ use crate::core::{AgentSettings, NodeAgent};
 use crate::datapath::{Datapath, DatapathOptions, KernelDatapath};
 use crate::error::Cause;
 use crate::kube_proxy::health::HealthzTarget;
+use crate::kube_proxy::metrics::{KubeProxyChanges, KubeProxyMetrics, SyncDone};
+use crate::kube_proxy::metrics_server::KubeProxyMetricsPort;
 use crate::loader;
 use crate::priority::{self, CatchUpPriority};
 use crate::Error;
@@ -64,6 +66,8 @@ pub struct ClusterOptions {
     /// Serve kube-proxy's `:10256/healthz` once kube-proxy has left the node.
     pub serve_replacement_healthz: bool,
     pub replacement_healthz_port: u16,
+    /// Serve kube-proxy's metrics here once kube-proxy has left the node (`None`: never).
+    pub kube_proxy_metrics_address: Option<SocketAddr>,
 }
 
 // Liveness bounds: how long one step of each loop may take before `/healthz` calls the agent
@@ -104,6 +108,10 @@ async fn kube_client() -> Result<kube::Client, Error> {
 /// Runs the agent until `shutdown` completes; programs and maps stay in place.
 pub async fn run(options: ClusterOptions, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
     let mut metrics = AgentMetrics::new()?;
+    // kube-proxy's metrics, kept from the start (as kube-proxy keeps them from its own) and
+    // served only while the coexistence loop serves kube-proxy's ports.
+    let kube_proxy_metrics = KubeProxyMetrics::new()?;
+    let mut kube_proxy_changes = KubeProxyChanges::new(SystemTime::now());
     let health = Health::new();
     let telemetry_address = serve_telemetry_on_its_own_thread(
         options.metrics_address,
@@ -186,6 +194,12 @@ pub async fn run(options: ClusterOptions, shutdown: impl Future<Output = ()>) ->
             masquerade_mark: options.datapath.masquerade_mark,
             serve_replacement_healthz: options.serve_replacement_healthz,
             healthz_port: options.replacement_healthz_port,
+            kube_proxy_metrics: options.kube_proxy_metrics_address.map(|address| {
+                KubeProxyMetricsPort {
+                    address,
+                    registry: kube_proxy_metrics.registry.clone(),
+                }
+            }),
             absence_confirmation: options.kube_proxy_absence_confirmation,
             heartbeat: health.register_loop("coexistence", COEXISTENCE_STEP_BOUND),
         },
@@ -209,10 +223,12 @@ pub async fn run(options: ClusterOptions, shutdown: impl Future<Output = ()>) ->
             input = received.recv() => match input {
                 Some(input) => {
                     let now = Instant::now();
-                    agent.receive(input, now);
+                    let changes = agent.receive_counting_changes(input, now);
+                    kube_proxy_changes.received(changes, SystemTime::now());
                     // Take everything queued, so a burst costs one tick.
                     while let Ok(more) = received.try_recv() {
-                        agent.receive(more, now);
+                        let changes = agent.receive_counting_changes(more, now);
+                        kube_proxy_changes.received(changes, SystemTime::now());
                     }
                 }
                 None => {
@@ -241,6 +257,15 @@ pub async fn run(options: ClusterOptions, shutdown: impl Future<Output = ()>) ->
         // Write the round out: metrics, readiness, the coexistence request,
         // the CPU priority, the status.
         metrics.record_round(&round, &agent.counts);
+        if let Some((kind, elapsed)) = round.sync {
+            let done = SyncDone {
+                kind,
+                elapsed,
+                finished_at: SystemTime::now(),
+            };
+            kube_proxy_metrics.record_sync(&kube_proxy_changes.synced(&done));
+        }
+        kube_proxy_metrics.record_changes(&kube_proxy_changes);
         if counters_read_at.is_none_or(|at| now.saturating_duration_since(at) >= COUNTERS_PERIOD) {
             counters_read_at = Some(now);
             if let Ok(counters) = agent.datapath.counters() {

@@ -12,11 +12,14 @@ use super::status::{
     compute_status, observable_generation, worth_reporting, CoexistenceReport, SyncReport,
     WrittenStatus,
 };
-use super::{NodeAgent, TickReport};
+use super::store::StoreChange;
+use super::{Input, NodeAgent, TickReport};
 use crate::datapath::Datapath;
 use crate::follow::Attachment;
 use crate::gate::GateStatus;
 use crate::kube_proxy::health::LocalServiceHealth;
+use crate::kube_proxy::metrics::{slice_changes_endpoints, InputChanges};
+use crate::model::EndpointSliceModel;
 
 /// What the agent tells the coexistence loop.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -175,6 +178,84 @@ impl<D: Datapath> NodeAgent<D> {
             coexistence: self.coexistence_request(synced, inputs.last_sync_time),
             status: status_write,
         }
+    }
+}
+
+impl<D: Datapath> NodeAgent<D> {
+    /// Takes `input` as [`Self::receive`] does, and says what it changed as kube-proxy's
+    /// change trackers count their informer events (its metrics, [`InputChanges`]): every
+    /// object received, the Services left differing from the maps, each slice whose
+    /// endpoints or ports changed (with its trigger time), whether a sync is now due.
+    pub fn receive_counting_changes(&mut self, input: Input, now: Instant) -> InputChanges {
+        let mut changes = InputChanges::default();
+        let mut services_named = Vec::new();
+        let slices_before = self.inputs.slice_count();
+        // Removals are known by the count of slices after the input.
+        let mut slices_expected_after = slices_before;
+        match &input {
+            Input::Services(change) => {
+                services_named = match change {
+                    StoreChange::Replace(entries) => entries.keys().cloned().collect(),
+                    StoreChange::Upsert(name, _) | StoreChange::Remove(name) => vec![name.clone()],
+                };
+                changes.services_received = services_named.len() as u64;
+            }
+            Input::EndpointSlices(change) => {
+                let listed: Vec<&EndpointSliceModel> = match change {
+                    StoreChange::Replace(slices) => slices.values().collect(),
+                    StoreChange::Upsert(_, slice) => vec![slice],
+                    StoreChange::Remove(_) => Vec::new(),
+                };
+                changes.slices_received = match change {
+                    StoreChange::Replace(slices) => slices.len() as u64,
+                    StoreChange::Upsert(..) | StoreChange::Remove(_) => 1,
+                };
+                for slice in listed {
+                    let current = self
+                        .inputs
+                        .slices_of(&slice.service)
+                        .into_iter()
+                        .find(|current| current.slice_name == slice.slice_name);
+                    match current {
+                        Some(current) if !slice_changes_endpoints(current, slice) => {}
+                        Some(_) => changes.slice_changes.push(slice.last_change_trigger_time),
+                        None => {
+                            slices_expected_after += 1;
+                            changes.slice_changes.push(slice.last_change_trigger_time);
+                        }
+                    }
+                }
+                if let StoreChange::Upsert(..) = change {
+                    // An upsert replaces its own slice: the count after is the count before.
+                    slices_expected_after = slices_before;
+                }
+            }
+            Input::Node(_) | Input::DataplaneNode(_) | Input::Host(_) => {}
+        }
+        let node_before = self.inputs.node().cloned();
+        let slice_input = matches!(input, Input::EndpointSlices(_));
+        let slice_relist = matches!(input, Input::EndpointSlices(StoreChange::Replace(_)));
+        self.receive(input, now);
+        if slice_input {
+            // Each slice the input removed is a change with no trigger time to measure (a
+            // relist's removals are deletes kube-proxy's informer would have delivered).
+            let removed = slices_expected_after.saturating_sub(self.inputs.slice_count());
+            changes
+                .slice_changes
+                .extend(std::iter::repeat_n(None, removed));
+            if slice_relist {
+                changes.slices_received += removed as u64;
+            }
+        }
+        let dirty = self.inputs.dirty_services();
+        changes.services_pending = services_named
+            .into_iter()
+            .filter(|name| dirty.contains(name))
+            .collect();
+        changes.sync_requested = !changes.services_pending.is_empty()
+            || !changes.slice_changes.is_empty()
+            || self.inputs.node() != node_before.as_ref();
+        changes
     }
 }
 

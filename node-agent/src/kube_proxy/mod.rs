@@ -17,6 +17,9 @@
 //! - `health`: kube-proxy's healthz and `healthCheckNodePort` answers, as data.
 //! - `system` (I/O): running the save/restore tools and `nft`, per backend.
 //! - `health_server` (I/O): the probe and the replacement health servers.
+//! - `metrics`: kube-proxy's metrics under their names, from the core's inputs and syncs.
+//! - `metrics_server` (I/O): kube-proxy's health ports and metrics address, opened and
+//!   handed back together.
 //! - `round` (I/O): one round of the loop (read, probe, decide, clean), for the
 //!   cluster-mode wiring.
 
@@ -25,6 +28,8 @@ pub mod cleanup;
 pub mod detection;
 pub mod health;
 pub mod health_server;
+pub mod metrics;
+pub mod metrics_server;
 pub mod nftables;
 pub mod ownership;
 pub mod round;
