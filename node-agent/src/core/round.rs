@@ -268,3 +268,154 @@ impl super::AgentSettings {
             .map(switchyard_telemetry::Heartbeat::step)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::path::PathBuf;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::core::health::ServiceEntry;
+    use crate::core::AgentSettings;
+    use crate::datapath::fake::FakeDatapath;
+    use crate::datapath::{DatapathOptions, PodConnectBalancing, SocketHookCgroup};
+    use crate::interfaces::Globs;
+    use crate::model::{endpoint_slice_from_v1, service_from_v1, EndpointSliceModel, ServiceName};
+
+    fn agent() -> NodeAgent<FakeDatapath> {
+        let datapath = DatapathOptions {
+            pin_directory: PathBuf::from("/nonexistent"),
+            map_sizes: Default::default(),
+            pod_interfaces: Globs::parse("veth*"),
+            host_interfaces: None,
+            masquerade_mark: 0x4000,
+            manage_masquerade_rule: false,
+            socket_hook_cgroup: SocketHookCgroup::None,
+            pod_connect_balancing: PodConnectBalancing::Tcp,
+        };
+        let settings = AgentSettings::new(
+            "node-1".into(),
+            &datapath,
+            Duration::from_secs(1),
+            Duration::from_secs(30),
+        );
+        NodeAgent::start(settings, FakeDatapath::default(), Instant::now()).expect("starts")
+    }
+
+    /// The `web-1` slice of `web`: one endpoint, ready or not, with a trigger time.
+    fn slice(name: &str, ready: bool, trigger: &str) -> EndpointSliceModel {
+        let object: k8s_openapi::api::discovery::v1::EndpointSlice =
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": name, "namespace": "default",
+                             "labels": {"kubernetes.io/service-name": "web"},
+                             "annotations": {"endpoints.kubernetes.io/last-change-trigger-time": trigger}},
+                "addressType": "IPv4",
+                "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+                "endpoints": [{"addresses": ["10.244.0.11"], "conditions": {"ready": ready}}]
+            }))
+            .expect("a valid EndpointSlice");
+        endpoint_slice_from_v1(&object)
+            .expect("converts")
+            .expect("is used")
+    }
+
+    fn upsert(slice: EndpointSliceModel) -> Input {
+        Input::EndpointSlices(StoreChange::Upsert(slice.slice_name.clone(), slice))
+    }
+
+    fn trigger(text: &str) -> Option<SystemTime> {
+        slice("probe", true, text).last_change_trigger_time
+    }
+
+    const FIRST: &str = "2026-11-28T12:00:00Z";
+    const SECOND: &str = "2026-11-28T12:00:05Z";
+
+    #[test]
+    fn a_slice_is_a_change_when_its_endpoints_change_and_not_when_only_its_trigger_time_does() {
+        let mut agent = agent();
+        let now = Instant::now();
+        let added = agent.receive_counting_changes(upsert(slice("web-1", true, FIRST)), now);
+        assert_eq!(added.slices_received, 1);
+        assert_eq!(added.slice_changes, vec![trigger(FIRST)]);
+        assert!(added.sync_requested);
+        // The same slice again, and again with only a new trigger time: received, no change.
+        for again in [slice("web-1", true, FIRST), slice("web-1", true, SECOND)] {
+            let unchanged = agent.receive_counting_changes(upsert(again), now);
+            assert_eq!(unchanged.slices_received, 1);
+            assert!(unchanged.slice_changes.is_empty());
+            assert!(!unchanged.sync_requested);
+        }
+        let not_ready = agent.receive_counting_changes(upsert(slice("web-1", false, SECOND)), now);
+        assert_eq!(not_ready.slice_changes, vec![trigger(SECOND)]);
+    }
+
+    #[test]
+    fn a_removed_slice_is_a_change_without_a_trigger_and_an_unknown_one_is_none() {
+        let mut agent = agent();
+        let now = Instant::now();
+        agent.receive_counting_changes(upsert(slice("web-1", true, FIRST)), now);
+        let name = ServiceName::new("default", "web-1");
+        let removed = agent.receive_counting_changes(
+            Input::EndpointSlices(StoreChange::Remove(name.clone())),
+            now,
+        );
+        assert_eq!(removed.slices_received, 1);
+        assert_eq!(removed.slice_changes, vec![None]);
+        let again =
+            agent.receive_counting_changes(Input::EndpointSlices(StoreChange::Remove(name)), now);
+        assert_eq!(again.slices_received, 1);
+        assert!(again.slice_changes.is_empty());
+    }
+
+    #[test]
+    fn a_relist_counts_every_slice_it_lists_or_removes_and_changes_only_for_those_that_differ() {
+        let mut agent = agent();
+        let now = Instant::now();
+        agent.receive_counting_changes(upsert(slice("web-1", true, FIRST)), now);
+        agent.receive_counting_changes(upsert(slice("web-2", true, FIRST)), now);
+        // web-1 unchanged, web-2 gone, web-3 new.
+        let listed: BTreeMap<ServiceName, EndpointSliceModel> =
+            [slice("web-1", true, FIRST), slice("web-3", true, SECOND)]
+                .into_iter()
+                .map(|slice| (slice.slice_name.clone(), slice))
+                .collect();
+        let relist = agent
+            .receive_counting_changes(Input::EndpointSlices(StoreChange::Replace(listed)), now);
+        assert_eq!(relist.slices_received, 3);
+        assert_eq!(relist.slice_changes, vec![trigger(SECOND), None]);
+    }
+
+    #[test]
+    fn a_service_event_leaves_its_service_pending_only_when_it_changed_the_service() {
+        let mut agent = agent();
+        let now = Instant::now();
+        let service: k8s_openapi::api::core::v1::Service =
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "web", "namespace": "default"},
+                "spec": {"clusterIP": "10.96.0.10", "ports": [{"name": "http", "port": 80}]}
+            }))
+            .expect("a valid Service");
+        let model = service_from_v1(&service)
+            .expect("converts")
+            .expect("is used");
+        let name = model.name.clone();
+        let entry = || {
+            Input::Services(StoreChange::Upsert(
+                name.clone(),
+                ServiceEntry::from(model.clone()),
+            ))
+        };
+        let added = agent.receive_counting_changes(entry(), now);
+        assert_eq!(added.services_received, 1);
+        assert_eq!(added.services_pending, vec![name.clone()]);
+        assert!(added.sync_requested);
+        // Removing a Service that was never there changes nothing.
+        let unknown = ServiceName::new("default", "gone");
+        let removed =
+            agent.receive_counting_changes(Input::Services(StoreChange::Remove(unknown)), now);
+        assert_eq!(removed.services_received, 1);
+        assert!(removed.services_pending.is_empty());
+        assert!(!removed.sync_requested);
+    }
+}

@@ -313,6 +313,10 @@ impl KubeProxyMetrics {
         ] {
             vec.with_label_values(&[IP_FAMILY]);
         }
+        // Zero until the first sync, as kube-proxy 1.20's unlabelled gauges read.
+        for gauge in [&metrics.last_timestamp, &metrics.last_queued_timestamp] {
+            gauge.with_label_values(&[IP_FAMILY]);
+        }
         Ok(metrics)
     }
 
@@ -366,7 +370,7 @@ impl KubeProxyMetrics {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
