@@ -373,6 +373,31 @@ mod tests {
     }
 
     #[test]
+    fn kube_proxys_metrics_address_is_its_default_unless_given_and_empty_turns_it_off() {
+        let address = |flag: Option<&str>| {
+            let mut line = vec!["switchyard-agent", "run", "--node-name", "node-1"];
+            line.extend(flag);
+            Cli::try_parse_from(line).map(|cli| match cli.command {
+                Command::Run(arguments) => arguments.options().kube_proxy_metrics_address,
+                _ => panic!("expected run"),
+            })
+        };
+        assert_eq!(
+            address(None).expect("parses"),
+            Some("127.0.0.1:10249".parse().expect("an address"))
+        );
+        assert_eq!(
+            address(Some("--kube-proxy-metrics-address=0.0.0.0:10249")).expect("parses"),
+            Some("0.0.0.0:10249".parse().expect("an address"))
+        );
+        assert_eq!(
+            address(Some("--kube-proxy-metrics-address=")).expect("parses"),
+            None
+        );
+        assert!(address(Some("--kube-proxy-metrics-address=10249")).is_err());
+    }
+
+    #[test]
     fn durations_take_the_units_of_the_chart() {
         assert_eq!(parse_duration("1s"), Ok(Duration::from_secs(1)));
         assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
