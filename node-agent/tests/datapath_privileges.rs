@@ -417,6 +417,43 @@ fn an_already_mounted_bpf_filesystem_is_used_as_is() {
     });
 }
 
+#[test]
+#[ignore = "privileged netns test: run by make datapath-test"]
+fn a_pin_directory_covered_by_another_file_system_is_refused_without_stacking_a_bpf_filesystem() {
+    run_isolated(
+        "a_pin_directory_covered_by_another_file_system_is_refused_without_stacking_a_bpf_filesystem",
+        |node| {
+            topology(node);
+            // The harness mounted a BPF filesystem at the pin directory's parent (the
+            // control, an_already_mounted_bpf_filesystem_is_used_as_is, serves from it); here
+            // a tmpfs covers the pin directory itself, as a mistaken mount on a host would.
+            let root = node.pin_directory.parent().expect("pin root").to_path_buf();
+            sh(&format!(
+                "mkdir -p {pins} && mount -t tmpfs covering-tmpfs {pins}",
+                pins = node.pin_directory.display()
+            ));
+            let mut agent = Agent::start(node, &node.pin_directory, "covered.log", None);
+            let status = agent.exit_within(Duration::from_secs(30));
+            let log = agent.log();
+            assert!(
+                status.is_some_and(|status| status.code() == Some(1)),
+                "the agent did not exit with 1 ({status:?}):\n{log}"
+            );
+            assert!(
+                log.contains("is covered by another file system mounted over it")
+                    && log.contains(&format!("`umount {}`", node.pin_directory.display())),
+                "the error does not name what covers the pin directory:\n{log}"
+            );
+            assert_eq!(
+                bpf_mounts_at(&root),
+                1,
+                "a second BPF filesystem was stacked over the pins"
+            );
+            assert!(!serves(), "something serves the Service");
+        },
+    );
+}
+
 /// Starts the agent on `pin_directory` and expects it to exit with 1, logging
 /// how to mount a BPF filesystem at `root` and mounting none there.
 fn expect_exit_saying_how_to_mount(

@@ -65,6 +65,21 @@ pub enum BpfFilesystemError {
     )]
     WouldNotReachHost { root: PathBuf },
     #[error(
+        "failed to pin in {}: the BPF filesystem at {} holds it, but {} is covered by another \
+         file system mounted over it; unmount that (`umount {}`) rather than stack a second BPF \
+         filesystem over {}, which would hide every pin already there",
+        pin_directory.display(),
+        root.display(),
+        covered.display(),
+        covered.display(),
+        root.display()
+    )]
+    CoveredByAnotherFilesystem {
+        pin_directory: PathBuf,
+        root: PathBuf,
+        covered: PathBuf,
+    },
+    #[error(
         "failed to mount a BPF filesystem at {} (none is mounted there; mounting needs \
          CAP_SYS_ADMIN and a writable mount point); {}",
         root.display(),
@@ -119,6 +134,17 @@ pub fn ensure_bpf_filesystem(pin_directory: &Path) -> Result<BpfFilesystem, BpfF
         }
     }
     let root = pin_root(pin_directory)?;
+    // The pin root is a BPF filesystem but the pin directory is not on it: something else
+    // (a tmpfs, say) is mounted over the pin directory. A second BPF filesystem stacked on the
+    // root would hide the pins the programs running now keep their maps in, so a restarted
+    // agent would start from empty maps. Refuse and name what covers it.
+    if root.exists() && is_bpf_filesystem(root)? {
+        return Err(BpfFilesystemError::CoveredByAnotherFilesystem {
+            pin_directory: pin_directory.to_path_buf(),
+            root: root.to_path_buf(),
+            covered: existing.unwrap_or_else(|| pin_directory.to_path_buf()),
+        });
+    }
     if !root.exists() {
         let parent_exists = root.parent().is_some_and(|parent| parent.is_dir());
         if !parent_exists {
