@@ -252,8 +252,10 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 
 /// Undoes what a failed scenario may have left (a hidden pin directory, a held kube-proxy pod,
 /// Argo CD's mark, a deleted DaemonSet or RoleBinding, a killed operator), then asks for `mode`
-/// and waits until the cluster is Ready in it. Runs only after a failure.
-async fn recover(world: &World, mode: DataplaneMode) -> Outcome<()> {
+/// and waits until the cluster is Ready in it. Runs after a failure, and at the start of the
+/// scenario after (5), which leaves node-3's agent unable to pin and no DataplaneConfig on
+/// purpose.
+pub(super) async fn recover(world: &World, mode: DataplaneMode) -> Outcome<()> {
     // (5) hides node-3's pin directory under a tmpfs. Unmounting fails when nothing is mounted
     // there, which is the usual case: only a successful unmount needs node-3's agent restarted.
     let unmounted = switchyard_e2e::netns::run_in_node(

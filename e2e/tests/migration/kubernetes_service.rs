@@ -42,6 +42,11 @@ const TRANSITION_TIMEOUT: Duration = Duration::from_secs(DRAIN_TIMEOUT_SECONDS +
 
 /// The scenario: see the module's documentation.
 pub async fn play(world: &World) {
+    // The scenarios of (5) leave node-3's pin directory hidden and no DataplaneConfig: every
+    // node able to serve from eBPF again, and Ready on KubeProxy, first.
+    super::harness::recover(world, DataplaneMode::KubeProxy)
+        .await
+        .expect("the cluster back on KubeProxy with every agent able to serve");
     let traffic = world.short_traffic_flowing().await.expect("traffic");
     let (cluster_ip, endpoint) = kubernetes_service(world)
         .await
