@@ -5,7 +5,8 @@
 //! the host's interfaces and addresses (netlink notifications). They feed the same
 //! gate, desired state, syncer, coalescer and mode following as standalone mode
 //! ([`agent::ClusterAgent`]). Output: the maps and programs, the DataplaneNode
-//! status (Server-Side Apply, on change only), metrics and `/readyz`.
+//! status (Server-Side Apply, on change only), metrics and `/readyz`, and kube-proxy's
+//! own metrics (served by the coexistence loop once kube-proxy has left).
 //!
 //! Layout:
 //! - `node` (pure): what the agent takes from its Node, and whether an update matters.
@@ -223,12 +224,12 @@ pub async fn run(options: ClusterOptions, shutdown: impl Future<Output = ()>) ->
             input = received.recv() => match input {
                 Some(input) => {
                     let now = Instant::now();
-                    let changes = agent.receive_counting_changes(input, now);
-                    kube_proxy_changes.received(changes, SystemTime::now());
                     // Take everything queued, so a burst costs one tick.
-                    while let Ok(more) = received.try_recv() {
-                        let changes = agent.receive_counting_changes(more, now);
+                    let mut next = Some(input);
+                    while let Some(input) = next {
+                        let changes = agent.receive_counting_changes(input, now);
                         kube_proxy_changes.received(changes, SystemTime::now());
+                        next = received.try_recv().ok();
                     }
                 }
                 None => {
