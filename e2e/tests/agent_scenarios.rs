@@ -1215,3 +1215,71 @@ async fn an_agent_missing_an_input_past_the_timeout_names_it_and_keeps_serving()
     assert_no_failures(&report, "an agent waiting past its gate timeout");
     world.finish().await;
 }
+
+/// Issue 24: a Service labelled `service.kubernetes.io/service-proxy-name` belongs to
+/// another proxy, and kube-proxy never sees it (its informers' label selector): the agent,
+/// which watches with the same selector, stops serving a Service that gains the label, and
+/// serves it again once the label is gone (the control: the Service works unlabelled).
+#[tokio::test]
+#[ignore = "needs the e2e cluster: make e2e-agent"]
+async fn a_service_labelled_for_another_proxy_is_not_served_until_the_label_goes() {
+    let world = World::new("px", 8).await;
+    let client = world.client_pod.thread().unwrap();
+    let destination = world.cluster_ip_address();
+    let services: Api<Service> = Api::namespaced(world.cluster.client.clone(), "default");
+    let label = |value: serde_json::Value| {
+        serde_json::json!({
+            "metadata": {"labels": {"service.kubernetes.io/service-proxy-name": value}}
+        })
+    };
+    services
+        .patch(
+            &world.service,
+            &PatchParams::default(),
+            &Patch::Merge(&label("other-proxy".into())),
+        )
+        .await
+        .unwrap();
+    let gone = time_until(
+        "see the labelled Service no longer served",
+        &client,
+        destination,
+        Duration::from_secs(10),
+        |outcome| outcome.is_err(),
+    )
+    .await;
+    for _ in 0..3 {
+        let outcome =
+            switchyard_e2e::traffic::exchange_once(&client, destination, Timeouts::default()).await;
+        assert!(
+            outcome.is_err(),
+            "the Service of another proxy answered: {outcome:?}"
+        );
+    }
+    services
+        .patch(
+            &world.service,
+            &PatchParams::default(),
+            &Patch::Merge(&label(serde_json::Value::Null)),
+        )
+        .await
+        .unwrap();
+    let back = time_until(
+        "reach the Service again without the label",
+        &client,
+        destination,
+        Duration::from_secs(10),
+        |outcome| outcome.is_ok(),
+    )
+    .await;
+    println!("labelled -> not served {gone:.2?}; unlabelled -> served {back:.2?}");
+    assert!(
+        gone <= Duration::from_secs(2),
+        "still served after {gone:?}"
+    );
+    assert!(
+        back <= Duration::from_secs(2),
+        "served again after {back:?}"
+    );
+    world.finish().await;
+}
