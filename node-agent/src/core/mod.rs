@@ -7,8 +7,7 @@
 //! Time is passed in, and the datapath is a trait, so tests drive it with an
 //! in-memory fake and no sleeping.
 //!
-//! Layout: `node`, `store`, `health` and `status` are the pure pieces the core
-//! reads its inputs with and reports through; `tests` drives the core with fakes.
+//! Layout: `node`, `store`, `health`, `status`: pure pieces; `tests`: the core with fakes.
 
 pub mod health;
 pub mod node;
