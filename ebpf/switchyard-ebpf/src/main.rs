@@ -13,6 +13,7 @@
 
 mod checksum;
 mod conntrack;
+mod icmp;
 mod packet;
 mod socket;
 
@@ -311,7 +312,8 @@ fn remember_affinity(choice: BackendChoice<'_>, ordinal: u32, now: u64) {
 #[inline(always)]
 fn try_ingress(ctx: &TcContext, scope: u8) -> Result<i32, ()> {
     let Some(packet) = Packet::parse(ctx) else {
-        return Ok(PASS);
+        // Not TCP or UDP: maybe an ICMP error about a reply, for a backend.
+        return Ok(icmp::translate_error(ctx, icmp::Direction::ToBackend));
     };
     let Some(config) = config() else {
         return Ok(PASS);
@@ -557,7 +559,8 @@ fn open_flow(
 
 fn try_egress(ctx: &TcContext) -> Result<i32, ()> {
     let Some(packet) = Packet::parse(ctx) else {
-        return Ok(PASS);
+        // Not TCP or UDP: maybe an ICMP error for a client.
+        return Ok(icmp::translate_error(ctx, icmp::Direction::ToClient));
     };
     // Egress translates replies only, and a reply comes from a backend's port.
     if !port_marked(port_filter::BACKEND_PORTS, packet.source_port) {

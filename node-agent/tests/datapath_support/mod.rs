@@ -126,7 +126,8 @@ pub struct Node {
 
 impl Node {
     /// Starts the agent binary in standalone mode on this node's test topology (pods
-    /// on `veth-*`, the outside on `ext0`, node IP 192.168.50.1, manifests from
+    /// on `veth-*`, the outside on `ext0` unless the arguments name
+    /// `--host-interfaces`, node IP 192.168.50.1, manifests from
     /// `<work>/manifests`, pins in this node's bpffs); its output goes to
     /// `<work>/<log_name>`.
     pub fn start_standalone_agent(&self, node_name: &str, log_name: &str) -> std::process::Child {
@@ -150,11 +151,14 @@ impl Node {
         Command::new(env!("CARGO_BIN_EXE_switchyard-agent"))
             .args(["standalone", "--manifests"])
             .arg(self.work.join("manifests"))
+            .args(["--pod-interfaces", "veth-*"])
+            // `ext0`, unless the test names its own external interfaces.
+            .args(if more_arguments.contains(&"--host-interfaces") {
+                &[][..]
+            } else {
+                &["--host-interfaces", "ext0"][..]
+            })
             .args([
-                "--pod-interfaces",
-                "veth-*",
-                "--host-interfaces",
-                "ext0",
                 "--node-ip",
                 "192.168.50.1",
                 "--node-name",
