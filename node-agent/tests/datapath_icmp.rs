@@ -529,8 +529,15 @@ fn download(target: SocketAddrV4) -> std::io::Result<usize> {
 }
 
 /// Downloads from `target` into `far` and checks that it completed, and that
-/// the sender (`source_pod`) learnt the smaller path MTU towards `far`.
-fn assert_downloaded(node: &Node, what: &str, target: SocketAddrV4, source_pod: &'static str) {
+/// the sender (`source_pod`) learnt the smaller path MTU towards `learnt_at`
+/// (the client address its socket sees).
+fn assert_downloaded(
+    node: &Node,
+    what: &str,
+    target: SocketAddrV4,
+    source_pod: &'static str,
+    learnt_at: Ipv4Addr,
+) {
     let started = Instant::now();
     match download(target) {
         Ok(count) => assert_eq!(count, TRANSFER_BYTES, "{what}: got {count} bytes"),
@@ -543,15 +550,29 @@ fn assert_downloaded(node: &Node, what: &str, target: SocketAddrV4, source_pod: 
         ),
     }
     let elapsed = started.elapsed();
-    let route = sh(&format!("ip -n {source_pod} route get {FAR_BACKEND}"));
+    let route = sh(&format!("ip -n {source_pod} route get {learnt_at}"));
     assert!(
         route.contains("mtu 1280"),
-        "{what}: {source_pod} learnt no path MTU towards {FAR_BACKEND}: {route}"
+        "{what}: {source_pod} learnt no path MTU towards {learnt_at}: {route}"
     );
     println!(
         "{what}: {TRANSFER_BYTES} bytes in {elapsed:?}; {}",
         route.trim()
     );
+}
+
+/// The source address the node uses towards `destination` (what netfilter's
+/// masquerading picks for a flow leaving that way).
+fn node_address_towards(destination: Ipv4Addr) -> Ipv4Addr {
+    let route = sh(&format!("ip -o route get {destination}"));
+    let source = route
+        .split_whitespace()
+        .skip_while(|word| *word != "src")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no source address in {route:?}"));
+    source
+        .parse()
+        .unwrap_or_else(|_| panic!("not an address: {source}"))
 }
 
 /// What the sockets of `namespace` and the programs' flows look like, for a
@@ -649,13 +670,25 @@ fn large_uploads_and_downloads_through_services_complete_across_a_link_with_a_sm
                 endpoint: pods[0].ip,
                 ..upload_service
             };
+            // The control download's source, declared on another node: its
+            // flows from outside are masqueraded.
+            let remote_download_service = ServiceManifest {
+                name: "download-remote",
+                cluster_ip: Ipv4Addr::new(10, 96, 0, 73),
+                external_ips: &[Ipv4Addr::new(198, 51, 100, 73)],
+                node_port: 30073,
+                endpoint: pods[1].ip,
+                endpoint_node: OTHER_NODE,
+                ..download_service
+            };
             write_manifests(
                 node,
                 &format!(
-                    "{}{}{}",
+                    "{}{}{}{}",
                     upload_service.yaml(),
                     remote_service.yaml(),
-                    download_service.yaml()
+                    download_service.yaml(),
+                    remote_download_service.yaml()
                 ),
             );
             let mut agent = node.start_standalone_agent_with(
@@ -710,12 +743,28 @@ fn large_uploads_and_downloads_through_services_complete_across_a_link_with_a_sm
                 "straight from a pod (the kernel's own path)",
                 SocketAddrV4::new(pods[1].ip, DOWNLOAD_PORT),
                 "pod2",
+                FAR_BACKEND,
             );
             assert_downloaded(
                 node,
                 "from outside through the NodePort",
                 SocketAddrV4::new(NODE_IP, download_service.node_port),
                 "pod1",
+                FAR_BACKEND,
+            );
+            // Masqueraded: the backend sees the node's address on its side
+            // (what the kernel picks for the way to the pod), and netfilter
+            // masquerades the error the programs turned towards it.
+            let masqueraded_as = node_address_towards(pods[1].ip);
+            assert_downloaded(
+                node,
+                "from outside through a masqueraded external IP",
+                SocketAddrV4::new(
+                    remote_download_service.external_ips[0],
+                    remote_download_service.port,
+                ),
+                "pod2",
+                masqueraded_as,
             );
             // The node's own socket, pointed at the backend by the connect
             // hook: nothing is translated, the kernel learns the MTU by itself.
