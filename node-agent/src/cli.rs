@@ -7,6 +7,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 
 use crate::datapath::{DatapathOptions, PodConnectBalancing, SocketHookCgroup};
+use crate::desired::node_port_addresses::{NodePortAddresses, NodePortSettings};
 use crate::interfaces::{Globs, DEFAULT_POD_INTERFACE_GLOBS};
 use crate::standalone::StandaloneOptions;
 
@@ -44,6 +45,8 @@ pub struct RunArguments {
     pub node_name: String,
     #[command(flatten)]
     pub datapath: DatapathArguments,
+    #[command(flatten)]
+    pub node_ports: NodePortArguments,
     /// Where /metrics, /healthz and /readyz are served.
     #[arg(long, default_value = "0.0.0.0:9964")]
     pub metrics_address: std::net::SocketAddr,
@@ -82,6 +85,37 @@ pub struct RunArguments {
         value_parser = parse_optional_address
     )]
     pub kube_proxy_metrics_address: OptionalAddress,
+}
+
+/// Where NodePorts are served: kube-proxy's `--nodeport-addresses` and
+/// `--iptables-localhost-nodeports`, with kube-proxy 1.20 iptables' defaults
+/// (every local address, 127.0.0.1 included), so a node switched from it keeps
+/// every NodePort its users reach.
+#[derive(Debug, Args)]
+pub struct NodePortArguments {
+    /// kube-proxy's `nodePortAddresses`, comma-separated: empty (the default)
+    /// for every local address, CIDRs for the local addresses they hold, or
+    /// `primary` for the node's primary address of each family.
+    #[arg(long, default_value = "", value_parser = parse_node_port_addresses)]
+    pub node_port_addresses: NodePortAddresses,
+    /// Serve NodePorts on 127.0.0.1 to the node's own processes (IPv4, TCP and
+    /// UDP; never `::1`), when `--node-port-addresses` selects it.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub localhost_node_ports: bool,
+}
+
+impl NodePortArguments {
+    pub fn settings(&self, node_ips: &[IpAddr]) -> NodePortSettings {
+        NodePortSettings {
+            addresses: self.node_port_addresses.clone(),
+            localhost: self.localhost_node_ports,
+            node_ips: node_ips.to_vec(),
+        }
+    }
+}
+
+fn parse_node_port_addresses(text: &str) -> Result<NodePortAddresses, String> {
+    NodePortAddresses::parse(&[text.to_string()])
 }
 
 /// A socket address, or none when given as an empty string.
@@ -234,6 +268,7 @@ impl RunArguments {
             serve_replacement_healthz: !self.no_replacement_healthz,
             replacement_healthz_port: self.replacement_healthz_port,
             kube_proxy_metrics_address: self.kube_proxy_metrics_address.0,
+            node_ports: self.node_ports.settings(&[]),
         }
     }
 }
@@ -245,8 +280,10 @@ pub struct StandaloneArguments {
     pub manifests: PathBuf,
     #[command(flatten)]
     pub datapath: DatapathArguments,
-    /// Addresses NodePorts are served on (repeatable); default: the host
-    /// interfaces' global addresses.
+    #[command(flatten)]
+    pub node_ports: NodePortArguments,
+    /// The node's addresses (repeatable), for NodePorts instead of the host's
+    /// local addresses; the first of a family is its primary one.
     #[arg(long = "node-ip")]
     pub node_ips: Vec<IpAddr>,
     /// This node's name: which endpoints are local, which DataplaneNode to follow.
@@ -282,7 +319,7 @@ impl StandaloneArguments {
         StandaloneOptions {
             manifests: self.manifests.clone(),
             datapath: self.datapath.options(),
-            node_ips: self.node_ips.clone(),
+            node_ports: self.node_ports.settings(&self.node_ips),
             node_name: self.node_name.clone().unwrap_or_else(host_name),
             detach_on_exit: self.detach_on_exit,
             min_sync_period: Duration::from_millis(self.min_sync_period_ms),
@@ -322,7 +359,7 @@ mod tests {
             panic!("expected standalone");
         };
         let options = arguments.options();
-        assert_eq!(options.node_ips.len(), 2);
+        assert_eq!(options.node_ports.node_ips.len(), 2);
         assert_eq!(options.node_name, "node-a");
         assert!(options.detach_on_exit);
         assert!(options.datapath.pod_interfaces.matches("pod7"));
@@ -398,6 +435,39 @@ mod tests {
     }
 
     #[test]
+    fn node_port_flags_take_kube_proxys_values_and_default_to_its_1_20_iptables_mode() {
+        let node_ports = |flags: &[&str]| {
+            let mut line = vec!["switchyard-agent", "run", "--node-name", "node-1"];
+            line.extend(flags);
+            Cli::try_parse_from(line).map(|cli| match cli.command {
+                Command::Run(arguments) => arguments.options().node_ports,
+                _ => panic!("expected run"),
+            })
+        };
+        let defaults = node_ports(&[]).expect("parses");
+        assert_eq!(defaults.addresses, NodePortAddresses::Every);
+        assert!(defaults.localhost);
+        // The chart's empty value is the default too.
+        assert_eq!(
+            node_ports(&["--node-port-addresses="]).expect("parses"),
+            defaults
+        );
+        let primary = node_ports(&[
+            "--node-port-addresses=primary",
+            "--localhost-node-ports=false",
+        ])
+        .expect("parses");
+        assert_eq!(primary.addresses, NodePortAddresses::Primary);
+        assert!(!primary.localhost);
+        let Ok(ranges) = node_ports(&["--node-port-addresses=10.0.0.0/8,127.0.0.0/8"]) else {
+            panic!("ranges parse");
+        };
+        assert!(matches!(ranges.addresses, NodePortAddresses::Ranges(ref list) if list.len() == 2));
+        assert!(node_ports(&["--node-port-addresses=10.0.0.0/33"]).is_err());
+        assert!(node_ports(&["--node-port-addresses=primary,10.0.0.0/8"]).is_err());
+    }
+
+    #[test]
     fn durations_take_the_units_of_the_chart() {
         assert_eq!(parse_duration("1s"), Ok(Duration::from_secs(1)));
         assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
@@ -419,7 +489,7 @@ mod tests {
             assert!(options.datapath.pod_interfaces.matches(name), "{name}");
         }
         assert_eq!(options.datapath.host_interfaces, None);
-        assert!(options.node_ips.is_empty());
+        assert_eq!(options.node_ports, NodePortSettings::default());
         assert_eq!(
             options.datapath.pin_directory,
             PathBuf::from(DEFAULT_PIN_DIRECTORY)

@@ -2,8 +2,10 @@
 //!
 //! Pod interfaces (host side of pod veths) match `--pod-interfaces` (default
 //! `veth*,cali*,lxc*`). Host interfaces match `--host-interfaces` if given, and
-//! default to every other interface except loopback. Node addresses (NodePorts
-//! are served on them) default to the global addresses of the host interfaces.
+//! default to every other interface except loopback. The node's local addresses
+//! (NodePorts are served on those `nodePortAddresses` selects) are the global
+//! addresses of every interface, whatever program it gets: kube-proxy's
+//! `--dst-type LOCAL` matches an address on a bridge or a pod interface too.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -149,21 +151,17 @@ pub fn interface_roles(
         .collect()
 }
 
-/// Global addresses of the host interfaces, sorted: the default node addresses.
-pub fn host_addresses(
-    interfaces: &[IpInterface],
-    pod_globs: &Globs,
-    host_globs: Option<&Globs>,
-) -> Vec<IpAddr> {
+/// Global addresses of every interface, sorted: the node's local addresses.
+/// Link-local ones are left out (every veth has its own IPv6 one), and so is
+/// loopback (localhost NodePorts have their own setting).
+pub fn local_addresses(interfaces: &[IpInterface]) -> Vec<IpAddr> {
     let mut addresses: Vec<IpAddr> = interfaces
         .iter()
-        .filter(|interface| {
-            role_of(&interface.ifname, pod_globs, host_globs) == Some(InterfaceRole::Host)
-        })
         .flat_map(|interface| &interface.addr_info)
         .filter(|info| matches!(info.family.as_str(), "inet" | "inet6"))
         .filter(|info| info.scope.as_deref().unwrap_or("global") == "global")
-        .filter_map(|info| info.local.as_deref()?.parse().ok())
+        .filter_map(|info| info.local.as_deref()?.parse::<IpAddr>().ok())
+        .filter(|address| !address.is_loopback())
         .collect();
     addresses.sort();
     addresses.dedup();
@@ -215,20 +213,20 @@ mod tests {
     ]"#;
 
     #[test]
-    fn node_addresses_default_to_the_global_addresses_of_host_interfaces() {
+    fn local_addresses_are_the_global_addresses_of_every_interface_but_loopback() {
         let interfaces = parse_ip_json(IP_JSON.as_bytes()).expect("parses");
         let pods = Globs::parse(DEFAULT_POD_INTERFACE_GLOBS);
-        let addresses = host_addresses(&interfaces, &pods, None);
-        let expected: Vec<IpAddr> = ["172.16.0.10", "192.168.1.10", "fd00::10"]
+        let expected: Vec<IpAddr> = ["169.254.1.1", "172.16.0.10", "192.168.1.10", "fd00::10"]
             .iter()
             .map(|text| text.parse().expect("valid"))
             .collect();
-        assert_eq!(addresses, expected);
-        let only_eth1 = Globs::parse("eth1");
-        assert_eq!(
-            host_addresses(&interfaces, &pods, Some(&only_eth1)),
-            vec!["172.16.0.10".parse::<IpAddr>().expect("valid")]
-        );
+        assert_eq!(local_addresses(&interfaces), expected);
+        // 127.0.0.1 is left out whatever scope `ip` reports for it.
+        let global_loopback = parse_ip_json(
+            br#"[{"ifindex":1,"ifname":"lo","addr_info":[{"family":"inet","local":"127.0.0.1","scope":"global"}]}]"#,
+        )
+        .expect("parses");
+        assert_eq!(local_addresses(&global_loopback), Vec::<IpAddr>::new());
         let roles = interface_roles(&interfaces, &pods, None);
         assert_eq!(
             roles.into_iter().collect::<Vec<_>>(),

@@ -69,6 +69,8 @@ pub struct ClusterOptions {
     pub replacement_healthz_port: u16,
     /// Serve kube-proxy's metrics here once kube-proxy has left the node (`None`: never).
     pub kube_proxy_metrics_address: Option<SocketAddr>,
+    /// Where NodePorts are served (`--node-port-addresses`, `--localhost-node-ports`).
+    pub node_ports: crate::desired::node_port_addresses::NodePortSettings,
 }
 
 // Liveness bounds: how long one step of each loop may take before `/healthz` calls the agent
@@ -133,6 +135,7 @@ pub async fn run(options: ClusterOptions, shutdown: impl Future<Output = ()>) ->
     let datapath = KernelDatapath::load(&options.datapath)?;
     let settings = AgentSettings {
         agent_revision: options.agent_revision.clone(),
+        node_ports: options.node_ports.clone(),
         round_heartbeat: Some(health.register_loop("agent rounds", ROUND_STEP_BOUND)),
         ..AgentSettings::new(
             options.node_name.clone(),

@@ -32,7 +32,7 @@ use self::store::StoreChange;
 use crate::datapath::{
     datapath_config, Datapath, DatapathOptions, PodConnectBalancing, SocketHookCgroup,
 };
-use crate::desired::NodeView;
+use crate::desired::{node_port_addresses as node_ports, NodeView};
 use crate::follow::{
     detach_interfaces, follow_mode, instruction, interfaces_to_detach, Attachment, Instruction,
     ModeAction,
@@ -107,9 +107,9 @@ pub struct AgentSettings {
     pub pod_interfaces: Globs,
     /// `None`: every non-loopback interface that is not a pod interface.
     pub host_interfaces: Option<Globs>,
-    /// Empty: NodePorts are served on the host's addresses and the Node's;
-    /// otherwise on exactly these (standalone's `--node-ip`).
-    pub node_ips: Vec<IpAddr>,
+    /// Where NodePorts are served (`--node-port-addresses`,
+    /// `--localhost-node-ports`, standalone's `--node-ip`).
+    pub node_ports: node_ports::NodePortSettings,
     pub min_sync_period: Duration,
     pub gate_timeout: Duration,
     pub masquerade_mark: u32,
@@ -139,7 +139,7 @@ impl AgentSettings {
             node_name,
             pod_interfaces: datapath.pod_interfaces.clone(),
             host_interfaces: datapath.host_interfaces.clone(),
-            node_ips: Vec::new(),
+            node_ports: node_ports::NodePortSettings::default(),
             min_sync_period,
             gate_timeout,
             masquerade_mark: datapath.masquerade_mark,
@@ -457,7 +457,7 @@ impl<D: Datapath> NodeAgent<D> {
             Input::Host(interfaces) => {
                 let pods = &self.settings.pod_interfaces;
                 let hosts = self.settings.host_interfaces.as_ref();
-                let addresses = interfaces::host_addresses(&interfaces, pods, hosts);
+                let addresses = interfaces::local_addresses(&interfaces);
                 self.roles = interfaces::interface_roles(&interfaces, pods, hosts);
                 if self.host_addresses.as_ref() != Some(&addresses) {
                     tracing::info!(?addresses, "host addresses");
@@ -496,19 +496,14 @@ impl<D: Datapath> NodeAgent<D> {
         }
     }
 
-    /// NodePorts are served on the host's addresses and the Node's; a change
-    /// of them is a full sync (every NodePort frontend moves).
+    /// NodePorts are served on the addresses `nodePortAddresses` selects of the
+    /// host's and the Node's; a change is a full sync (NodePort frontends move).
     fn update_node_view(&mut self) {
         let (Some(host), Some(node)) = (&self.host_addresses, &self.node) else {
             return;
         };
-        let mut addresses: Vec<IpAddr> = if self.settings.node_ips.is_empty() {
-            host.iter().chain(&node.addresses).copied().collect()
-        } else {
-            self.settings.node_ips.clone()
-        };
-        addresses.sort();
-        addresses.dedup();
+        let addresses =
+            node_ports::served_addresses(&self.settings.node_ports, host, &node.addresses);
         let view = NodeView {
             name: self.settings.node_name.clone(),
             addresses,

@@ -13,9 +13,10 @@ use std::net::IpAddr;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-/// Node address types whose addresses NodePorts are served on (kube-proxy's
-/// default `nodePortAddresses` are the node's own addresses; these are what the
-/// Node says they are).
+/// Node address types whose addresses NodePorts are served on (with the host's
+/// local addresses, as `nodePortAddresses` selects), in the order kube-proxy
+/// picks its primary node IP from (`GetNodeHostIPs`: InternalIP, then
+/// ExternalIP).
 const SERVED_ADDRESS_TYPES: [&str; 2] = ["InternalIP", "ExternalIP"];
 /// The Node label topology hints are matched against (kube-proxy reads this
 /// one label for them).
@@ -25,8 +26,10 @@ pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct NodeFacts {
     pub name: String,
-    /// `status.addresses` of type InternalIP and ExternalIP that parse as IP
-    /// addresses, sorted, without duplicates.
+    /// `status.addresses` of type InternalIP, then those of type ExternalIP,
+    /// each in the Node's order, that parse as IP addresses, without
+    /// duplicates: the first of a family is the node's primary address
+    /// (`nodePortAddresses: primary`).
     pub addresses: Vec<IpAddr>,
     /// The [`ZONE_LABEL`] label, if set and not empty.
     pub zone: Option<String>,
@@ -34,15 +37,24 @@ pub struct NodeFacts {
 
 impl NodeFacts {
     pub fn from_node(node: &Node) -> Self {
-        let mut addresses: Vec<IpAddr> = node
+        let listed: Vec<_> = node
             .status
             .iter()
             .flat_map(|status| status.addresses.iter().flatten())
-            .filter(|address| SERVED_ADDRESS_TYPES.contains(&address.type_.as_str()))
-            .filter_map(|address| address.address.trim().parse().ok())
             .collect();
-        addresses.sort();
-        addresses.dedup();
+        let mut addresses: Vec<IpAddr> = Vec::new();
+        for address_type in SERVED_ADDRESS_TYPES {
+            for address in listed
+                .iter()
+                .filter(|address| address.type_ == address_type)
+            {
+                if let Ok(parsed) = address.address.trim().parse::<IpAddr>() {
+                    if !addresses.contains(&parsed) {
+                        addresses.push(parsed);
+                    }
+                }
+            }
+        }
         Self {
             name: node.metadata.name.clone().unwrap_or_default(),
             addresses,
@@ -164,7 +176,31 @@ mod tests {
     }
 
     #[test]
-    fn reordered_or_repeated_addresses_are_not_relevant() {
+    fn internal_ips_come_before_external_ips_in_the_nodes_order() {
+        let mut value = base();
+        value["status"]["addresses"] = serde_json::json!([
+            {"type": "ExternalIP", "address": "192.0.2.7"},
+            {"type": "InternalIP", "address": "10.99.0.12"},
+            {"type": "InternalIP", "address": "fd00::12"},
+            {"type": "InternalIP", "address": "10.99.0.11"}
+        ]);
+        let addresses: Vec<IpAddr> = ["10.99.0.12", "fd00::12", "10.99.0.11", "192.0.2.7"]
+            .iter()
+            .map(|text| text.parse().expect("valid"))
+            .collect();
+        assert_eq!(facts(value.clone()).addresses, addresses);
+        // Another first InternalIP is another primary address: relevant.
+        let mut swapped = value.clone();
+        swapped["status"]["addresses"][1]["address"] = "10.99.0.11".into();
+        swapped["status"]["addresses"][3]["address"] = "10.99.0.12".into();
+        assert!(node_update_is_relevant(
+            Some(&facts(value)),
+            &facts(swapped)
+        ));
+    }
+
+    #[test]
+    fn moved_address_types_or_repeated_addresses_are_not_relevant() {
         let mut before = base();
         before["status"]["addresses"] = serde_json::json!([
             {"type": "InternalIP", "address": "10.99.0.11"},

@@ -18,7 +18,7 @@ fn settings() -> AgentSettings {
         node_name: "node-1".into(),
         pod_interfaces: Globs::parse("p-*"),
         host_interfaces: Some(Globs::parse("eth0")),
-        node_ips: vec![],
+        node_ports: Default::default(),
         min_sync_period: Duration::from_secs(1),
         gate_timeout: Duration::from_secs(30),
         masquerade_mark: 0x4000,

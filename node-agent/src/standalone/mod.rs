@@ -17,7 +17,6 @@
 pub mod manifests;
 
 use std::future::Future;
-use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -40,8 +39,8 @@ use crate::Error;
 pub struct StandaloneOptions {
     pub manifests: PathBuf,
     pub datapath: DatapathOptions,
-    /// Empty: the global addresses of the host interfaces.
-    pub node_ips: Vec<IpAddr>,
+    /// Where NodePorts are served (`--node-ip` among them).
+    pub node_ports: crate::desired::node_port_addresses::NodePortSettings,
     pub node_name: String,
     pub detach_on_exit: bool,
     pub min_sync_period: Duration,
@@ -56,7 +55,7 @@ pub const FULL_RESYNC_PERIOD: Duration = crate::core::DEFAULT_FULL_RESYNC_PERIOD
 /// The core's settings in standalone mode.
 pub fn agent_settings(options: &StandaloneOptions) -> AgentSettings {
     AgentSettings {
-        node_ips: options.node_ips.clone(),
+        node_ports: options.node_ports.clone(),
         full_resync_period: FULL_RESYNC_PERIOD,
         ..AgentSettings::new(
             options.node_name.clone(),
@@ -164,7 +163,7 @@ fn manifest_inputs(manifests: &Manifests, node_name: &str) -> Vec<Input> {
 }
 
 /// Standalone mode's Node: its name, no addresses (NodePorts are served on the
-/// host's addresses or `--node-ip`), and the zone a Node manifest gives.
+/// host's local addresses or `--node-ip`), and the zone a Node manifest gives.
 fn node_facts(node_name: &str, zone: Option<String>) -> NodeFacts {
     NodeFacts {
         name: node_name.to_string(),

@@ -126,7 +126,12 @@ fn options(manifests: &Path) -> StandaloneOptions {
             socket_hook_cgroup: SocketHookCgroup::Root,
             pod_connect_balancing: PodConnectBalancing::Tcp,
         },
-        node_ips: vec![],
+        // Localhost NodePorts (on by default) would add an internal-scope
+        // frontend per NodePort to the counts below; they have their own tests.
+        node_ports: crate::desired::node_port_addresses::NodePortSettings {
+            localhost: false,
+            ..Default::default()
+        },
         node_name: "node-a".to_string(),
         detach_on_exit: false,
         min_sync_period: Duration::ZERO,

@@ -29,6 +29,7 @@
 //!   (same node, else same zone) when the hints allow it ([`topology`]).
 
 pub mod layout;
+pub mod node_port_addresses;
 pub mod source_ranges;
 pub mod topology;
 pub mod traffic_policy;
@@ -54,7 +55,8 @@ pub use layout::lay_out;
 pub struct NodeView {
     /// Endpoints whose `nodeName` (or hostname topology) equals this are local.
     pub name: String,
-    /// Addresses NodePorts are served on.
+    /// Addresses NodePorts are served on ([`node_port_addresses`]); a loopback
+    /// one in the internal scope only.
     pub addresses: Vec<IpAddr>,
     /// The Node's `topology.kubernetes.io/zone` label (topology hints).
     pub zone: Option<String>,
@@ -431,15 +433,18 @@ fn add_service(
                     .map(|address| (address, port.port, load_balancer_filter.as_ref())),
             );
             for (address, number, filter) in external {
-                add(
-                    desired,
-                    address,
-                    number,
-                    SCOPE_EXTERNAL,
-                    external_view,
-                    external_flags | policy_flags.external,
-                    filter,
-                );
+                // Localhost NodePorts: only the node's own processes reach them.
+                if !node_port_addresses::internal_scope_only(address) {
+                    add(
+                        desired,
+                        address,
+                        number,
+                        SCOPE_EXTERNAL,
+                        external_view,
+                        external_flags | policy_flags.external,
+                        filter,
+                    );
+                }
                 add(
                     desired,
                     address,

@@ -61,9 +61,12 @@ pub fn load_balancer_filter(
     if ranges.is_empty() || ranges.iter().any(|range| range.is_everything()) {
         return None;
     }
+    // 127.0.0.1 (localhost NodePorts) is no address the node sends from to a
+    // load-balancer address.
     let node_inside = node
         .addresses
         .iter()
+        .filter(|address| !address.is_loopback())
         .any(|address| ranges.iter().any(|range| range.contains(address)));
     let mut prefixes: Vec<SourcePrefix> = ranges.iter().map(|range| source_prefix(range)).collect();
     if node_inside {
