@@ -25,6 +25,7 @@ pub mod schema;
 pub mod system;
 #[cfg(test)]
 mod test_entries;
+pub mod udp_flows;
 
 use std::path::{Path, PathBuf};
 

@@ -19,6 +19,7 @@ use switchyard_common::{
 };
 
 use super::{schema, system, version_directory};
+use switchyard_model::diff::RemovedUdpBackends;
 use switchyard_model::error::MapFault;
 use switchyard_model::maps::{ServiceMaps, SourcePrefix, SourceRangeEntry};
 use switchyard_model::Error as MapError;
@@ -453,6 +454,14 @@ impl ServiceMaps for PinnedServiceMaps {
         self.config
             .set(0, config, 0)
             .map_err(update_error(map_names::CONFIG))
+    }
+    fn release_udp_flows(&mut self, removed: &RemovedUdpBackends) -> Result<usize, MapError> {
+        use std::os::fd::AsFd as _;
+        crate::udp_flows::release(
+            self.conntrack.as_fd(),
+            self.conntrack_overflow.as_fd(),
+            removed,
+        )
     }
 }
 

@@ -36,9 +36,11 @@
 //! keys are written, and makes a deleted Service stop accepting new flows before
 //! anything else changes.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
-use switchyard_common::{BackendSlotKey, BackendValue, FrontendKey, FrontendValue};
+use switchyard_common::{
+    Address, BackendSlotKey, BackendValue, FrontendKey, FrontendValue, PROTOCOL_UDP,
+};
 
 use crate::maps::{MapState, SourceRangeEntry};
 
@@ -114,4 +116,146 @@ fn entries_to_write<K: Ord + Copy, V: PartialEq + Copy>(
         .filter(|(key, value)| current.get(key) != Some(value))
         .map(|(key, value)| (*key, *value))
         .collect()
+}
+
+/// A frontend's or a backend's address and port (network byte order), as a
+/// UDP flow's conntrack entries name them.
+pub type AddressPort = (Address, u16);
+
+/// The UDP backends that left each UDP frontend address and port (every scope
+/// of it counted together) in one apply: the flows still pointing at them are
+/// deleted, so their next datagram is balanced again to a live backend, or
+/// refused if none is left (kube-proxy deletes the conntrack entries NATed to a
+/// removed UDP endpoint, `pkg/proxy/conntrack`). TCP is not here: kube-proxy
+/// leaves TCP connections to a removed endpoint to time out or be reset.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RemovedUdpBackends {
+    pub by_frontend: BTreeMap<AddressPort, BTreeSet<AddressPort>>,
+}
+
+impl RemovedUdpBackends {
+    pub fn is_empty(&self) -> bool {
+        self.by_frontend.is_empty()
+    }
+
+    /// Whether a flow to `frontend` that was sent to `backend` must be deleted.
+    pub fn contains(&self, frontend: &AddressPort, backend: &AddressPort) -> bool {
+        self.by_frontend
+            .get(frontend)
+            .is_some_and(|backends| backends.contains(backend))
+    }
+
+    /// Adds `other`'s pairs (a release that failed, retried with the next one).
+    pub fn merge(&mut self, other: RemovedUdpBackends) {
+        for (frontend, backends) in other.by_frontend {
+            self.by_frontend
+                .entry(frontend)
+                .or_default()
+                .extend(backends);
+        }
+    }
+
+    /// Keeps only the pairs whose backend `state` does not serve at the frontend
+    /// again: a backend that came back before a failed release was retried keeps
+    /// its flows.
+    pub fn still_removed_in(mut self, state: &MapState) -> Self {
+        let frontends: BTreeSet<AddressPort> = self.by_frontend.keys().copied().collect();
+        let served = udp_backends_of(state, &frontends);
+        for (frontend, backends) in &mut self.by_frontend {
+            if let Some(served) = served.get(frontend) {
+                backends.retain(|backend| !served.contains(backend));
+            }
+        }
+        self.by_frontend.retain(|_, backends| !backends.is_empty());
+        self
+    }
+}
+
+/// The UDP frontend addresses and ports whose backends `plan` may change, with
+/// their backends in `current` (before the apply): frontends it deletes or
+/// rewrites, and those whose group's slots it writes or deletes. Empty (and no
+/// walk of the frontends) when the plan changes neither UDP frontends nor slots.
+pub fn udp_backends_before(
+    plan: &Plan,
+    current: &MapState,
+) -> BTreeMap<AddressPort, BTreeSet<AddressPort>> {
+    let mut frontends: BTreeSet<AddressPort> = plan
+        .stale_frontends
+        .iter()
+        .chain(plan.frontend_writes.iter().map(|(key, _)| key))
+        .filter(|key| key.protocol == PROTOCOL_UDP)
+        .map(|key| (key.address, key.port_big_endian))
+        .collect();
+    let groups: BTreeSet<u32> = plan
+        .backend_slot_writes
+        .iter()
+        .map(|(key, _)| key.group_id)
+        .chain(plan.unused_backend_slots.iter().map(|key| key.group_id))
+        .collect();
+    if !groups.is_empty() {
+        frontends.extend(
+            current
+                .frontends
+                .iter()
+                .filter(|(key, value)| {
+                    key.protocol == PROTOCOL_UDP && groups.contains(&value.group_id)
+                })
+                .map(|(key, _)| (key.address, key.port_big_endian)),
+        );
+    }
+    if frontends.is_empty() {
+        return BTreeMap::new();
+    }
+    udp_backends_of(current, &frontends)
+}
+
+/// The backends `state` gives each of `frontends` (UDP, every scope together;
+/// a frontend without any is absent).
+pub fn udp_backends_of(
+    state: &MapState,
+    frontends: &BTreeSet<AddressPort>,
+) -> BTreeMap<AddressPort, BTreeSet<AddressPort>> {
+    let mut backends: BTreeMap<AddressPort, BTreeSet<AddressPort>> = BTreeMap::new();
+    for (key, value) in &state.frontends {
+        let frontend = (key.address, key.port_big_endian);
+        if key.protocol != PROTOCOL_UDP || !frontends.contains(&frontend) {
+            continue;
+        }
+        let served = backends.entry(frontend).or_default();
+        for ordinal in 0..value.backend_count {
+            let slot = BackendSlotKey {
+                group_id: value.group_id,
+                ordinal,
+            };
+            if let Some(backend) = state.backend_slots.get(&slot) {
+                served.insert((backend.address, backend.port_big_endian));
+            }
+        }
+    }
+    backends
+}
+
+/// The backends each frontend of `before` (from [`udp_backends_before`]) no
+/// longer has in `after` (the state the apply left), a frontend `after` lacks
+/// losing all of them (a deleted Service: its flows go too, as kube-proxy does
+/// since kubernetes#141371).
+pub fn removed_udp_backends(
+    before: BTreeMap<AddressPort, BTreeSet<AddressPort>>,
+    after: &MapState,
+) -> RemovedUdpBackends {
+    if before.is_empty() {
+        return RemovedUdpBackends::default();
+    }
+    let frontends: BTreeSet<AddressPort> = before.keys().copied().collect();
+    let now = udp_backends_of(after, &frontends);
+    let mut removed = RemovedUdpBackends::default();
+    for (frontend, mut backends) in before {
+        if let Some(served) = now.get(&frontend) {
+            backends.retain(|backend| !served.contains(backend));
+        }
+        if !backends.is_empty() {
+            removed.by_frontend.insert(frontend, backends);
+        }
+    }
+    removed
 }

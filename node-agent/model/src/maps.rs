@@ -8,6 +8,7 @@ use switchyard_common::{
     Address, BackendSlotKey, BackendValue, DatapathConfig, FrontendKey, FrontendValue,
 };
 
+use crate::diff::RemovedUdpBackends;
 use crate::Error;
 
 /// The Service maps as the syncer sees them.
@@ -31,6 +32,10 @@ pub trait ServiceMaps {
     fn source_ranges(&self) -> Result<BTreeSet<SourceRangeEntry>, Error>;
     fn write_source_range(&mut self, entry: &SourceRangeEntry) -> Result<(), Error>;
     fn delete_source_range(&mut self, entry: &SourceRangeEntry) -> Result<(), Error>;
+    /// Deletes the UDP flows (both conntrack entries of each) that `removed`
+    /// names, so each flow's next datagram is balanced again (or refused);
+    /// returns how many entries it deleted.
+    fn release_udp_flows(&mut self, removed: &RemovedUdpBackends) -> Result<usize, Error>;
 }
 
 /// A source address prefix in the maps' 16-byte form: `length` counts bits of

@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use switchyard_common::{BackendSlotKey, BackendValue, DatapathConfig, FrontendKey, FrontendValue};
 
 use super::{MapState, ServiceMaps, SourceRangeEntry};
+use crate::diff::RemovedUdpBackends;
 use crate::Error;
 
 /// A kind of map mutation, for fault injection.
@@ -50,6 +51,11 @@ pub struct FakeServiceMaps {
     /// Frontends seen pointing at missing slots, with the mutation index after
     /// which they were seen.
     pub missing_slot_violations: Vec<(u64, FrontendKey)>,
+    /// Every `release_udp_flows` call that succeeded, in order (not counted as
+    /// mutations: it changes no Service entry).
+    pub udp_flow_releases: Vec<RemovedUdpBackends>,
+    /// `release_udp_flows` fails (as an unreadable conntrack map would).
+    pub failing_udp_flow_releases: bool,
 }
 
 impl FakeServiceMaps {
@@ -213,6 +219,22 @@ impl ServiceMaps for FakeServiceMaps {
         self.state.source_ranges.remove(entry);
         self.applied();
         Ok(())
+    }
+
+    /// Counts one deleted entry per (frontend, backend) pair: the fake holds no flows.
+    fn release_udp_flows(&mut self, removed: &RemovedUdpBackends) -> Result<usize, Error> {
+        if self.failing_udp_flow_releases {
+            return Err(Error::UpdateMap {
+                map: switchyard_common::map_names::CONNTRACK,
+                source: "injected fault in releasing UDP flows".into(),
+            });
+        }
+        self.udp_flow_releases.push(removed.clone());
+        Ok(removed
+            .by_frontend
+            .values()
+            .map(|backends| backends.len())
+            .sum())
     }
 
     fn write_config(&mut self, config: &DatapathConfig) -> Result<(), Error> {

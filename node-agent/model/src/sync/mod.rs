@@ -9,7 +9,7 @@ pub mod inputs;
 use std::collections::BTreeMap;
 
 use crate::desired::{lay_out, merge, DesiredServices, ServiceDesired};
-use crate::diff::{plan, Plan};
+use crate::diff::{plan, removed_udp_backends, udp_backends_before, Plan, RemovedUdpBackends};
 use crate::gate::GateOpen;
 use crate::maps::{MapState, ServiceMaps, SourceRangeEntry};
 use crate::model::ServiceName;
@@ -27,6 +27,9 @@ pub struct ApplyReport {
     pub backend_slots_deleted: usize,
     pub source_ranges_written: usize,
     pub source_ranges_deleted: usize,
+    /// UDP flow entries deleted because their backend left their frontend
+    /// (not a Service map operation: not in [`ApplyReport::operation_count`]).
+    pub udp_flow_entries_deleted: usize,
 }
 
 impl ApplyReport {
@@ -161,6 +164,35 @@ pub fn apply(
     (progress.report, progress.failed)
 }
 
+/// [`apply`], then the release of the UDP flows whose backend the apply took
+/// from their frontend, in the same round, so that a flow's next datagram is
+/// balanced again to a live backend, or refused if none is left. A release
+/// that fails is kept in `unreleased` and retried with the next apply (minus
+/// the backends that came back meanwhile); it never fails the apply, whose
+/// Service entries are written.
+pub fn apply_and_release_udp_flows(
+    plan: &Plan,
+    maps: &mut impl ServiceMaps,
+    tracked: &mut MapState,
+    unreleased: &mut RemovedUdpBackends,
+) -> (ApplyReport, Vec<FailedEntry>) {
+    let before = udp_backends_before(plan, tracked);
+    let (mut report, failed) = apply(plan, maps, tracked);
+    let mut removed = std::mem::take(unreleased).still_removed_in(tracked);
+    removed.merge(removed_udp_backends(before, tracked));
+    if removed.is_empty() {
+        return (report, failed);
+    }
+    match maps.release_udp_flows(&removed) {
+        Ok(deleted) => report.udp_flow_entries_deleted = deleted,
+        Err(error) => {
+            tracing::warn!(error = %crate::error::chain(&error), "failed to delete the UDP flows of removed backends; retrying with the next sync");
+            *unreleased = removed;
+        }
+    }
+    (report, failed)
+}
+
 /// What an apply has done so far, and what it could not.
 #[derive(Default)]
 struct Progress {
@@ -230,6 +262,9 @@ pub struct Syncer {
     /// What partial syncs need, from the last successful full sync by
     /// [`Syncer::sync_services`] (`None` before it, and after any failure).
     index: Option<Index>,
+    /// UDP flows to removed backends whose deletion failed: retried with the
+    /// next apply.
+    unreleased_udp_flows: RemovedUdpBackends,
 }
 
 impl Syncer {
@@ -240,6 +275,7 @@ impl Syncer {
             current: MapState::restore(maps)?,
             reread_before_next_sync: false,
             index: None,
+            unreleased_udp_flows: RemovedUdpBackends::default(),
         })
     }
 
@@ -273,7 +309,12 @@ impl Syncer {
         }
         let entries = lay_out(desired, &self.current);
         let plan = plan(&self.current, &entries);
-        let (report, mut failed) = apply(&plan, maps, &mut self.current);
+        let (report, mut failed) = apply_and_release_udp_flows(
+            &plan,
+            maps,
+            &mut self.current,
+            &mut self.unreleased_udp_flows,
+        );
         if failed.is_empty() {
             return Ok(report);
         }
@@ -367,7 +408,12 @@ impl PartialSync<'_> {
         };
         let current = &mut self.syncer.current;
         let (plan, released) = index.change(changes, current);
-        let (report, mut failed) = apply(&plan, maps, current);
+        let (report, mut failed) = apply_and_release_udp_flows(
+            &plan,
+            maps,
+            current,
+            &mut self.syncer.unreleased_udp_flows,
+        );
         if failed.is_empty() {
             index.applied(&released);
             return Ok(report);
@@ -396,3 +442,5 @@ impl Drop for PartialSync<'_> {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod udp_flow_tests;

@@ -1,0 +1,205 @@
+//! Deleting the UDP flows whose backend left their Service (kube-proxy deletes
+//! the conntrack entries NATed to a removed UDP endpoint, `pkg/proxy/conntrack`):
+//! the next datagram of such a flow misses, and the programs balance it again to
+//! a live backend, or refuse it (ICMP port unreachable) when the frontend has no
+//! backend left. TCP flows are left alone, as kube-proxy leaves them: they end
+//! by timeout or reset.
+//!
+//! Both entries of a flow go: the client-direction one (keyed by the tuple the
+//! client sent, to the frontend; its rewrite names the backend) and the reply
+//! one (keyed by the backend's tuple; its rewrite names the frontend), each
+//! judged on its own, so an orphan of either is found too.
+
+use std::os::fd::BorrowedFd;
+
+use switchyard_common::{
+    map_names, ConntrackKey, ConntrackValue, CONNTRACK_FLAG_REPLY,
+    CONNTRACK_FLAG_REWRITE_DESTINATION, CONNTRACK_FLAG_REWRITE_SOURCE, PROTOCOL_UDP,
+};
+use switchyard_model::diff::RemovedUdpBackends;
+use switchyard_model::Error as MapError;
+
+use super::{schema, system};
+
+const KEY_SIZE: usize = std::mem::size_of::<ConntrackKey>();
+const VALUE_SIZE: usize = std::mem::size_of::<ConntrackValue>();
+
+/// Whether the entry belongs to a UDP flow that a frontend in `removed` sent to
+/// a backend it no longer has.
+pub fn leads_to_removed_backend(
+    key: &ConntrackKey,
+    value: &ConntrackValue,
+    removed: &RemovedUdpBackends,
+) -> bool {
+    if key.protocol != PROTOCOL_UDP {
+        return false;
+    }
+    if value.flags & CONNTRACK_FLAG_REPLY == 0 {
+        value.flags & CONNTRACK_FLAG_REWRITE_DESTINATION != 0
+            && removed.contains(
+                &(key.destination_address, key.destination_port_big_endian),
+                &(
+                    value.new_destination_address,
+                    value.new_destination_port_big_endian,
+                ),
+            )
+    } else {
+        value.flags & CONNTRACK_FLAG_REWRITE_SOURCE != 0
+            && removed.contains(
+                &(value.new_source_address, value.new_source_port_big_endian),
+                &(key.source_address, key.source_port_big_endian),
+            )
+    }
+}
+
+/// Deletes the entries of `map` (the conntrack hash or its overflow LRU) that
+/// [`leads_to_removed_backend`] picks, batch by batch as they are read; returns
+/// how many it deleted. A key the programs rewrote between the read and the
+/// delete (a new flow from the same client port) loses its entry too, which
+/// costs that UDP flow one more backend choice, nothing else.
+pub fn delete_flows_to_removed_backends(
+    map: BorrowedFd<'_>,
+    name: &'static str,
+    removed: &RemovedUdpBackends,
+) -> Result<usize, MapError> {
+    let mut deleted = 0;
+    let mut stale_keys = Vec::new();
+    system::map_entries_in_chunks(map, KEY_SIZE, VALUE_SIZE, |keys, values, count| {
+        stale_keys.clear();
+        let entries = keys
+            .chunks_exact(KEY_SIZE)
+            .zip(values.chunks_exact(VALUE_SIZE));
+        for (key_bytes, value_bytes) in entries.take(count) {
+            let (Some(key), Some(value)) = (
+                schema::from_bytes::<ConntrackKey>(key_bytes),
+                schema::from_bytes::<ConntrackValue>(value_bytes),
+            ) else {
+                continue;
+            };
+            if leads_to_removed_backend(&key, &value, removed) {
+                stale_keys.extend_from_slice(key_bytes);
+            }
+        }
+        deleted += system::map_delete_keys(map, &stale_keys, KEY_SIZE)?;
+        Ok(())
+    })
+    .map_err(|error| MapError::UpdateMap {
+        map: name,
+        source: format!("failed to delete the UDP flows of removed backends: {error}").into(),
+    })?;
+    Ok(deleted)
+}
+
+/// Both conntrack maps: the hash, then the overflow.
+pub fn release(
+    conntrack: BorrowedFd<'_>,
+    overflow: BorrowedFd<'_>,
+    removed: &RemovedUdpBackends,
+) -> Result<usize, MapError> {
+    Ok(
+        delete_flows_to_removed_backends(conntrack, map_names::CONNTRACK, removed)?
+            + delete_flows_to_removed_backends(overflow, map_names::CONNTRACK_OVERFLOW, removed)?,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use switchyard_common::{ipv4_mapped, Address, PROTOCOL_TCP};
+
+    use super::*;
+    use crate::test_entries::{conntrack_key, conntrack_value};
+
+    const FRONTEND: Address = ipv4_mapped([10, 96, 0, 10]);
+    const OTHER_FRONTEND: Address = ipv4_mapped([10, 96, 0, 11]);
+    const CLIENT: Address = ipv4_mapped([10, 0, 0, 5]);
+    const REMOVED: Address = ipv4_mapped([10, 1, 0, 2]);
+    const KEPT: Address = ipv4_mapped([10, 1, 0, 3]);
+    const PORT: u16 = 53u16.to_be();
+    const BACKEND_PORT: u16 = 5353u16.to_be();
+
+    fn removed() -> RemovedUdpBackends {
+        let mut removed = RemovedUdpBackends::default();
+        removed
+            .by_frontend
+            .entry((FRONTEND, PORT))
+            .or_default()
+            .insert((REMOVED, BACKEND_PORT));
+        removed
+    }
+
+    /// The client-direction entry of a flow from the client to `frontend`, sent to `backend`.
+    fn forward(
+        protocol: u8,
+        frontend: Address,
+        backend: Address,
+    ) -> (ConntrackKey, ConntrackValue) {
+        let mut key = conntrack_key(protocol);
+        key.source_address = CLIENT;
+        key.source_port_big_endian = 40_000u16.to_be();
+        key.destination_address = frontend;
+        key.destination_port_big_endian = PORT;
+        let mut value = conntrack_value(CONNTRACK_FLAG_REWRITE_DESTINATION, 0, 1);
+        value.new_destination_address = backend;
+        value.new_destination_port_big_endian = BACKEND_PORT;
+        (key, value)
+    }
+
+    /// The reply entry of the same flow.
+    fn reply(protocol: u8, frontend: Address, backend: Address) -> (ConntrackKey, ConntrackValue) {
+        let mut key = conntrack_key(protocol);
+        key.source_address = backend;
+        key.source_port_big_endian = BACKEND_PORT;
+        key.destination_address = CLIENT;
+        key.destination_port_big_endian = 40_000u16.to_be();
+        let mut value = conntrack_value(CONNTRACK_FLAG_REPLY | CONNTRACK_FLAG_REWRITE_SOURCE, 0, 1);
+        value.new_source_address = frontend;
+        value.new_source_port_big_endian = PORT;
+        value.new_destination_address = CLIENT;
+        value.new_destination_port_big_endian = 40_000u16.to_be();
+        (key, value)
+    }
+
+    #[test]
+    fn both_entries_of_a_udp_flow_to_a_removed_backend_are_deleted() {
+        let (key, value) = forward(PROTOCOL_UDP, FRONTEND, REMOVED);
+        assert!(leads_to_removed_backend(&key, &value, &removed()));
+        let (key, value) = reply(PROTOCOL_UDP, FRONTEND, REMOVED);
+        assert!(leads_to_removed_backend(&key, &value, &removed()));
+    }
+
+    #[test]
+    fn a_udp_flow_to_a_backend_the_frontend_keeps_is_left_alone() {
+        let (key, value) = forward(PROTOCOL_UDP, FRONTEND, KEPT);
+        assert!(!leads_to_removed_backend(&key, &value, &removed()));
+        let (key, value) = reply(PROTOCOL_UDP, FRONTEND, KEPT);
+        assert!(!leads_to_removed_backend(&key, &value, &removed()));
+    }
+
+    #[test]
+    fn a_tcp_flow_to_a_removed_backend_is_left_to_time_out_as_kube_proxy_leaves_it() {
+        let (key, value) = forward(PROTOCOL_TCP, FRONTEND, REMOVED);
+        assert!(!leads_to_removed_backend(&key, &value, &removed()));
+        let (key, value) = reply(PROTOCOL_TCP, FRONTEND, REMOVED);
+        assert!(!leads_to_removed_backend(&key, &value, &removed()));
+    }
+
+    #[test]
+    fn a_flow_of_another_frontend_to_the_same_backend_is_left_alone() {
+        let (key, value) = forward(PROTOCOL_UDP, OTHER_FRONTEND, REMOVED);
+        assert!(!leads_to_removed_backend(&key, &value, &removed()));
+        let (key, value) = reply(PROTOCOL_UDP, OTHER_FRONTEND, REMOVED);
+        assert!(!leads_to_removed_backend(&key, &value, &removed()));
+    }
+
+    #[test]
+    fn an_entry_that_rewrites_no_service_address_is_left_alone() {
+        // A client-direction entry that only translates the source port (no
+        // destination rewrite) is not a Service flow's.
+        let (key, mut value) = forward(PROTOCOL_UDP, FRONTEND, REMOVED);
+        value.flags = CONNTRACK_FLAG_REWRITE_SOURCE;
+        assert!(!leads_to_removed_backend(&key, &value, &removed()));
+        let (key, mut value) = reply(PROTOCOL_UDP, FRONTEND, REMOVED);
+        value.flags = CONNTRACK_FLAG_REPLY;
+        assert!(!leads_to_removed_backend(&key, &value, &removed()));
+    }
+}
