@@ -3,9 +3,9 @@
 //! and connected UDP sockets that keep their source port (one in a pod, through
 //! the ClusterIP; one outside the node, through the NodePort). kube-proxy deletes
 //! the conntrack entries NATed to a removed UDP endpoint, so such a flow's next
-//! datagram goes to a live endpoint; and once the Service has no endpoint left,
+//! datagram goes to a live endpoint; once the Service has no endpoint left,
 //! the datagrams are refused (ICMP port unreachable, ECONNREFUSED on a connected
-//! socket).
+//! socket); and once an endpoint returns, they are answered again.
 
 mod datapath_support;
 
@@ -134,9 +134,10 @@ fn sticky_backend(client: &Client, count: usize) -> String {
 
 #[test]
 #[ignore = "privileged netns test: run by make datapath-test"]
-fn udp_flows_move_off_a_removed_backend_within_a_second_and_are_refused_once_none_is_left() {
+fn udp_flows_move_off_a_removed_backend_within_a_second_are_refused_once_none_is_left_and_answered_when_one_returns(
+) {
     run_isolated(
-        "udp_flows_move_off_a_removed_backend_within_a_second_and_are_refused_once_none_is_left",
+        "udp_flows_move_off_a_removed_backend_within_a_second_are_refused_once_none_is_left_and_answered_when_one_returns",
         |node| {
             let mut pods = standard_topology(2);
             start_servers(&pods[0]);
@@ -224,6 +225,25 @@ fn udp_flows_move_off_a_removed_backend_within_a_second_and_are_refused_once_non
                     "{}: refused {since_written:?} after the last backend left",
                     client.what
                 );
+            }
+
+            // A backend comes back: the same sockets, refused a moment ago, are
+            // answered again (a refusal leaves no flow state behind, where
+            // kube-proxy deletes the conntrack entries that cached it).
+            let written = Instant::now();
+            write_manifests(node, &[kept]);
+            for client in [&from_pod, &from_outside] {
+                let answered = client.until(Duration::from_secs(5), |outcome| {
+                    matches!(outcome, Ok(answer) if answer.backend == kept.name)
+                });
+                let since_written = written.elapsed();
+                assert!(
+                    answered.is_some() && since_written < MOVE_WITHIN,
+                    "{}: not answered within {MOVE_WITHIN:?} of a backend's return (answered: {answered:?}, {since_written:?} since):\n{}",
+                    client.what,
+                    agent_log(node)
+                );
+                println!("{}: answered again {since_written:?} after a backend came back", client.what);
             }
             let _ = agent.kill();
             let _ = agent.wait();
