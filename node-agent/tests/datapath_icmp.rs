@@ -397,6 +397,8 @@ fn a_connected_udp_socket_to_a_service_whose_backend_port_is_closed_is_refused_a
 const FAR_BACKEND: Ipv4Addr = Ipv4Addr::new(10, 244, 9, 2);
 const UPLOAD_PORT: u16 = 8080;
 const TRANSFER_BYTES: usize = 4 << 20;
+/// A UDP port of `far` the time-exceeded probes aim at (nothing listens).
+const TRACE_PORT: u16 = 7777;
 /// Where the download sources listen.
 const DOWNLOAD_PORT: u16 = 8090;
 
@@ -561,6 +563,49 @@ fn assert_downloaded(
     );
 }
 
+/// A datagram from the outside client to `target` over a connected UDP socket
+/// whose packets live two hops (the node, then the router drops it and answers
+/// "time exceeded", as to a traceroute), with `IP_RECVERR` so that the socket
+/// reports such an error; the receive's outcome, and how long it took.
+fn time_exceeded_outcome(target: SocketAddrV4) -> (std::io::Result<usize>, Duration) {
+    in_namespace(Some("client"), move || {
+        let started = Instant::now();
+        let result = (|| {
+            let socket = std::net::UdpSocket::bind("0.0.0.0:0")?;
+            socket.set_ttl(2)?;
+            let on: libc::c_int = 1;
+            set_socket_option(&socket, libc::IPPROTO_IP, libc::IP_RECVERR, &on)?;
+            socket.set_read_timeout(Some(Duration::from_secs(3)))?;
+            socket.connect(target)?;
+            socket.send(b"hello")?;
+            let mut buffer = [0u8; 1500];
+            socket.recv(&mut buffer)
+        })();
+        (result, started.elapsed())
+    })
+    .join()
+    .expect("client thread")
+}
+
+fn assert_time_exceeded(what: &str, target: SocketAddrV4) {
+    let (result, elapsed) = time_exceeded_outcome(target);
+    match result {
+        Ok(length) => panic!("{what}: {length} bytes answered instead of an error"),
+        Err(error) => {
+            assert_eq!(
+                error.raw_os_error(),
+                Some(libc::EHOSTUNREACH),
+                "{what}: {error} after {elapsed:?} instead of the router's time exceeded"
+            );
+            assert!(
+                elapsed < PROMPTLY,
+                "{what}: reported only after {elapsed:?}"
+            );
+            println!("{what}: time exceeded reported after {elapsed:?}");
+        }
+    }
+}
+
 /// The source address the node uses towards `destination` (what netfilter's
 /// masquerading picks for a flow leaving that way).
 fn node_address_towards(destination: Ipv4Addr) -> Ipv4Addr {
@@ -681,14 +726,26 @@ fn large_uploads_and_downloads_through_services_complete_across_a_link_with_a_sm
                 endpoint_node: OTHER_NODE,
                 ..download_service
             };
+            // Datagrams to `far` that never get there (see `time_exceeded_outcome`).
+            let trace_service = ServiceManifest {
+                name: "trace",
+                cluster_ip: Ipv4Addr::new(10, 96, 0, 74),
+                external_ips: &[],
+                protocol: "UDP",
+                node_port: 30074,
+                target_port: TRACE_PORT,
+                endpoint: FAR_BACKEND,
+                ..upload_service
+            };
             write_manifests(
                 node,
                 &format!(
-                    "{}{}{}{}",
+                    "{}{}{}{}{}",
                     upload_service.yaml(),
                     remote_service.yaml(),
                     download_service.yaml(),
-                    remote_download_service.yaml()
+                    remote_download_service.yaml(),
+                    trace_service.yaml()
                 ),
             );
             let mut agent = node.start_standalone_agent_with(
@@ -765,6 +822,16 @@ fn large_uploads_and_downloads_through_services_complete_across_a_link_with_a_sm
                 ),
                 "pod2",
                 masqueraded_as,
+            );
+            // Time exceeded, from the router: the kernel's own path, then
+            // through the NodePort.
+            assert_time_exceeded(
+                "straight to the far end (the kernel's own path)",
+                SocketAddrV4::new(FAR_BACKEND, TRACE_PORT),
+            );
+            assert_time_exceeded(
+                "outside through the NodePort",
+                SocketAddrV4::new(NODE_IP, trace_service.node_port),
             );
             // The node's own socket, pointed at the backend by the connect
             // hook: nothing is translated, the kernel learns the MTU by itself.
