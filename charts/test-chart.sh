@@ -175,6 +175,13 @@ check "the agent points pods' TCP connects at a backend by default" \
   grep -q -- '--pod-connect-time-load-balancing=tcp' "$rendered"
 check "the values schema rejects an unknown pod connect-time mode" \
   bash -c "! '$helm' template sy '$chart' --set agent.podConnectTimeLoadBalancing=udp"
+check "the agent serves NodePorts on every local address and on localhost by default (kube-proxy 1.20 iptables)" \
+  bash -c "grep -q -- '--node-port-addresses=\$' '$rendered' && grep -q -- '--localhost-node-ports=true' '$rendered'"
+check "nodePortAddresses and localhostNodePorts reach the agent's flags" \
+  bash -c "$(declare -f render); helm='$helm' chart='$chart'; render --set 'agent.nodePortAddresses={10.0.0.0/8,127.0.0.0/8}' --set agent.localhostNodePorts=false \
+    | grep -q -- '--node-port-addresses=10.0.0.0/8,127.0.0.0/8' && render --set agent.localhostNodePorts=false | grep -q -- '--localhost-node-ports=false'"
+check "the values schema rejects a nodePortAddresses entry that is neither a CIDR nor primary" \
+  bash -c "! '$helm' template sy '$chart' --set 'agent.nodePortAddresses={all}'"
 check "the values schema rejects an unknown value" \
   bash -c "! '$helm' template sy '$chart' --set agent.bogus=1"
 check "the agent DaemonSet is updated only by the operator (OnDelete)" \

@@ -282,8 +282,9 @@ pub struct StandaloneArguments {
     pub datapath: DatapathArguments,
     #[command(flatten)]
     pub node_ports: NodePortArguments,
-    /// The node's addresses (repeatable), for NodePorts instead of the host's
-    /// local addresses; the first of a family is its primary one.
+    /// The node's addresses (repeatable), as a Node's InternalIPs would be:
+    /// NodePorts are served on them too, and the first of a family is the
+    /// primary one (`--node-port-addresses primary`).
     #[arg(long = "node-ip")]
     pub node_ips: Vec<IpAddr>,
     /// This node's name: which endpoints are local, which DataplaneNode to follow.

@@ -5,7 +5,9 @@
 //! shares, so they tell the node's own namespace (by the cookie the agent
 //! configured) from every other one (pods):
 //! - the node's processes (host network namespace, hostNetwork pods): TCP and
-//!   UDP, with the node as the client for session affinity;
+//!   UDP, with the node as the client for session affinity; this is also how
+//!   localhost NodePorts (127.0.0.1, internal-scope frontends) are served, as
+//!   loopback traffic never reaches the TC programs;
 //! - pods, when `pod_connect_balancing` asks for it: TCP connects only, of
 //!   sockets not bound to a source port, and only to frontends the TC programs
 //!   would translate the same way (no session affinity, no masquerading, some
@@ -49,6 +51,8 @@ const ALLOW: i32 = 1;
 const REFUSE: i32 = 0;
 const ADDRESS_FAMILY_INET: u32 = 2;
 const SOCKET_TYPE_DATAGRAM: u32 = 2;
+/// 127.0.0.0/8.
+const LOOPBACK_FIRST_OCTET: u8 = 127;
 
 /// Whose socket a hook is looking at.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -156,7 +160,14 @@ fn translate(ctx: &SockAddrContext) -> i32 {
         return ALLOW;
     }
     // `user_ip4` and `user_port` hold network byte order in memory.
-    let frontend_address = ipv4_mapped(ipv4.to_ne_bytes());
+    let destination = ipv4.to_ne_bytes();
+    // A pod's loopback is its own: 127.0.0.1 is a Service address (a localhost
+    // NodePort) for the node's processes only, as with kube-proxy, whose rules
+    // never see a pod's loopback traffic.
+    if owner == Owner::Pod && destination[0] == LOOPBACK_FIRST_OCTET {
+        return ALLOW;
+    }
+    let frontend_address = ipv4_mapped(destination);
     let frontend_port = port as u16;
     let key = FrontendKey {
         address: frontend_address,

@@ -4,7 +4,7 @@
 //! - Empty (kube-proxy 1.20's iptables default, and the current iptables
 //!   default): every local address (`-m addrtype --dst-type LOCAL`). Here: the
 //!   global addresses of every interface of the host, with the Node's own
-//!   addresses (or `--node-ip`, which replaces both).
+//!   addresses (standalone's `--node-ip` stands for those).
 //! - A list of CIDRs: only the addresses above that some CIDR holds.
 //! - `primary` (the default of kube-proxy's nftables mode): the node's primary
 //!   address of each family (the first `--node-ip`, else the Node's first
@@ -85,7 +85,7 @@ pub struct NodePortSettings {
     /// kube-proxy's `--iptables-localhost-nodeports` (default on).
     pub localhost: bool,
     /// Standalone's `--node-ip`: when given, the node's addresses instead of
-    /// the host's and the Node's.
+    /// the Node's (standalone has no Node object to read them from).
     pub node_ips: Vec<IpAddr>,
 }
 
@@ -121,13 +121,10 @@ pub fn served_addresses(
     } else {
         &settings.node_ips
     };
-    let candidates: Vec<IpAddr> = if settings.node_ips.is_empty() {
-        local.iter().chain(node).copied().collect()
-    } else {
-        settings.node_ips.clone()
-    };
-    let candidates = candidates
-        .into_iter()
+    let candidates = local
+        .iter()
+        .chain(node_addresses)
+        .copied()
         .filter(|address| !address.is_loopback());
     let mut served: Vec<IpAddr> = match &settings.addresses {
         NodePortAddresses::Every => candidates.collect(),

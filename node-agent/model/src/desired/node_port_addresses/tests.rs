@@ -130,17 +130,28 @@ fn primary_is_the_first_node_address_of_each_family_and_node_ips_come_first() {
 }
 
 #[test]
-fn node_ips_replace_the_hosts_and_the_nodes_addresses() {
+fn node_ips_stand_for_the_nodes_addresses_next_to_the_local_ones() {
     let node_ips = NodePortSettings {
-        node_ips: ips(&["10.99.0.11"]),
+        node_ips: ips(&["10.99.0.12"]),
         ..NodePortSettings::default()
     };
-    assert_eq!(served(&node_ips), ips(&["10.99.0.11", "127.0.0.1"]));
+    // 192.0.2.7 was the Node's only: replaced.
+    assert_eq!(
+        served(&node_ips),
+        ips(&[
+            "10.99.0.11",
+            "10.99.0.12",
+            "127.0.0.1",
+            "172.17.0.1",
+            "192.168.7.2",
+            "fd00::11"
+        ])
+    );
     let restricted = NodePortSettings {
-        node_ips: ips(&["10.99.0.11", "192.168.7.2"]),
-        ..settings(&["192.168.0.0/16"], true)
+        node_ips: ips(&["10.99.0.12"]),
+        ..settings(&["10.99.0.12/32", "192.168.0.0/16"], true)
     };
-    assert_eq!(served(&restricted), ips(&["192.168.7.2"]));
+    assert_eq!(served(&restricted), ips(&["10.99.0.12", "192.168.7.2"]));
 }
 
 fn node_port_service() -> ServiceModel {
