@@ -91,8 +91,11 @@ only_the_init_container_is_privileged() { # FILE (read once: it may be a pipe)
 
 rendered=$(mktemp /tmp/switchyard-chart-privileges.XXXXXX)
 without_mount=$(mktemp /tmp/switchyard-chart-privileges.XXXXXX)
-render >"$rendered"
-render --set agent.mountBpfFilesystem=false >"$without_mount"
+# The renders the checks read: a failed render must fail the script, not leave an empty file
+# that some "nothing is there" checks would pass on.
+render >"$rendered" || { echo "helm template of $chart failed" >&2; exit 1; }
+render --set agent.mountBpfFilesystem=false >"$without_mount" ||
+  { echo "helm template of $chart with agent.mountBpfFilesystem=false failed" >&2; exit 1; }
 
 check "the agent container adds exactly BPF, PERFMON, NET_ADMIN, NET_RAW, SYS_RESOURCE, SYS_NICE, each with why" \
   agent_capabilities_are_exactly "$rendered"
@@ -103,7 +106,9 @@ check "nothing but the bpffs init container is privileged, and nothing adds SYS_
 check "agent.mountBpfFilesystem=false renders no init container and nothing privileged" \
   bash -c "! grep -q 'initContainers:' '$without_mount' && ! grep -q 'privileged: true' '$without_mount'"
 check "the values schema rejects a non-boolean mountBpfFilesystem" \
-  bash -c "$(declare -f render); helm='$helm' chart='$chart'; ! render --set agent.mountBpfFilesystem=maybe"
+  bash -c "$(declare -f render); helm='$helm' chart='$chart'; \
+    if errors=\$(render --set agent.mountBpfFilesystem=maybe 2>&1 >/dev/null); then exit 1; fi; \
+    grep -q 'agent.mountBpfFilesystem: Invalid type' <<<\"\$errors\""
 # The checks above see what they guard against.
 check "the capability check sees SYS_ADMIN added back" \
   bash -c "$(declare -f daemonset container added_capabilities expected_capabilities agent_capabilities_are_exactly); \

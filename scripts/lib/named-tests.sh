@@ -16,7 +16,7 @@ check_named_tests() {
             missing=$((missing + 1))
         fi
     done
-    return "${missing}"
+    [ "${missing}" -eq 0 ]
 }
 
 # backticked_snake_case_words: the `snake_case` words of stdin, one per line, sorted, unique
