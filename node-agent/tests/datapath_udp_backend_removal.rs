@@ -69,8 +69,9 @@ struct Client {
 }
 
 impl Client {
-    fn open(what: &'static str, namespace: &'static str, target: SocketAddrV4) -> Self {
-        let socket = in_namespace(Some(namespace), move || {
+    /// `namespace` `None`: the node, whose connect the socket hook translates.
+    fn open(what: &'static str, namespace: Option<&'static str>, target: SocketAddrV4) -> Self {
+        let socket = in_namespace(namespace, move || {
             let socket = UdpSocket::bind("0.0.0.0:0").expect("bind the client socket");
             socket.connect(target).expect("connect the client socket");
             socket
@@ -150,7 +151,7 @@ fn udp_flows_move_off_a_removed_backend_within_a_second_are_refused_once_none_is
             let node_port = SocketAddrV4::new(NODE_IP, NODE_PORT);
 
             let served = wait_until(Duration::from_secs(20), || {
-                Client::open("probe", "pod3", cluster_ip)
+                Client::open("probe", Some("pod3"), cluster_ip)
                     .ask(Duration::from_millis(300))
                     .is_ok()
             });
@@ -161,7 +162,7 @@ fn udp_flows_move_off_a_removed_backend_within_a_second_are_refused_once_none_is
             );
 
             // The control: each flow sticks to one backend for many datagrams.
-            let from_pod = Client::open("the pod through the ClusterIP", "pod3", cluster_ip);
+            let from_pod = Client::open("the pod through the ClusterIP", Some("pod3"), cluster_ip);
             let answering = sticky_backend(&from_pod, 20);
             // The outside client's flow must be on the same backend, so that the
             // removal below moves both: new source ports until one is (a fair
@@ -170,13 +171,21 @@ fn udp_flows_move_off_a_removed_backend_within_a_second_are_refused_once_none_is
                 .map(|_| {
                     Client::open(
                         "the outside client through the NodePort",
-                        "client",
+                        Some("client"),
                         node_port,
                     )
                 })
                 .find(|client| sticky_backend(client, 5) == answering)
                 .expect("no outside flow landed on the pod's backend in 40 tries");
             assert_eq!(sticky_backend(&from_outside, 20), answering);
+            // The node's own socket, connected to the backend itself by the
+            // connect hook (when the test has a cgroup for the hooks).
+            let from_node = node.cgroup.as_ref().map(|_| {
+                (0..40)
+                    .map(|_| Client::open("the node through the connect hook", None, cluster_ip))
+                    .find(|client| sticky_backend(client, 5) == answering)
+                    .expect("no node socket landed on the pod's backend in 40 tries")
+            });
             let (removed, kept): (Vec<Pod>, Vec<Pod>) =
                 pods.drain(..).partition(|pod| pod.name == answering);
             let (removed, kept) = (&removed[0], &kept[0]);
@@ -205,6 +214,45 @@ fn udp_flows_move_off_a_removed_backend_within_a_second_are_refused_once_none_is
                     client.what, kept.name
                 );
                 assert_eq!(sticky_backend(client, 10), kept.name, "{}", client.what);
+            }
+            if let Some(from_node) = from_node {
+                // The socket holds the removed backend: the agent aborts it, as
+                // Cilium does, and the application connects again.
+                // ECONNABORTED from a receive; or, when the abort came between
+                // two datagrams, EDESTADDRREQ from the next send (the abort
+                // disconnected the socket) with ECONNABORTED still pending.
+                let mut error_seen = None;
+                let aborted = from_node.until(Duration::from_secs(5), |outcome| match outcome {
+                    Err(error) if error.kind() == std::io::ErrorKind::ConnectionAborted => {
+                        error_seen = Some(error.to_string());
+                        true
+                    }
+                    Err(error) if error.raw_os_error() == Some(libc::EDESTADDRREQ) => {
+                        let pending = from_node.socket.take_error().ok().flatten();
+                        assert!(
+                            pending.as_ref().map(std::io::Error::kind)
+                                == Some(std::io::ErrorKind::ConnectionAborted),
+                            "disconnected without ECONNABORTED pending: {pending:?}"
+                        );
+                        error_seen = Some(format!("{error}, then {pending:?}"));
+                        true
+                    }
+                    _ => false,
+                });
+                let since_written = written.elapsed();
+                assert!(
+                    aborted.is_some() && since_written < MOVE_WITHIN,
+                    "{}: not aborted within {MOVE_WITHIN:?} of the removal of {} (aborted: {aborted:?}, {since_written:?} since):\n{}",
+                    from_node.what,
+                    removed.name,
+                    agent_log(node)
+                );
+                println!(
+                    "{}: aborted {since_written:?} after the removal ({error_seen:?})",
+                    from_node.what
+                );
+                let again = Client::open("the node, connected again", None, cluster_ip);
+                assert_eq!(sticky_backend(&again, 10), kept.name, "{}", again.what);
             }
 
             // The last backend leaves: the same flows are refused.

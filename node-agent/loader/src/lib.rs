@@ -26,6 +26,7 @@ pub mod system;
 #[cfg(test)]
 mod test_entries;
 pub mod udp_flows;
+pub mod udp_sockets;
 
 use std::path::{Path, PathBuf};
 

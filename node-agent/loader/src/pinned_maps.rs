@@ -237,6 +237,32 @@ impl PinnedServiceMaps {
         Ok(entries)
     }
 
+    /// Aborts the node's connected UDP sockets that the connect hook sent to a
+    /// backend `removed` names (see `udp_sockets`); returns how many.
+    pub fn abort_udp_sockets(&self, removed: &RemovedUdpBackends) -> Result<usize, MapError> {
+        let translated: std::collections::HashMap<SocketReverseKey, SocketReverseValue> =
+            entries_in_batches(
+                std::os::fd::AsFd::as_fd(&open_pin(&self.directory, map_names::SOCKET_REVERSE)?),
+                map_names::SOCKET_REVERSE,
+            )?
+            .into_iter()
+            .collect();
+        if translated.is_empty() {
+            return Ok(0);
+        }
+        let fault = |error: std::io::Error| MapError::UpdateMap {
+            map: map_names::SOCKET_REVERSE,
+            source: format!("failed to abort UDP sockets over sock_diag: {error}").into(),
+        };
+        let mut diag = crate::udp_sockets::SockDiag::open().map_err(fault)?;
+        let sockets = diag.connected_udp_sockets().map_err(fault)?;
+        let chosen = crate::udp_sockets::sockets_to_abort(&sockets, &translated, removed);
+        for socket in &chosen {
+            diag.abort(socket).map_err(fault)?;
+        }
+        Ok(chosen.len())
+    }
+
     /// Live TCP flows in Switchyard's conntrack: what a draining agent waits for.
     pub fn live_tcp_flows(&self) -> Result<usize, Error> {
         let config = self.config()?.unwrap_or_default();
@@ -457,11 +483,26 @@ impl ServiceMaps for PinnedServiceMaps {
     }
     fn release_udp_flows(&mut self, removed: &RemovedUdpBackends) -> Result<usize, MapError> {
         use std::os::fd::AsFd as _;
-        crate::udp_flows::release(
+        let deleted = crate::udp_flows::release(
             self.conntrack.as_fd(),
             self.conntrack_overflow.as_fd(),
             removed,
-        )
+        )?;
+        // The node's sockets the connect hook connected to those backends:
+        // best effort (a kernel without `CONFIG_INET_DIAG_DESTROY` cannot), so
+        // a failure is logged and never holds back the flows' release.
+        match self.abort_udp_sockets(removed) {
+            Ok(0) => {}
+            Ok(aborted) => tracing::info!(
+                aborted,
+                "aborted the node's UDP sockets connected to removed backends"
+            ),
+            Err(error) => tracing::warn!(
+                error = %switchyard_model::error::chain(&error),
+                "failed to abort the node's UDP sockets connected to removed backends; they keep their backend until reconnected"
+            ),
+        }
+        Ok(deleted)
     }
 }
 
