@@ -1273,12 +1273,14 @@ async fn a_service_labelled_for_another_proxy_is_not_served_until_the_label_goes
     )
     .await;
     println!("labelled -> not served {gone:.2?}; unlabelled -> served {back:.2?}");
+    // Generous bounds (1.27 s measured): the watch, a sync and the probe's own timeouts on
+    // two busy cores; the speed of programming is measured by make bench, not here.
     assert!(
-        gone <= Duration::from_secs(2),
+        gone <= Duration::from_secs(5),
         "still served after {gone:?}"
     );
     assert!(
-        back <= Duration::from_secs(2),
+        back <= Duration::from_secs(5),
         "served again after {back:?}"
     );
     world.finish().await;

@@ -249,12 +249,17 @@ fn load_balancer_source_ranges_admit_an_allowed_client_and_drop_the_others_but_n
 
             // No range holds the node's address: its own connects are refused at
             // once by the socket hooks (they see no source address to check).
-            if node.cgroup.is_some() {
+            // Without the test cgroup no hook would run and this check would be skipped.
+            assert!(
+                node.cgroup.is_some(),
+                "no test cgroup for the socket hooks: the node's own connects cannot be checked"
+            );
+            {
                 let started = Instant::now();
                 let error = from_namespace(None, load_balancer, Duration::from_secs(2))
                     .expect_err("the node connected to a load balancer that excludes it");
+                // EPERM (not a timeout of the 2 s connect) is what says "refused at once".
                 assert_eq!(error.kind(), std::io::ErrorKind::PermissionDenied, "{error}");
-                assert!(started.elapsed() < Duration::from_millis(500));
                 println!("the node's connect was refused after {:?}: {error}", started.elapsed());
                 from_namespace(None, cluster_ip, Duration::from_secs(2))
                     .expect("the node reaches the ClusterIP");
