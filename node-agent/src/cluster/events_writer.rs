@@ -155,10 +155,16 @@ mod tests {
         (sender, tries)
     }
 
-    async fn settle() {
-        for _ in 0..10 {
+    /// Lets the writer task run (time stays paused) until `condition` holds; false if it
+    /// still does not after far more polls than the writer ever needs for one step.
+    async fn runs_until(condition: impl Fn() -> bool) -> bool {
+        for _ in 0..10_000 {
+            if condition() {
+                return true;
+            }
             tokio::task::yield_now().await;
         }
+        condition()
     }
 
     #[tokio::test(start_paused = true)]
@@ -168,7 +174,7 @@ mod tests {
         sender.send(request("DrainStarted")).await.expect("queued");
         // Three tries of 30 s and backoffs of 1 s and 2 s.
         tokio::time::sleep(PUBLISH_TIMEOUT * 3 + Duration::from_secs(4)).await;
-        settle().await;
+        runs_until(|| tries_of(&tries).len() >= 4).await;
         assert_eq!(
             tries_of(&tries),
             ["Stuck", "Stuck", "Stuck", "DrainStarted"]
@@ -181,7 +187,7 @@ mod tests {
         sender.send(request("Refused")).await.expect("queued");
         sender.send(request("DrainFinished")).await.expect("queued");
         tokio::time::sleep(Duration::from_secs(10)).await;
-        settle().await;
+        runs_until(|| tries_of(&tries).len() >= 4).await;
         assert_eq!(
             tries_of(&tries),
             ["Refused", "Refused", "Refused", "DrainFinished"]
@@ -192,15 +198,21 @@ mod tests {
     async fn a_try_in_flight_is_a_step_of_the_heartbeat_and_the_backoff_after_it_is_not() {
         let health = Health::new();
         // A bound below the try's timeout, so that a try in flight shows as stuck.
-        let (sender, _tries) = spawn_writer(&health, Duration::from_secs(10));
+        let (sender, tries) = spawn_writer(&health, Duration::from_secs(10));
         assert!(health.is_live(), "an idle writer is live");
         sender.send(request("Stuck")).await.expect("queued");
-        settle().await;
+        assert!(
+            runs_until(|| tries_of(&tries).len() == 1).await,
+            "the try never started"
+        );
         tokio::time::advance(Duration::from_secs(15)).await;
         assert!(!health.is_live(), "15 s into a try bounded at 10 s");
         // The try gives up at 30 s; the backoff of 1 s that follows is waiting.
         tokio::time::advance(Duration::from_millis(15_500)).await;
-        settle().await;
-        assert!(health.is_live(), "{:?}", health.liveness());
+        assert!(
+            runs_until(|| health.is_live()).await,
+            "{:?}",
+            health.liveness()
+        );
     }
 }
