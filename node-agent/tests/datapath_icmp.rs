@@ -314,6 +314,19 @@ fn a_connected_udp_socket_to_a_service_whose_backend_port_is_closed_is_refused_a
                 Some("pod3"),
                 SocketAddrV4::new(closed.cluster_ip, closed.port),
             );
+            // A pod that is its own Service's backend (a hairpin flow: the
+            // programs send its packets straight back, from the hairpin address).
+            assert_echoed(
+                "the backend pod to the open ClusterIP (hairpin)",
+                Some("pod1"),
+                open_cluster_ip,
+                "pod1",
+            );
+            assert_refused(
+                "the backend pod to the closed ClusterIP (hairpin)",
+                Some("pod1"),
+                SocketAddrV4::new(closed.cluster_ip, closed.port),
+            );
             // The kernel's own path: the same closed port on the pod IP.
             assert_refused(
                 "a pod to the closed port on the pod IP",

@@ -18,21 +18,28 @@
 //! - At ingress, towards a backend: an error about a reply (from the client, or a
 //!   router on the client's side) finds the client-direction entry; the quote's
 //!   source becomes the backend and the error goes to it.
+//! - A hairpin flow's client and backend are one pod: its error about its own
+//!   flow (to the hairpin address, or to the frontend) comes in at the pod's
+//!   interface, finds either entry, gets both outer addresses translated and is
+//!   sent straight back out, as the flow's packets are.
 //!
-//! Hairpin flows are left alone (their client and backend are one pod, which
-//! never gets an error about its own packets from outside). Kept out of the
-//! packet path's functions: the callers reach it only for packets that are not
-//! TCP or UDP, and it is a function of its own, so its instructions and stack
-//! are verified once and never add to the hot path's.
+//! Kept out of the packet path's functions: the callers reach it only for
+//! packets that are not TCP or UDP, and it is a function of its own, so its
+//! instructions and stack are verified once and never add to the hot path's.
 
 use aya_ebpf::{helpers::bpf_ktime_get_ns, programs::TcContext};
+use core::mem::MaybeUninit;
+
 use switchyard_common::{
-    ipv4_mapped, ConntrackKey, ConntrackValue, CONNTRACK_FLAG_PORT_TRANSLATED,
-    CONNTRACK_FLAG_REPLY, CONNTRACK_FLAG_REWRITE_DESTINATION, CONNTRACK_FLAG_REWRITE_SOURCE,
-    PROTOCOL_TCP, PROTOCOL_UDP,
+    ConntrackValue, CONNTRACK_FLAG_PORT_TRANSLATED, CONNTRACK_FLAG_REPLY,
+    CONNTRACK_FLAG_REWRITE_DESTINATION, CONNTRACK_FLAG_REWRITE_SOURCE, PROTOCOL_TCP, PROTOCOL_UDP,
 };
 
-use crate::{checksum, config, conntrack, count_error, packet::ETHERNET_HEADER_LENGTH, PASS};
+use crate::{
+    checksum, config, conntrack, count_error,
+    packet::{Packet, ETHERNET_HEADER_LENGTH},
+    PASS,
+};
 
 const ETHERNET_TYPE_IPV4: u16 = 0x0800;
 const PROTOCOL_ICMP: u8 = 1;
@@ -62,7 +69,8 @@ const QUOTE_TCP_CHECKSUM: usize = 20 + 16;
 /// Which way the error travels, so which entry may translate it.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Direction {
-    /// TC ingress: errors about replies, on their way to a backend.
+    /// TC ingress: errors about replies, on their way to a backend, and a
+    /// hairpin flow's errors, sent back to its pod.
     ToBackend,
     /// TC egress: errors about client-direction packets, on their way to a client.
     ToClient,
@@ -106,14 +114,17 @@ struct QuoteRewrite {
 
 #[inline(always)]
 fn try_translate_error(ctx: &TcContext, direction: Direction) -> Result<i32, ()> {
-    let Ok(ip) = ctx.load::<[u8; 20]>(IP_OFFSET) else {
-        return Ok(PASS);
-    };
+    // The Ethernet type first: ARP and IPv6 leave after one read.
     let Ok(ethernet_type) = ctx.load::<[u8; 2]>(12) else {
         return Ok(PASS);
     };
-    if u16::from_be_bytes(ethernet_type) != ETHERNET_TYPE_IPV4
-        || ip[0] >> 4 != 4
+    if u16::from_be_bytes(ethernet_type) != ETHERNET_TYPE_IPV4 {
+        return Ok(PASS);
+    }
+    let Ok(ip) = ctx.load::<[u8; 20]>(IP_OFFSET) else {
+        return Ok(PASS);
+    };
+    if ip[0] >> 4 != 4
         || ip[9] != PROTOCOL_ICMP
         // Only whole packets: an error is never fragmented in practice.
         || u16::from_be_bytes([ip[6], ip[7]]) & 0x3fff != 0
@@ -140,19 +151,50 @@ fn try_translate_error(ctx: &TcContext, direction: Direction) -> Result<i32, ()>
         source_port: [0; 2],
         destination_port: [0; 2],
     };
-    if !find_rewrite(&message, direction, &mut rewrite) {
-        return Ok(PASS);
-    }
-    if apply_rewrite(ctx, icmp_offset, &message, &rewrite, direction) != 0 {
+    let outer = match find_rewrite(&message, direction, &mut rewrite) {
+        FOUND_NONE => return Ok(PASS),
+        FOUND_HAIRPIN => Outer::Both,
+        _ => match direction {
+            Direction::ToClient => Outer::Source,
+            Direction::ToBackend => Outer::Destination,
+        },
+    };
+    if apply_rewrite(ctx, icmp_offset, &message, &rewrite, outer) != 0 {
         return Err(());
+    }
+    if outer == Outer::Both {
+        return Ok(BOUNCE);
     }
     Ok(PASS)
 }
 
+/// What `translate_error` returns for a hairpin flow's error (no TC action has
+/// this value): the caller sends it straight back out (`crate::bounce`), so that
+/// the Ethernet buffers of the bounce are not on this function's stack.
+pub const BOUNCE: i32 = i32::MIN + 1;
+
+/// What `find_rewrite` found (a BPF call returns a scalar): no flow of ours, a
+/// flow, or a hairpin flow.
+const FOUND_NONE: u8 = 0;
+const FOUND_FLOW: u8 = 1;
+const FOUND_HAIRPIN: u8 = 2;
+
+/// Which outer addresses an error gets translated.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Outer {
+    /// Towards a client: the source becomes the frontend.
+    Source,
+    /// Towards a backend: the destination becomes the backend.
+    Destination,
+    /// A hairpin flow's error: both, as the flow's own packets.
+    Both,
+}
+
 /// Whether the quote in `message` is a packet of a live translated flow whose
-/// entry translates `direction`; if so, what the quote becomes, in `rewrite`.
+/// entry translates `direction` (`FOUND_FLOW`), or of a hairpin flow at
+/// ingress (`FOUND_HAIRPIN`); if so, what the quote becomes, in `rewrite`.
 #[inline(never)]
-fn find_rewrite(message: &Message, direction: Direction, rewrite: &mut QuoteRewrite) -> bool {
+fn find_rewrite(message: &Message, direction: Direction, rewrite: &mut QuoteRewrite) -> u8 {
     let quote = &message.quote;
     let protocol = quote[9];
     if quote[0] != 0x45
@@ -160,47 +202,11 @@ fn find_rewrite(message: &Message, direction: Direction, rewrite: &mut QuoteRewr
         // A later fragment's quote holds no ports.
         || u16::from_be_bytes([quote[6], quote[7]]) & 0x1fff != 0
     {
-        return false;
+        return FOUND_NONE;
     }
-    let Some(config) = config() else {
-        return false;
-    };
-    // The quoted packet read backwards: the direction this error travels in.
-    let key = ConntrackKey {
-        source_address: ipv4_mapped(ipv4_at(quote, QUOTE_DESTINATION)),
-        destination_address: ipv4_mapped(ipv4_at(quote, QUOTE_SOURCE)),
-        source_port_big_endian: u16::from_ne_bytes([
-            quote[QUOTE_DESTINATION_PORT],
-            quote[QUOTE_DESTINATION_PORT + 1],
-        ]),
-        destination_port_big_endian: u16::from_ne_bytes([
-            quote[QUOTE_SOURCE_PORT],
-            quote[QUOTE_SOURCE_PORT + 1],
-        ]),
-        protocol,
-        reserved: [0; 3],
-    };
-    let Some(entry) = conntrack::find_entry(&key) else {
-        return false;
-    };
-    // SAFETY: valid for this program run; read only (an error never refreshes
-    // its flow: it is no sign of life).
-    let entry: &ConntrackValue = unsafe { &*entry };
-    let flags = entry.flags;
-    let is_reply = flags & CONNTRACK_FLAG_REPLY != 0;
-    let both = CONNTRACK_FLAG_REWRITE_SOURCE | CONNTRACK_FLAG_REWRITE_DESTINATION;
-    let hairpin = flags & CONNTRACK_FLAG_PORT_TRANSLATED == 0 && flags & both == both;
-    if is_reply != (direction == Direction::ToClient) || hairpin {
-        return false;
-    }
-    // SAFETY: helper without arguments.
-    let now = unsafe { bpf_ktime_get_ns() };
-    if !conntrack::is_live(entry, protocol, config, now) {
-        return false;
-    }
-    // The entry translates the backwards packet; the quote is that packet's
-    // mirror image, so its source takes the entry's new destination and its
-    // destination the entry's new source.
+    // What the quote holds; the entry replaces what it translates. Kept in the
+    // caller's `rewrite` rather than in values that would live across the map
+    // lookups (spilled to this frame, which the egress call chain cannot spare).
     rewrite.source = ipv4_at(quote, QUOTE_SOURCE);
     rewrite.source_port = [quote[QUOTE_SOURCE_PORT], quote[QUOTE_SOURCE_PORT + 1]];
     rewrite.destination = ipv4_at(quote, QUOTE_DESTINATION);
@@ -208,6 +214,48 @@ fn find_rewrite(message: &Message, direction: Direction, rewrite: &mut QuoteRewr
         quote[QUOTE_DESTINATION_PORT],
         quote[QUOTE_DESTINATION_PORT + 1],
     ];
+    // The quoted packet read backwards: the direction this error travels in,
+    // its key written in place (see `Packet::write_conntrack_key`).
+    let backwards = Packet {
+        protocol,
+        source_ipv4: rewrite.destination,
+        destination_ipv4: rewrite.source,
+        source_port: u16::from_ne_bytes(rewrite.destination_port),
+        destination_port: u16::from_ne_bytes(rewrite.source_port),
+        tcp_flags: 0,
+        l4_offset: 0,
+    };
+    let mut key_storage = MaybeUninit::uninit();
+    let key = backwards.write_conntrack_key(&mut key_storage);
+    let Some(entry) = conntrack::find_entry(key) else {
+        return FOUND_NONE;
+    };
+    // SAFETY: valid for this program run; read only (an error never refreshes
+    // its flow: it is no sign of life).
+    let entry: &ConntrackValue = unsafe { &*entry };
+    let flags = entry.flags;
+    let both = CONNTRACK_FLAG_REWRITE_SOURCE | CONNTRACK_FLAG_REWRITE_DESTINATION;
+    let hairpin = flags & CONNTRACK_FLAG_PORT_TRANSLATED == 0 && flags & both == both;
+    if hairpin {
+        // Both ends are the pod behind this interface: only its own error,
+        // coming in, is about this flow.
+        if direction != Direction::ToBackend {
+            return FOUND_NONE;
+        }
+    } else if (flags & CONNTRACK_FLAG_REPLY != 0) != (direction == Direction::ToClient) {
+        return FOUND_NONE;
+    }
+    let Some(config) = config() else {
+        return FOUND_NONE;
+    };
+    // SAFETY: helper without arguments.
+    let now = unsafe { bpf_ktime_get_ns() };
+    if !conntrack::is_live(entry, protocol, config, now) {
+        return FOUND_NONE;
+    }
+    // The entry translates the backwards packet; the quote is that packet's
+    // mirror image, so its source takes the entry's new destination and its
+    // destination the entry's new source.
     if flags & CONNTRACK_FLAG_REWRITE_DESTINATION != 0 {
         rewrite.source = ipv4_at(&entry.new_destination_address, 12);
         rewrite.source_port = entry.new_destination_port_big_endian.to_ne_bytes();
@@ -216,21 +264,25 @@ fn find_rewrite(message: &Message, direction: Direction, rewrite: &mut QuoteRewr
         rewrite.destination = ipv4_at(&entry.new_source_address, 12);
         rewrite.destination_port = entry.new_source_port_big_endian.to_ne_bytes();
     }
-    true
+    if hairpin {
+        FOUND_HAIRPIN
+    } else {
+        FOUND_FLOW
+    }
 }
 
 /// Writes `rewrite` into the quote of `message` (at `icmp_offset`), with every
-/// checksum, and the outer address on the translated end's side. Zero on
-/// success (a BPF call returns a scalar).
+/// checksum, and the `outer` addresses. Zero on success (a BPF call returns a
+/// scalar).
 #[inline(never)]
 fn apply_rewrite(
     ctx: &TcContext,
     icmp_offset: usize,
     message: &Message,
     rewrite: &QuoteRewrite,
-    direction: Direction,
+    outer: Outer,
 ) -> i32 {
-    match try_apply_rewrite(ctx, icmp_offset, message, rewrite, direction) {
+    match try_apply_rewrite(ctx, icmp_offset, message, rewrite, outer) {
         Ok(()) => 0,
         Err(()) => -1,
     }
@@ -242,7 +294,7 @@ fn try_apply_rewrite(
     icmp_offset: usize,
     message: &Message,
     rewrite: &QuoteRewrite,
-    direction: Direction,
+    outer: Outer,
 ) -> Result<(), ()> {
     let quote_offset = icmp_offset + ICMP_HEADER_LENGTH;
     let quote = &message.quote;
@@ -297,21 +349,24 @@ fn try_apply_rewrite(
     // a client the error comes from the frontend (whoever sent it: the backend, a
     // router or this node), towards a backend it goes to the backend (it was
     // sent to the frontend address the reply came from).
-    let outer: [u8; 8] = ctx.load(IP_SOURCE_OFFSET).map_err(|_| ())?;
-    match direction {
-        Direction::ToClient => rewrite_outer_address(
+    let addresses: [u8; 8] = ctx.load(IP_SOURCE_OFFSET).map_err(|_| ())?;
+    if outer != Outer::Destination {
+        rewrite_outer_address(
             ctx,
             IP_SOURCE_OFFSET,
-            ipv4_at(&outer, 0),
+            ipv4_at(&addresses, 0),
             rewrite.destination,
-        ),
-        Direction::ToBackend => rewrite_outer_address(
+        )?;
+    }
+    if outer != Outer::Source {
+        rewrite_outer_address(
             ctx,
             IP_DESTINATION_OFFSET,
-            ipv4_at(&outer, 4),
+            ipv4_at(&addresses, 4),
             rewrite.source,
-        ),
+        )?;
     }
+    Ok(())
 }
 
 /// Replaces one outer IPv4 address, fixing the header checksum (ICMP has no

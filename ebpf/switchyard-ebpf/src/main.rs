@@ -312,8 +312,12 @@ fn remember_affinity(choice: BackendChoice<'_>, ordinal: u32, now: u64) {
 #[inline(always)]
 fn try_ingress(ctx: &TcContext, scope: u8) -> Result<i32, ()> {
     let Some(packet) = Packet::parse(ctx) else {
-        // Not TCP or UDP: maybe an ICMP error about a reply, for a backend.
-        return Ok(icmp::translate_error(ctx, icmp::Direction::ToBackend));
+        // Not TCP or UDP: maybe an ICMP error about a reply, for a backend, or
+        // a hairpin flow's error, sent straight back to its pod.
+        return match icmp::translate_error(ctx, icmp::Direction::ToBackend) {
+            icmp::BOUNCE => bounce(ctx),
+            action => Ok(action),
+        };
     };
     let Some(config) = config() else {
         return Ok(PASS);
