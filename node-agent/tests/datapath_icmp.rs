@@ -374,7 +374,12 @@ fn a_connected_udp_socket_to_a_service_whose_backend_port_is_closed_is_refused_a
             // The node's own connected UDP socket: the connect hook pointed the
             // socket at the backend itself, so no packet was translated and the
             // kernel matches the error to the socket by itself.
-            if node.cgroup.is_some() {
+            // Without the test cgroup no hook would run and this check would be skipped.
+            assert!(
+                node.cgroup.is_some(),
+                "no test cgroup for the socket hooks: the node's own socket cannot be checked"
+            );
+            {
                 // The hooks are attached in the round after the interfaces.
                 let hooked = wait_until(Duration::from_secs(20), || {
                     connected_udp_exchange(None, open_cluster_ip).0.is_ok()
@@ -848,7 +853,12 @@ fn large_uploads_and_downloads_through_services_complete_across_a_link_with_a_sm
             );
             // The node's own socket, pointed at the backend by the connect
             // hook: nothing is translated, the kernel learns the MTU by itself.
-            if node.cgroup.is_some() {
+            // Without the test cgroup no hook would run and this check would be skipped.
+            assert!(
+                node.cgroup.is_some(),
+                "no test cgroup for the socket hooks: the node's own socket cannot be checked"
+            );
+            {
                 let cluster_ip = SocketAddrV4::new(upload_service.cluster_ip, upload_service.port);
                 // The hooks are attached in the round after the interfaces.
                 let hooked = wait_until(Duration::from_secs(20), || {
