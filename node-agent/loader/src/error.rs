@@ -63,4 +63,12 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// A walk of a conntrack map that deletes some of its entries failed;
+    /// `what` names the entries (wrapped in a map update error by the caller).
+    #[error("failed to {what}")]
+    DeleteConntrackEntries {
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
 }

@@ -15,7 +15,7 @@
 
 use std::{
     cell::Cell,
-    os::fd::{AsFd as _, OwnedFd},
+    os::fd::{AsFd as _, BorrowedFd, OwnedFd},
     path::Path,
     sync::{mpsc, Arc, Mutex},
     time::Duration,
@@ -137,6 +137,45 @@ impl Sweep {
     }
 }
 
+/// Walks the conntrack map `map` (the hash or its overflow LRU) batch by batch
+/// and deletes, as each batch is read, the entries `select` picks: `select`
+/// judges an entry with the monotonic time (nanoseconds) its batch was read,
+/// and `delete` removes the picked keys, packed back to back, returning how
+/// many it removed. Deleting while walking keeps the memory to one batch
+/// however large the map. Entries that do not parse are left alone.
+pub fn delete_conntrack_entries_where(
+    map: BorrowedFd<'_>,
+    mut select: impl FnMut(&ConntrackKey, &ConntrackValue, u64) -> bool,
+    mut delete: impl FnMut(&[u8]) -> std::io::Result<usize>,
+) -> std::io::Result<Sweep> {
+    let mut walk = Sweep::default();
+    let mut picked_keys = Vec::with_capacity(KEY_SIZE * system::LOOKUP_CHUNK);
+    system::map_entries_in_chunks(map, KEY_SIZE, VALUE_SIZE, |keys, values, count| {
+        let read_at = system::monotonic_nanoseconds();
+        picked_keys.clear();
+        let entries = keys
+            .chunks_exact(KEY_SIZE)
+            .zip(values.chunks_exact(VALUE_SIZE));
+        for (key_bytes, value_bytes) in entries.take(count) {
+            let (Some(key), Some(value)) = (
+                schema::from_bytes::<ConntrackKey>(key_bytes),
+                schema::from_bytes::<ConntrackValue>(value_bytes),
+            ) else {
+                continue;
+            };
+            if select(&key, &value, read_at) {
+                picked_keys.extend_from_slice(key_bytes);
+            }
+        }
+        walk.seen += count;
+        if !picked_keys.is_empty() {
+            walk.deleted += delete(&picked_keys)?;
+        }
+        Ok(())
+    })?;
+    Ok(walk)
+}
+
 /// How a sweep removes the entries it read as expired.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Removal {
@@ -209,39 +248,19 @@ impl ConntrackMaps {
     /// with `TakeAndCheck`, again as each entry is removed).
     pub fn sweep(&self) -> Result<Sweep, Error> {
         let lifetimes = self.lifetimes()?;
-        let mut sweep = Sweep::default();
-        let mut expired_keys = Vec::with_capacity(KEY_SIZE * system::LOOKUP_CHUNK);
-        system::map_entries_in_chunks(
+        delete_conntrack_entries_where(
             self.conntrack.as_fd(),
-            KEY_SIZE,
-            VALUE_SIZE,
-            |keys, values, count| {
-                let now = system::monotonic_nanoseconds();
-                expired_keys.clear();
-                let entries = keys
-                    .chunks_exact(KEY_SIZE)
-                    .zip(values.chunks_exact(VALUE_SIZE));
-                for (key_bytes, value_bytes) in entries.take(count) {
-                    let (Some(key), Some(value)) = (
-                        schema::from_bytes::<ConntrackKey>(key_bytes),
-                        schema::from_bytes::<ConntrackValue>(value_bytes),
-                    ) else {
-                        continue;
-                    };
-                    if is_expired(&key, &value, &lifetimes, now) {
-                        expired_keys.extend_from_slice(key_bytes);
-                    }
-                }
-                sweep.seen += count;
-                sweep.deleted += self.remove_expired(&expired_keys, &lifetimes)?;
-                Ok(())
-            },
+            |key, value, read_at| is_expired(key, value, &lifetimes, read_at),
+            |keys| self.remove_expired(keys, &lifetimes),
         )
-        .map_err(|error| switchyard_model::Error::UpdateMap {
+        .map_err(|source| switchyard_model::Error::UpdateMap {
             map: map_names::CONNTRACK,
-            source: format!("failed to remove expired entries: {error}").into(),
-        })?;
-        Ok(sweep)
+            source: Box::new(Error::DeleteConntrackEntries {
+                what: "remove expired entries",
+                source,
+            }),
+        })
+        .map_err(Error::from)
     }
 
     /// Removes the keys packed back to back in `keys`, read as expired moments

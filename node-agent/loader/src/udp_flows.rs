@@ -19,10 +19,10 @@ use switchyard_common::{
 use switchyard_model::diff::RemovedUdpBackends;
 use switchyard_model::Error as MapError;
 
-use super::{schema, system};
+use super::expiry::delete_conntrack_entries_where;
+use super::system;
 
 const KEY_SIZE: usize = std::mem::size_of::<ConntrackKey>();
-const VALUE_SIZE: usize = std::mem::size_of::<ConntrackValue>();
 
 /// Whether the entry belongs to a UDP flow that a frontend in `removed` sent to
 /// a backend it no longer has.
@@ -62,32 +62,19 @@ pub fn delete_flows_to_removed_backends(
     name: &'static str,
     removed: &RemovedUdpBackends,
 ) -> Result<usize, MapError> {
-    let mut deleted = 0;
-    let mut stale_keys = Vec::new();
-    system::map_entries_in_chunks(map, KEY_SIZE, VALUE_SIZE, |keys, values, count| {
-        stale_keys.clear();
-        let entries = keys
-            .chunks_exact(KEY_SIZE)
-            .zip(values.chunks_exact(VALUE_SIZE));
-        for (key_bytes, value_bytes) in entries.take(count) {
-            let (Some(key), Some(value)) = (
-                schema::from_bytes::<ConntrackKey>(key_bytes),
-                schema::from_bytes::<ConntrackValue>(value_bytes),
-            ) else {
-                continue;
-            };
-            if leads_to_removed_backend(&key, &value, removed) {
-                stale_keys.extend_from_slice(key_bytes);
-            }
-        }
-        deleted += system::map_delete_keys(map, &stale_keys, KEY_SIZE)?;
-        Ok(())
-    })
-    .map_err(|error| MapError::UpdateMap {
+    let walk = delete_conntrack_entries_where(
+        map,
+        |key, value, _read_at| leads_to_removed_backend(key, value, removed),
+        |keys| system::map_delete_keys(map, keys, KEY_SIZE),
+    )
+    .map_err(|source| MapError::UpdateMap {
         map: name,
-        source: format!("failed to delete the UDP flows of removed backends: {error}").into(),
+        source: Box::new(crate::Error::DeleteConntrackEntries {
+            what: "delete the UDP flows of removed backends",
+            source,
+        }),
     })?;
-    Ok(deleted)
+    Ok(walk.deleted)
 }
 
 /// Both conntrack maps: the hash, then the overflow.
@@ -157,6 +144,29 @@ mod tests {
         value.new_destination_address = CLIENT;
         value.new_destination_port_big_endian = 40_000u16.to_be();
         (key, value)
+    }
+
+    #[test]
+    fn a_failed_walk_names_the_map_and_the_step_and_keeps_the_io_error_as_its_source() {
+        // Not a BPF map: the kernel refuses the walk's first batch read.
+        let not_a_map = std::fs::File::open("/dev/null").expect("/dev/null opens");
+        let error = delete_flows_to_removed_backends(
+            std::os::fd::AsFd::as_fd(&not_a_map),
+            map_names::CONNTRACK,
+            &removed(),
+        )
+        .expect_err("the walk fails");
+        assert_eq!(
+            error.to_string(),
+            format!("failed to update map {}", map_names::CONNTRACK)
+        );
+        let step = std::error::Error::source(&error).expect("the step is the source");
+        assert_eq!(
+            step.to_string(),
+            "failed to delete the UDP flows of removed backends"
+        );
+        let io = std::error::Error::source(step).expect("the io error is kept");
+        assert!(io.downcast_ref::<std::io::Error>().is_some(), "{io:?}");
     }
 
     #[test]

@@ -12,6 +12,7 @@
 pub mod health;
 pub mod node;
 pub mod round;
+mod schedule;
 pub mod status;
 pub mod store;
 
@@ -239,6 +240,7 @@ pub struct NodeAgent<D: Datapath> {
     /// Map entries the last sync could not write, by Service ("" for entries
     /// of no desired Service); empty after a sync that wrote everything.
     failed_entries: BTreeMap<String, usize>,
+    udp_release_retry: schedule::UdpReleaseRetry,
     pub counts: AgentCounts,
 }
 
@@ -292,6 +294,7 @@ impl<D: Datapath> NodeAgent<D> {
             live_flows_read_at: None,
             gate_was_open: false,
             failed_entries: BTreeMap::new(),
+            udp_release_retry: Default::default(),
             counts: AgentCounts::default(),
         })
     }
@@ -347,42 +350,6 @@ impl<D: Datapath> NodeAgent<D> {
     /// The mode followed (see [`Self::instruction`]).
     pub fn mode(&self) -> DataplaneMode {
         crd_mode(self.instruction().mode())
-    }
-
-    /// When the agent wants its next tick without new input.
-    pub fn next_deadline(&mut self, now: Instant) -> Option<Instant> {
-        let mut deadline = None;
-        if !self.gate.is_open() {
-            // To notice the gate timeout.
-            deadline = Some(now + Duration::from_secs(1));
-        }
-        if let Attachment::Draining { .. } | Attachment::Detaching = self.attachment {
-            // Drain progress, or the retry of the interfaces left to detach.
-            deadline = Some(now + Duration::from_secs(1));
-        }
-        if let Some(due) = self.resync_due_at().filter(|_| !self.resync_wanted) {
-            deadline = Some(deadline.map_or(due, |current: Instant| current.min(due)));
-        }
-        if self.gate.is_open() && self.coalescer.is_pending() {
-            // `poll` only tells when without starting an apply if one is not due.
-            let due = match self.peek_coalescer(now) {
-                Next::WaitUntil(at) => at,
-                _ => now,
-            };
-            deadline = Some(deadline.map_or(due, |current: Instant| current.min(due)));
-        }
-        deadline
-    }
-
-    /// When the next periodic full resync is due (after the first full sync).
-    fn resync_due_at(&self) -> Option<Instant> {
-        self.last_full_sync
-            .map(|at| at + self.settings.full_resync_period)
-    }
-
-    fn peek_coalescer(&self, now: Instant) -> Next {
-        let mut copy = self.coalescer.clone();
-        copy.poll(now)
     }
 
     pub fn receive(&mut self, input: Input, now: Instant) {
@@ -521,6 +488,7 @@ impl<D: Datapath> NodeAgent<D> {
         // behind it by up to a period (measured: 800 ms). A failed one is
         // retried through the coalescer, no sooner than a period later.
         let resync_due = !self.resync_wanted && self.resync_due_at().is_some_and(|due| now >= due);
+        self.start_udp_release_retry_if_due(now);
         if !resync_due && self.coalescer.poll(now) != Next::Apply {
             return None;
         }
@@ -540,6 +508,7 @@ impl<D: Datapath> NodeAgent<D> {
             Ok(Some(outcome)) => {
                 self.counts.syncs += 1;
                 self.failed_entries.clear();
+                self.after_udp_flow_release(&outcome.report, now);
                 let operations = outcome.report.operation_count();
                 self.counts.map_operations += operations as u64;
                 match outcome.kind {

@@ -1172,3 +1172,122 @@ fn a_spec_taking_cleanup_back_is_reported_as_observed_only_after_the_coexistence
     );
     assert!(!round.coexistence.health_ports_permitted);
 }
+
+fn dns_service() -> ServiceModel {
+    let service: Service = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "dns", "namespace": "default"},
+        "spec": {"type": "ClusterIP", "clusterIP": "10.96.0.53", "ports": [
+            {"name": "dns", "port": 53, "targetPort": 5353, "protocol": "UDP"}
+        ]}
+    }))
+    .expect("a valid Service");
+    service_from_v1(&service)
+        .expect("converts")
+        .expect("is used")
+}
+
+/// The `dns` Service's slice with endpoints at `addresses`.
+fn dns_slice(addresses: &[&str]) -> Input {
+    let endpoints: Vec<serde_json::Value> = addresses
+        .iter()
+        .map(|address| serde_json::json!({"addresses": [address], "nodeName": "node-2", "conditions": {"ready": true}}))
+        .collect();
+    let slice: EndpointSlice = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "dns-1", "namespace": "default",
+                     "labels": {"kubernetes.io/service-name": "dns"}},
+        "addressType": "IPv4",
+        "ports": [{"name": "dns", "port": 5353, "protocol": "UDP"}],
+        "endpoints": endpoints,
+    }))
+    .expect("a valid EndpointSlice");
+    let slice = endpoint_slice_from_v1(&slice)
+        .expect("converts")
+        .expect("is used");
+    Input::EndpointSlices(StoreChange::Upsert(key_of("dns-1"), slice))
+}
+
+/// A running agent serving the UDP `dns` Service from two endpoints, and the
+/// moment (a period after its last sync) when one of them leaves.
+fn agent_with_two_udp_endpoints(start: Instant) -> (NodeAgent<FakeDatapath>, Instant) {
+    let mut agent = running_agent(DataplaneMode::Ebpf, start);
+    let added = start + Duration::from_secs(1);
+    agent.receive(
+        Input::Services(StoreChange::Upsert(key_of("dns"), dns_service().into())),
+        added,
+    );
+    agent.receive(dns_slice(&["10.244.2.53", "10.244.3.53"]), added);
+    agent
+        .tick(added, wall())
+        .sync
+        .expect("the Service is synced");
+    assert!(agent.datapath.maps.udp_flow_releases.is_empty());
+    (agent, added + Duration::from_secs(1))
+}
+
+#[test]
+fn a_failed_udp_flow_release_is_retried_soon_with_backoff_without_any_other_input() {
+    let start = Instant::now();
+    let (mut agent, removed_at) = agent_with_two_udp_endpoints(start);
+    agent.datapath.maps.failing_udp_flow_releases = true;
+    agent.receive(dns_slice(&["10.244.3.53"]), removed_at);
+    let (outcome, _) = agent.tick(removed_at, wall()).sync.expect("synced");
+    assert!(outcome.report.udp_flow_releases_pending);
+
+    // The first retry is due a second later; it fails too: the next waits twice as long.
+    let first_retry = removed_at + Duration::from_secs(1);
+    assert_eq!(agent.next_deadline(removed_at), Some(first_retry));
+    let (outcome, _) = agent
+        .tick(first_retry, wall())
+        .sync
+        .expect("the first retry is a sync of its own");
+    assert_eq!(outcome.kind, SyncKind::Partial { services: 0 });
+    assert!(outcome.report.udp_flow_releases_pending);
+    let second_retry = first_retry + Duration::from_secs(2);
+    assert_eq!(agent.next_deadline(first_retry), Some(second_retry));
+    assert!(
+        agent
+            .tick(second_retry - Duration::from_millis(1), wall())
+            .sync
+            .is_none(),
+        "not retried before its backoff"
+    );
+
+    agent.datapath.maps.failing_udp_flow_releases = false;
+    let (outcome, _) = agent
+        .tick(second_retry, wall())
+        .sync
+        .expect("retried again");
+    assert_eq!(agent.datapath.maps.udp_flow_releases.len(), 1);
+    assert_eq!(outcome.report.udp_flow_entries_deleted, 1);
+    assert!(!outcome.report.udp_flow_releases_pending);
+    assert_eq!(
+        agent.next_deadline(second_retry),
+        Some(start + Duration::from_secs(300)),
+        "only the periodic resync is left"
+    );
+}
+
+#[test]
+fn nothing_is_retried_when_the_udp_flow_release_succeeded() {
+    let start = Instant::now();
+    let (mut agent, removed_at) = agent_with_two_udp_endpoints(start);
+    agent.receive(dns_slice(&["10.244.3.53"]), removed_at);
+    let (outcome, _) = agent.tick(removed_at, wall()).sync.expect("synced");
+    assert_eq!(
+        outcome.report.udp_flow_entries_deleted, 1,
+        "released at once"
+    );
+    assert!(!outcome.report.udp_flow_releases_pending);
+    assert_eq!(
+        agent.next_deadline(removed_at),
+        Some(start + Duration::from_secs(300))
+    );
+    for second in 1..=10 {
+        let now = removed_at + Duration::from_secs(second);
+        assert!(
+            agent.tick(now, wall()).sync.is_none(),
+            "no sync at {second} s"
+        );
+    }
+    assert_eq!(agent.datapath.maps.udp_flow_releases.len(), 1);
+}

@@ -30,6 +30,11 @@ pub struct ApplyReport {
     /// UDP flow entries deleted because their backend left their frontend
     /// (not a Service map operation: not in [`ApplyReport::operation_count`]).
     pub udp_flow_entries_deleted: usize,
+    /// The UDP flows of some removed backends are still in the conntrack maps:
+    /// their release failed and is retried with the next apply, which the
+    /// caller should start soon even without a change (a stale flow keeps
+    /// sending its datagrams to a backend that is gone).
+    pub udp_flow_releases_pending: bool,
 }
 
 impl ApplyReport {
@@ -168,8 +173,9 @@ pub fn apply(
 /// from their frontend, in the same round, so that a flow's next datagram is
 /// balanced again to a live backend, or refused if none is left. A release
 /// that fails is kept in `unreleased` and retried with the next apply (minus
-/// the backends that came back meanwhile); it never fails the apply, whose
-/// Service entries are written.
+/// the backends that came back meanwhile), and the report says so
+/// ([`ApplyReport::udp_flow_releases_pending`]) for the caller to start that
+/// apply soon; it never fails the apply, whose Service entries are written.
 pub fn apply_and_release_udp_flows(
     plan: &Plan,
     maps: &mut impl ServiceMaps,
@@ -188,6 +194,7 @@ pub fn apply_and_release_udp_flows(
         Err(error) => {
             tracing::warn!(error = %crate::error::chain(&error), "failed to delete the UDP flows of removed backends; retrying with the next sync");
             *unreleased = removed;
+            report.udp_flow_releases_pending = true;
         }
     }
     (report, failed)

@@ -219,16 +219,38 @@ fn a_failed_release_is_retried_with_the_next_sync_minus_the_backends_that_came_b
     maps.failing_udp_flow_releases = true;
     let report = partial_sync(&mut syncer, &mut maps, change_to(Protocol::Udp, &[3]));
     assert_eq!(report.udp_flow_entries_deleted, 0);
+    assert!(
+        report.udp_flow_releases_pending,
+        "the caller is told to sync again soon"
+    );
     assert!(maps.udp_flow_releases.is_empty());
 
     // Endpoint 1 came back before the retry: its flows are live again.
     maps.failing_udp_flow_releases = false;
-    partial_sync(&mut syncer, &mut maps, change_to(Protocol::Udp, &[1, 3]));
+    let report = partial_sync(&mut syncer, &mut maps, change_to(Protocol::Udp, &[1, 3]));
     assert_eq!(maps.udp_flow_releases, vec![release_of(&[2])]);
+    assert!(
+        !report.udp_flow_releases_pending,
+        "nothing is left to retry"
+    );
 
     // Done: nothing is released again.
     syncer
         .sync_services(open_gate(), services(Protocol::Udp, &[1, 3]), &mut maps)
         .expect("applies");
     assert_eq!(maps.udp_flow_releases.len(), 1);
+}
+
+#[test]
+fn a_failed_release_is_retried_by_a_partial_sync_without_any_change() {
+    let (mut maps, mut syncer) = synced(Protocol::Udp, &[1, 2]);
+    maps.failing_udp_flow_releases = true;
+    partial_sync(&mut syncer, &mut maps, change_to(Protocol::Udp, &[2]));
+    maps.failing_udp_flow_releases = false;
+
+    let report = partial_sync(&mut syncer, &mut maps, Vec::new());
+
+    assert_eq!(maps.udp_flow_releases, vec![release_of(&[1])]);
+    assert_eq!(report.udp_flow_entries_deleted, 2);
+    assert!(!report.udp_flow_releases_pending);
 }
