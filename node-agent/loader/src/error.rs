@@ -71,4 +71,9 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    #[error("failed to start the conntrack expiry thread")]
+    StartExpiryThread {
+        #[source]
+        source: std::io::Error,
+    },
 }

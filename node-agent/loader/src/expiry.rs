@@ -357,10 +357,7 @@ impl ConntrackExpiry {
         let thread = std::thread::Builder::new()
             .name("conntrack-expiry".into())
             .spawn(move || sweep_until_stopped(&maps, &stopped, &reported))
-            .map_err(|error| switchyard_model::Error::UpdateMap {
-                map: map_names::CONNTRACK,
-                source: format!("failed to start the conntrack expiry thread: {error}").into(),
-            })?;
+            .map_err(|source| Error::StartExpiryThread { source })?;
         Ok(Self {
             stop: Some(stop),
             thread: Some(thread),

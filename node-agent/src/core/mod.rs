@@ -7,7 +7,8 @@
 //! Time is passed in, and the datapath is a trait, so tests drive it with an
 //! in-memory fake and no sleeping.
 //!
-//! Layout: `node`, `store`, `health`, `status`: pure pieces; `tests`: the core with fakes.
+//! Layout: `node`, `store`, `health`, `status`: pure pieces; `schedule`: when the
+//! next tick is wanted (and the retry of failed UDP flow releases); `tests`: the core with fakes.
 
 pub mod health;
 pub mod node;
