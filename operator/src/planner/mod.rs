@@ -302,19 +302,24 @@ impl Plan {
 }
 
 /// Whether the DataplaneConfig's last status shows kube-proxy had left and is now back: it says
-/// so (in DisablingKubeProxy), or the transition to `Ebpf` of this very spec had got past
-/// kube-proxy (CleaningRules, Ready, UpgradingAgents). Needed once no node is told to clean any
+/// so (in DisablingKubeProxy, or ActivatingNodes while the agents catch up with the withdrawn
+/// cleanup), or the transition to `Ebpf` of this very spec had got past kube-proxy
+/// (CleaningRules, Ready, UpgradingAgents). Needed once no node is told to clean any
 /// more: the round that withdrew cleanup may have failed before its status was written (a
 /// conflicting kube-proxy patch), and the next one must still know.
 fn reported_kube_proxy_returned(config: &DataplaneConfig) -> bool {
     let Some(status) = config.status.as_ref() else {
         return false;
     };
-    let says_so = status.phase == DataplanePhase::DisablingKubeProxy
-        && status.conditions.iter().any(|condition| {
-            condition.reason == reasons::KUBE_PROXY_RETURNED
-                && condition.status == switchyard_crds::ConditionStatus::True
-        });
+    // ActivatingNodes too: withdrawing cleanup sends the transition back there until the
+    // agents report on the new spec (see `toward_ebpf`).
+    let says_so = matches!(
+        status.phase,
+        DataplanePhase::DisablingKubeProxy | DataplanePhase::ActivatingNodes
+    ) && status.conditions.iter().any(|condition| {
+        condition.reason == reasons::KUBE_PROXY_RETURNED
+            && condition.status == switchyard_crds::ConditionStatus::True
+    });
     let was_past_kube_proxy = config.spec.mode == DataplaneMode::Ebpf
         && status.observed_generation == config.metadata.generation
         && matches!(

@@ -865,6 +865,149 @@ fn an_externally_managed_kube_proxy_that_came_back_stays_degraded_after_cleanup_
     );
 }
 
+/// Pass 1 of a kube-proxy coming back on a cluster Ready on eBPF, then pass 2: cleanup withdrawn
+/// as pass 1 wrote it (each DataplaneNode's generation bumped), no agent has reported on it yet.
+fn kube_proxy_returned_then_cleanup_withdrawn_unreported(
+    management: KubeProxyManagement,
+) -> (DataplaneConfig, ObservedCluster, Plan, Plan) {
+    let mut config = ebpf_config();
+    config.spec.kube_proxy.management = management;
+    let mut cluster = cluster(vec![cleaned_node("node-1"), cleaned_node("node-2")]);
+    for name in ["node-1", "node-2"] {
+        node_mut(&mut cluster, name).kube_proxy_pod =
+            Some(pod(&format!("kube-proxy-{name}"), "kp-2", at(-3)));
+    }
+    let returned = plan(Some(&config), &cluster);
+    assert_eq!(phase(&returned), DataplanePhase::DisablingKubeProxy);
+    config.status = returned.status.clone();
+    for name in ["node-1", "node-2"] {
+        set_spec(node_mut(&mut cluster, name), Ebpf, false, at(-2));
+    }
+    let catching_up = plan(Some(&config), &cluster);
+    (config, cluster, returned, catching_up)
+}
+
+#[test]
+fn an_externally_managed_kube_proxy_that_came_back_stays_degraded_while_the_agents_catch_up_with_the_withdrawn_cleanup(
+) {
+    let (mut config, mut cluster, returned, catching_up) =
+        kube_proxy_returned_then_cleanup_withdrawn_unreported(KubeProxyManagement::External);
+    let degraded = condition_of(&returned, types::DEGRADED);
+    assert_eq!(degraded.reason, reasons::KUBE_PROXY_RETURNED);
+    assert_eq!(degraded.status, ConditionStatus::True);
+
+    // Pass 2: the agents have not reported on the withdrawn cleanup yet.
+    let degraded = condition_of(&catching_up, types::DEGRADED);
+    assert_eq!(
+        (degraded.reason.as_str(), degraded.status),
+        (reasons::KUBE_PROXY_RETURNED, ConditionStatus::True),
+        "the report must last while the agents catch up: {degraded:?}"
+    );
+    assert_eq!(catching_up.kube_proxy, KubeProxyAction::None);
+
+    // Pass 3: the agents follow the withdrawn cleanup; kube-proxy still runs everywhere.
+    config.status = catching_up.status.clone();
+    for name in ["node-1", "node-2"] {
+        report(
+            node_mut(&mut cluster, name),
+            Report::following(Ebpf),
+            None,
+            OLD_REVISION,
+        );
+    }
+    let caught_up = plan(Some(&config), &cluster);
+    assert_eq!(phase(&caught_up), DataplanePhase::DisablingKubeProxy);
+    let degraded = condition_of(&caught_up, types::DEGRADED);
+    assert_eq!(
+        (degraded.reason.as_str(), degraded.status),
+        (reasons::KUBE_PROXY_RETURNED, ConditionStatus::True),
+        "the report must last while kube-proxy runs: {degraded:?}"
+    );
+    assert_eq!(caught_up.kube_proxy, KubeProxyAction::None);
+    assert!(
+        caught_up.dataplane_nodes.is_empty(),
+        "{:?}",
+        caught_up.dataplane_nodes
+    );
+}
+
+#[test]
+fn an_externally_managed_kube_proxy_removed_while_the_agents_catch_up_is_no_longer_reported() {
+    let (mut config, mut cluster, _, catching_up) =
+        kube_proxy_returned_then_cleanup_withdrawn_unreported(KubeProxyManagement::External);
+    // Control: the round before its removal still reports it.
+    assert_eq!(
+        condition_of(&catching_up, types::DEGRADED).reason,
+        reasons::KUBE_PROXY_RETURNED
+    );
+    config.status = catching_up.status.clone();
+    for name in ["node-1", "node-2"] {
+        node_mut(&mut cluster, name).kube_proxy_pod = None;
+    }
+    cluster.kube_proxy_daemon_set = None;
+    let removed = plan(Some(&config), &cluster);
+    let degraded = condition_of(&removed, types::DEGRADED);
+    assert!(
+        degraded.reason != reasons::KUBE_PROXY_RETURNED
+            || degraded.status == ConditionStatus::False,
+        "{degraded:?}"
+    );
+    assert_ne!(
+        condition_of(&removed, types::PROGRESSING).reason,
+        reasons::KUBE_PROXY_RETURNED
+    );
+}
+
+#[test]
+fn a_managed_kube_proxy_that_came_back_keeps_its_reason_while_the_agents_catch_up_with_the_withdrawn_cleanup(
+) {
+    let (mut config, mut cluster, returned, catching_up) =
+        kube_proxy_returned_then_cleanup_withdrawn_unreported(KubeProxyManagement::Managed);
+    assert_eq!(returned.kube_proxy, KubeProxyAction::Disable);
+    assert_eq!(
+        condition_of(&returned, types::PROGRESSING).reason,
+        reasons::KUBE_PROXY_RETURNED
+    );
+
+    // Pass 2: the agents have not reported on the withdrawn cleanup yet.
+    assert_eq!(
+        condition_of(&catching_up, types::PROGRESSING).reason,
+        reasons::KUBE_PROXY_RETURNED,
+        "{}",
+        message(&catching_up)
+    );
+
+    // Pass 3: the agents follow the withdrawn cleanup; kube-proxy still runs everywhere.
+    config.status = catching_up.status.clone();
+    for name in ["node-1", "node-2"] {
+        report(
+            node_mut(&mut cluster, name),
+            Report::following(Ebpf),
+            None,
+            OLD_REVISION,
+        );
+    }
+    let caught_up = plan(Some(&config), &cluster);
+    assert_eq!(phase(&caught_up), DataplanePhase::DisablingKubeProxy);
+    assert_eq!(
+        condition_of(&caught_up, types::PROGRESSING).reason,
+        reasons::KUBE_PROXY_RETURNED,
+        "{}",
+        message(&caught_up)
+    );
+    assert_eq!(caught_up.kube_proxy, KubeProxyAction::Disable);
+    assert!(
+        message(&caught_up).contains("came back"),
+        "{}",
+        message(&caught_up)
+    );
+    assert!(
+        caught_up.dataplane_nodes.is_empty(),
+        "{:?}",
+        caught_up.dataplane_nodes
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // Nodes joining a cluster on eBPF
 // ---------------------------------------------------------------------------------------------

@@ -25,7 +25,19 @@ impl<'a> Context<'a> {
                     return refusal;
                 }
             }
-            return self.activate(desired);
+            let mut decision = self.activate(desired);
+            // Withdrawing cleanup when kube-proxy came back leaves no node serving from eBPF on
+            // the current spec until its agent reports on it, so these rounds land here (not in
+            // DisablingKubeProxy, which needs every node serving): the warning must last through
+            // them, or the next round no longer knows kube-proxy came back.
+            if started
+                && !self.kube_proxy_gone
+                && decision.phase == DataplanePhase::ActivatingNodes
+                && self.kube_proxy_returned()
+            {
+                self.report_kube_proxy_returned(&mut decision);
+            }
+            return decision;
         }
 
         // Every node serves from eBPF.
@@ -257,27 +269,42 @@ impl<'a> Context<'a> {
         self.kube_proxy_reported_returned || self.facts.iter().any(NodeFacts::cleanup_requested)
     }
 
-    /// `DisablingKubeProxy`: every node serves from eBPF; kube-proxy has to go.
-    pub(super) fn disable_kube_proxy(&self, desired: Vec<DesiredNode>) -> Decision {
+    /// `; kube-proxy pods left on a and b`, or nothing when no node has one.
+    fn kube_proxy_pods_left(&self) -> String {
         let with_pods = self.names_where(|_, node| node.has_kube_proxy_pod());
-        let pods = if with_pods.is_empty() {
+        if with_pods.is_empty() {
             String::new()
         } else {
             format!(
                 "; kube-proxy pods left on {}",
                 name_list(with_pods.iter().copied())
             )
-        };
+        }
+    }
+
+    /// Marks `decision` as kube-proxy having come back on a cluster on eBPF: the reason, and
+    /// with External management a Degraded condition, since only its owner can remove it.
+    fn report_kube_proxy_returned(&self, decision: &mut Decision) {
+        decision.reason = reasons::KUBE_PROXY_RETURNED;
+        if self.settings.management == KubeProxyManagement::External {
+            decision.degraded = Some((
+                reasons::KUBE_PROXY_RETURNED,
+                format!(
+                    "kube-proxy came back while the cluster is on eBPF and is managed externally: remove it{}",
+                    self.kube_proxy_pods_left()
+                ),
+            ));
+        }
+    }
+
+    /// `DisablingKubeProxy`: every node serves from eBPF; kube-proxy has to go.
+    pub(super) fn disable_kube_proxy(&self, desired: Vec<DesiredNode>) -> Decision {
+        let pods = self.kube_proxy_pods_left();
         let returned = self.kube_proxy_returned();
-        let reason = if returned {
-            reasons::KUBE_PROXY_RETURNED
-        } else {
-            reasons::TRANSITION_IN_PROGRESS
-        };
         let mut decision = self.decision(
             desired,
             DataplanePhase::DisablingKubeProxy,
-            reason,
+            reasons::TRANSITION_IN_PROGRESS,
             String::new(),
         );
         let daemon_set = self.observed.kube_proxy_daemon_set.as_ref();
@@ -305,13 +332,10 @@ impl<'a> Context<'a> {
             },
             KubeProxyManagement::External => {
                 decision.message = format!("waiting for kube-proxy to be removed by its owner (spec.kubeProxy.management External){pods}");
-                if returned {
-                    decision.degraded = Some((
-                        reasons::KUBE_PROXY_RETURNED,
-                        format!("kube-proxy came back while the cluster is on eBPF and is managed externally: remove it{pods}"),
-                    ));
-                }
             }
+        }
+        if returned {
+            self.report_kube_proxy_returned(&mut decision);
         }
         decision
     }
