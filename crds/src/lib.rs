@@ -105,8 +105,8 @@ pub mod reasons {
     pub const KUBE_PROXY_RETURNED: &str = "KubeProxyReturned";
     /// The operator has no address of the API server to give the agents.
     pub const API_SERVER_ADDRESS_MISSING: &str = "ApiServerAddressMissing";
-    /// Some Services use a feature the eBPF datapath does not serve yet (SCTP, IPv6,
-    /// `loadBalancerSourceRanges`, ...): a transition to `Ebpf` is refused before any node is
+    /// Some Services use a feature the eBPF datapath does not serve yet (SCTP, IPv6): a
+    /// transition to `Ebpf` is refused before any node is
     /// activated; once on eBPF, `ServicesSupported` is `False`.
     pub const UNSUPPORTED_SERVICES: &str = "UnsupportedServices";
     /// Every Service uses only what the eBPF datapath serves (`ServicesSupported` `True`).

@@ -96,7 +96,7 @@ impl<'a> Context<'a> {
         }
         if !self.unsupported_services.is_empty() {
             problems.push(format!(
-                "{} (kube-proxy serves them; without it they would stop working, or answer every source)",
+                "{} (kube-proxy serves them; without it they would stop working)",
                 parity::unsupported_summary(&self.unsupported_services)
             ));
             degraded_reason.get_or_insert(reasons::UNSUPPORTED_SERVICES);
