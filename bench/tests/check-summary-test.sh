@@ -65,35 +65,13 @@ all_failed() {
   ' "$work/well-formed.json" >"$work/$2.json"
 }
 
-failures=0
-passed=0
-# accepts "CASE" SUMMARY [BENCH ARGUMENTS...]
-accepts() {
-  local case=$1 summary=$2
-  shift 2
-  if output=$(bash "$check" "$work/$summary.json" "$@" 2>&1); then
-    passed=$((passed + 1))
-    echo "ok: $case"
-  else
-    failures=$((failures + 1))
-    echo "FAILED: $case: the check refused it: $output" >&2
-  fi
+# The check run on the summary NAME written above: $work/NAME.json.
+check_summary() {
+  bash "$check" "$work/$1.json" "${@:2}"
 }
-# refuses "CASE" SUMMARY "WHAT THE ERROR SAYS" [BENCH ARGUMENTS...]
-refuses() {
-  local case=$1 summary=$2 reason=$3
-  shift 3
-  if output=$(bash "$check" "$work/$summary.json" "$@" 2>&1); then
-    failures=$((failures + 1))
-    echo "FAILED: $case: the check accepted it: $output" >&2
-  elif [[ "$output" != *"$reason"* ]]; then
-    failures=$((failures + 1))
-    echo "FAILED: $case: refused, but not for '$reason': $output" >&2
-  else
-    passed=$((passed + 1))
-    echo "ok: $case"
-  fi
-}
+EXPECT_CHECK=(check_summary)
+# shellcheck source=scripts/lib/expect.sh
+source scripts/lib/expect.sh
 
 all_failed '^switchyard' every-switchyard-measurement-failed
 derive one-programming-run-failed \
@@ -129,5 +107,4 @@ accepts "a summary without the operator transition is accepted when the run left
 refuses "a summary with a value that is not a number is refused" \
   value-is-text "is not a flat list"
 
-echo "check-summary-test: $passed passed, $failures failed"
-[ "$failures" -eq 0 ]
+expect_summary check-summary-test

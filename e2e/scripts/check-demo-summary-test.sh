@@ -53,35 +53,13 @@ derive() {
   jq "$2" "$work/well-formed.json" >"$work/$1.json"
 }
 
-failures=0
-passed=0
-# accepts "CASE" SUMMARY [CHECK ARGUMENTS...]
-accepts() {
-  local case=$1 summary=$2
-  shift 2
-  if output=$(bash "$check" "$work/$summary.json" "$@" 2>&1); then
-    passed=$((passed + 1))
-    echo "ok: $case"
-  else
-    failures=$((failures + 1))
-    echo "FAILED: $case: the check refused it: $output" >&2
-  fi
+# The check run on the summary NAME written above: $work/NAME.json.
+check_summary() {
+  bash "$check" "$work/$1.json" "${@:2}"
 }
-# refuses "CASE" SUMMARY "WHAT THE ERROR SAYS" [CHECK ARGUMENTS...]
-refuses() {
-  local case=$1 summary=$2 reason=$3
-  shift 3
-  if output=$(bash "$check" "$work/$summary.json" "$@" 2>&1); then
-    failures=$((failures + 1))
-    echo "FAILED: $case: the check accepted it: $output" >&2
-  elif [[ "$output" != *"$reason"* ]]; then
-    failures=$((failures + 1))
-    echo "FAILED: $case: refused, but not for '$reason': $output" >&2
-  else
-    passed=$((passed + 1))
-    echo "ok: $case"
-  fi
-}
+EXPECT_CHECK=(check_summary)
+# shellcheck source=scripts/lib/expect.sh
+source scripts/lib/expect.sh
 
 derive failed-on-the-way-there '.directions[0].failures = 2 | .directions[0].flows[1].failures = 2'
 derive failed-on-the-way-back '.directions[1].failures = 1 | .directions[1].flows[0].failures = 1'
@@ -150,5 +128,4 @@ refuses "a file that is not a demo summary is refused" \
 refuses "a missing summary is refused" \
   missing "no demo summary at"
 
-echo "check-demo-summary-test: $passed passed, $failures failed"
-[ "$failures" -eq 0 ]
+expect_summary check-demo-summary-test

@@ -18,29 +18,20 @@ page() { # page NAME ROW...: a parity page with the given table rows
     echo "${work}/${name}.md"
 }
 
-failures=0
-expect() { # expect pass|fail PAGE WHAT
-    local wanted="$1" file="$2" what="$3" outcome=pass
-    bash scripts/check-parity.sh "${file}" >/dev/null 2>&1 || outcome=fail
-    if [ "${outcome}" = "${wanted}" ]; then
-        echo "ok: ${what}"
-    else
-        echo "FAILED: ${what} (expected ${wanted}, got ${outcome})" >&2
-        failures=$((failures + 1))
-    fi
-}
+EXPECT_CHECK=(bash scripts/check-parity.sh)
+# shellcheck source=scripts/lib/expect.sh
+source scripts/lib/expect.sh
 
-expect pass "$(page proven "| 1 | skip headless | all | served | ${existing} |" \
-    "| 2 | not yet done, \`field_name\` in the behaviour | all | not yet: issue 24 | — |")" \
-    "served rows naming existing tests pass; a backticked field outside the test cell is not a test"
-expect fail "$(page gone "| 1 | skip headless | all | served | ${existing}, \`a_test_that_was_deleted_long_ago\` |")" \
-    "a named test that no longer exists fails the check"
-expect fail "$(page unproven "| 1 | skip headless | all | served | ${existing} |" "| 2 | skip more | all | served | — |")" \
-    "a served row that names no test fails the check"
-expect fail "$(page empty "no table here")" "a page without rows fails the check"
-expect pass docs/parity.md "docs/parity.md itself passes"
+accepts "served rows naming existing tests pass; a backticked field outside the test cell is not a test" \
+    "$(page proven "| 1 | skip headless | all | served | ${existing} |" \
+        "| 2 | not yet done, \`field_name\` in the behaviour | all | not yet: issue 24 | — |")"
+refuses "a named test that no longer exists fails the check" \
+    "$(page gone "| 1 | skip headless | all | served | ${existing}, \`a_test_that_was_deleted_long_ago\` |")" \
+    "names a test that does not exist: a_test_that_was_deleted_long_ago"
+refuses "a served row that names no test fails the check" \
+    "$(page unproven "| 1 | skip headless | all | served | ${existing} |" "| 2 | skip more | all | served | — |")" \
+    "row 2 is served but names no test"
+refuses "a page without rows fails the check" "$(page empty "no table here")" "has no numbered table rows"
+accepts "docs/parity.md itself passes" docs/parity.md
 
-if [ "${failures}" -ne 0 ]; then
-    exit 1
-fi
-echo "check-parity-test: all checks passed"
+expect_summary check-parity-test
