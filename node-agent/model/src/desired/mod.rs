@@ -29,6 +29,7 @@
 //!   (same node, else same zone) when the hints allow it ([`topology`]).
 
 pub mod layout;
+pub mod no_local_endpoints;
 pub mod node_port_addresses;
 pub mod source_ranges;
 pub mod topology;

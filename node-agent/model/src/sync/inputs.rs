@@ -24,10 +24,11 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
+use crate::desired::no_local_endpoints::{no_local_endpoints, NoLocalEndpoints};
 use crate::desired::{masquerades_remote_backends, service_desired, NodeView, ServiceDesired};
 use crate::gate::GateOpen;
 use crate::maps::ServiceMaps;
-use crate::model::{EndpointSliceModel, ServiceModel, ServiceName};
+use crate::model::{AddressFamily, EndpointSliceModel, ServiceModel, ServiceName, TrafficPolicy};
 use crate::Error;
 
 use super::{ApplyReport, Syncer};
@@ -58,6 +59,9 @@ impl SyncKind {
 pub struct SyncOutcome {
     pub kind: SyncKind,
     pub report: ApplyReport,
+    /// Service ports with a `Local` policy and no local endpoint once this sync is done,
+    /// in IPv4, the family the datapath serves ([`crate::desired::no_local_endpoints`]).
+    pub no_local_endpoints: NoLocalEndpoints,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -77,6 +81,10 @@ pub struct SyncInputs {
     /// Services with a frontend the agent's masquerade rule serves: kept with
     /// every change so that asking costs nothing at 30,000 Services.
     masquerading: BTreeSet<ServiceName>,
+    /// Each synced Service's no-local-endpoints count, where it is not zero: updated
+    /// with the Services a successful sync recomputed, so the total describes the
+    /// synced state, as kube-proxy sets its gauge at the end of a sync.
+    no_local: BTreeMap<ServiceName, NoLocalEndpoints>,
 }
 
 impl SyncInputs {
@@ -227,6 +235,40 @@ impl SyncInputs {
         self.replace(present, listed, Self::remove_slice, Self::upsert_slice)
     }
 
+    /// A Service's no-local-endpoints count (zero once it is gone).
+    fn no_local_of(&self, name: &ServiceName, node: &NodeView) -> NoLocalEndpoints {
+        let Some(service) = self.services.get(name) else {
+            return NoLocalEndpoints::default();
+        };
+        // Most Services have no Local policy: their slices are not even gathered.
+        if service.internal_traffic_policy != TrafficPolicy::Local
+            && service.external_traffic_policy != TrafficPolicy::Local
+        {
+            return NoLocalEndpoints::default();
+        }
+        no_local_endpoints(service, &self.slices_of(name), node, AddressFamily::Ipv4)
+    }
+
+    /// Records the counts of the Services a successful sync recomputed, and returns the
+    /// total.
+    fn record_no_local(
+        &mut self,
+        counts: impl IntoIterator<Item = (ServiceName, NoLocalEndpoints)>,
+    ) -> NoLocalEndpoints {
+        for (name, count) in counts {
+            if count.is_zero() {
+                self.no_local.remove(&name);
+            } else {
+                self.no_local.insert(name, count);
+            }
+        }
+        let mut total = NoLocalEndpoints::default();
+        for count in self.no_local.values() {
+            total += *count;
+        }
+        total
+    }
+
     fn share_of(&self, name: &ServiceName, node: &NodeView) -> Option<ServiceDesired> {
         let service = self.services.get(name)?;
         Some(service_desired(service, &self.slices_of(name), node))
@@ -282,20 +324,37 @@ impl SyncInputs {
                 }
             }
             let services = changes.len();
+            let no_local: Vec<(ServiceName, NoLocalEndpoints)> = self
+                .dirty
+                .iter()
+                .map(|name| (name.clone(), self.no_local_of(name, &node)))
+                .collect();
             let report = partial.sync_changes(gate_is_open, changes, maps)?;
             self.dirty.clear();
             return Ok(Some(SyncOutcome {
                 kind: SyncKind::Partial { services },
                 report,
+                no_local_endpoints: self.record_no_local(no_local),
             }));
         }
         if resync {
             syncer.reread_maps_before_next_sync();
         }
         let shares = self.all_shares(&node);
+        // Only the Services that count: the rest are dropped with the old counts below.
+        let no_local: Vec<(ServiceName, NoLocalEndpoints)> = self
+            .services
+            .keys()
+            .filter_map(|name| {
+                let count = self.no_local_of(name, &node);
+                (!count.is_zero()).then(|| (name.clone(), count))
+            })
+            .collect();
         let report = syncer.sync_services(gate_is_open, shares, maps)?;
         self.dirty.clear();
         self.node_changed = false;
+        // Every Service was recomputed: the counts of Services gone are dropped too.
+        self.no_local.clear();
         Ok(Some(SyncOutcome {
             kind: if resync {
                 SyncKind::Resync
@@ -303,6 +362,7 @@ impl SyncInputs {
                 SyncKind::Full
             },
             report,
+            no_local_endpoints: self.record_no_local(no_local),
         }))
     }
 }

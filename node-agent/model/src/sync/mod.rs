@@ -35,6 +35,10 @@ pub struct ApplyReport {
     /// caller should start soon even without a change (a stale flow keeps
     /// sending its datagrams to a backend that is gone).
     pub udp_flow_releases_pending: bool,
+    /// How long the release of the UDP flows of removed backends took (the walk of the
+    /// conntrack maps), when this apply ran one, whether it succeeded or not: kube-proxy's
+    /// conntrack reconciler is timed the same way.
+    pub udp_flow_release_elapsed: Option<std::time::Duration>,
 }
 
 impl ApplyReport {
@@ -189,7 +193,10 @@ pub fn apply_and_release_udp_flows(
     if removed.is_empty() {
         return (report, failed);
     }
-    match maps.release_udp_flows(&removed) {
+    let started = std::time::Instant::now();
+    let released = maps.release_udp_flows(&removed);
+    report.udp_flow_release_elapsed = Some(started.elapsed());
+    match released {
         Ok(deleted) => report.udp_flow_entries_deleted = deleted,
         Err(error) => {
             tracing::warn!(error = %crate::error::chain(&error), "failed to delete the UDP flows of removed backends; retrying with the next sync");

@@ -254,3 +254,20 @@ fn a_failed_release_is_retried_by_a_partial_sync_without_any_change() {
     assert_eq!(report.udp_flow_entries_deleted, 2);
     assert!(!report.udp_flow_releases_pending);
 }
+
+#[test]
+fn a_release_is_timed_whether_it_succeeds_or_fails_and_an_apply_without_one_is_not() {
+    let (mut maps, mut syncer) = synced(Protocol::Udp, &[1, 2, 3]);
+    // The control: an apply that removes no backend runs no release.
+    let unchanged = partial_sync(&mut syncer, &mut maps, change_to(Protocol::Udp, &[1, 2, 3]));
+    assert_eq!(unchanged.udp_flow_release_elapsed, None);
+
+    let released = partial_sync(&mut syncer, &mut maps, change_to(Protocol::Udp, &[2, 3]));
+    assert!(released.udp_flow_release_elapsed.is_some());
+    assert_eq!(released.udp_flow_entries_deleted, 2);
+
+    maps.failing_udp_flow_releases = true;
+    let failed = partial_sync(&mut syncer, &mut maps, change_to(Protocol::Udp, &[3]));
+    assert!(failed.udp_flow_release_elapsed.is_some());
+    assert_eq!(failed.udp_flow_entries_deleted, 0);
+}

@@ -742,3 +742,72 @@ fn masquerading_is_needed_while_some_service_has_a_node_port_with_cluster_policy
     inputs.replace_services([service("web", "10.96.0.1", None)]);
     assert!(!inputs.masquerade_needed(), "a relist forgets what is gone");
 }
+
+#[test]
+fn each_sync_reports_the_services_with_a_local_policy_and_no_local_endpoint() {
+    let (mut inputs, mut syncer, mut maps) = synced();
+    let remote_only = |hosts: &[u8]| {
+        let mut slice = slice("local-1", "local", 8080, hosts);
+        for endpoint in &mut slice.endpoints {
+            endpoint.node_name = Some("node-b".into());
+        }
+        slice
+    };
+    // The control: Cluster policies count nothing, whatever their endpoints.
+    inputs.upsert_slice(remote_only(&[7]));
+    assert!(sync(&mut inputs, &mut syncer, &mut maps)
+        .no_local_endpoints
+        .is_zero());
+
+    let mut local_policy = service("local", "10.96.0.3", None);
+    local_policy.internal_traffic_policy = TrafficPolicy::Local;
+    inputs.upsert_service(local_policy);
+    let outcome = sync(&mut inputs, &mut syncer, &mut maps);
+    assert!(matches!(outcome.kind, SyncKind::Partial { .. }));
+    assert_eq!(outcome.no_local_endpoints.internal, 1);
+    assert_eq!(outcome.no_local_endpoints.external, 0);
+
+    // A full sync (the node's view changed) counts it again.
+    inputs.set_node(node(&["192.168.1.11"]));
+    let outcome = sync(&mut inputs, &mut syncer, &mut maps);
+    assert_eq!(outcome.kind, SyncKind::Full);
+    assert_eq!(outcome.no_local_endpoints.internal, 1);
+
+    // An endpoint on this node: nothing to count any more.
+    inputs.upsert_slice(slice("local-1", "local", 8080, &[7]));
+    assert!(sync(&mut inputs, &mut syncer, &mut maps)
+        .no_local_endpoints
+        .is_zero());
+
+    // Back to remote only, then the Service is deleted: gone with it.
+    inputs.upsert_slice(remote_only(&[7]));
+    assert_eq!(
+        sync(&mut inputs, &mut syncer, &mut maps)
+            .no_local_endpoints
+            .internal,
+        1
+    );
+    inputs.remove_service(&name("local"));
+    assert!(sync(&mut inputs, &mut syncer, &mut maps)
+        .no_local_endpoints
+        .is_zero());
+}
+
+#[test]
+fn a_failed_sync_leaves_the_count_to_the_next_successful_one() {
+    let (mut inputs, mut syncer, mut maps) = synced();
+    let mut local_policy = service("local", "10.96.0.3", None);
+    local_policy.internal_traffic_policy = TrafficPolicy::Local;
+    let mut remote = slice("local-1", "local", 8080, &[7]);
+    remote.endpoints[0].node_name = Some("node-b".into());
+    inputs.upsert_service(local_policy);
+    inputs.upsert_slice(remote);
+    maps.failing_kinds.insert(MapMutation::WriteFrontend);
+    assert!(inputs
+        .sync(open_gate(), &mut syncer, &mut maps, false)
+        .is_err());
+    maps.failing_kinds.clear();
+    let outcome = sync(&mut inputs, &mut syncer, &mut maps);
+    assert_eq!(outcome.kind, SyncKind::Full);
+    assert_eq!(outcome.no_local_endpoints.internal, 1);
+}
