@@ -6,6 +6,7 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::canary::{BudgetExceeded, BudgetExceededAction, CanarySpec, DisruptionBudget};
 use crate::condition::Condition;
 
 /// The name of the only `DataplaneConfig` the operator acts on; any other gets a `Degraded`
@@ -200,6 +201,21 @@ pub struct RolloutSpec {
     #[serde(default = "default_drain_timeout_seconds")]
     #[schemars(range(min = 0, max = 86400))]
     pub drain_timeout_seconds: i64,
+
+    /// Which nodes switch to eBPF first and how long switched nodes are watched (their
+    /// disruption signals compared with their own baseline) before more nodes switch.
+    #[serde(default)]
+    pub canary: CanarySpec,
+
+    /// How much worse than its own baseline under kube-proxy a switched node may get.
+    #[serde(default)]
+    pub disruption_budget: DisruptionBudget,
+
+    /// What happens when a switched node exceeds the disruption budget: `Rollback` (the nodes
+    /// over budget go back to kube-proxy, and the transition does not start again until the
+    /// spec changes) or `Halt` (the transition holds until the node is back within budget).
+    #[serde(default)]
+    pub on_budget_exceeded: BudgetExceededAction,
 }
 
 impl Default for RolloutSpec {
@@ -209,6 +225,9 @@ impl Default for RolloutSpec {
             node_ready_timeout_seconds: default_node_ready_timeout_seconds(),
             max_failed_nodes: 0,
             drain_timeout_seconds: default_drain_timeout_seconds(),
+            canary: CanarySpec::default(),
+            disruption_budget: DisruptionBudget::default(),
+            on_budget_exceeded: BudgetExceededAction::default(),
         }
     }
 }
@@ -275,6 +294,11 @@ pub struct DataplaneConfigStatus {
     /// A human-readable account of where things stand, naming the nodes that block progress.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+
+    /// The disruption budget was exceeded under the current spec: the evidence and what the
+    /// operator did. Cleared when the spec changes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget_exceeded: Option<BudgetExceeded>,
 }
 
 /// Counts of nodes by state.

@@ -10,12 +10,18 @@
 //! [`crds_yaml`] renders them; `cargo run -p switchyard-crds --bin crdgen` prints it and the
 //! committed `crds/switchyard.dev_crds.yaml` must equal it.
 
+pub mod canary;
 pub mod condition;
 pub mod config;
 pub mod crd;
+pub mod disruption;
 pub mod node;
 pub mod time;
 
+pub use canary::{
+    AffectedService, BudgetExceeded, BudgetExceededAction, BudgetedSignal, CanarySpec,
+    DisruptionBudget, DisruptionEvidence, DEFAULT_SOAK_SECONDS,
+};
 pub use condition::{
     condition_is_false, condition_is_true, find_condition, set_condition, Condition,
     ConditionStatus,
@@ -26,6 +32,10 @@ pub use config::{
     DEFAULT_CONFIG_NAME, DEFAULT_DRAIN_TIMEOUT_SECONDS,
 };
 pub use crd::{crds, crds_yaml, Error};
+pub use disruption::{
+    ConnectionSignals, DatapathSignals, DisruptionReport, ExpectedDrops, ProbeSignals,
+    ServiceSignals, SignalWindow,
+};
 pub use node::{DataplaneNode, DataplaneNodeSpec, DataplaneNodeStatus};
 
 /// The API group.
@@ -111,6 +121,15 @@ pub mod reasons {
     pub const UNSUPPORTED_SERVICES: &str = "UnsupportedServices";
     /// Every Service uses only what the eBPF datapath serves (`ServicesSupported` `True`).
     pub const ALL_SERVICES_SUPPORTED: &str = "AllServicesSupported";
+    /// A switched node showed more disruption than `spec.rollout.disruptionBudget` allows: the
+    /// transition rolled those nodes back or holds (`spec.rollout.onBudgetExceeded`); the
+    /// message and `status.budgetExceeded` hold the evidence.
+    pub const DISRUPTION_BUDGET_EXCEEDED: &str = "DisruptionBudgetExceeded";
+    /// A switched node that reports disruption signals did not report a baseline and a window
+    /// after its soak within `nodeReadyTimeoutSeconds`: the transition holds until it does.
+    pub const DISRUPTION_SIGNALS_MISSING: &str = "DisruptionSignalsMissing";
+    /// `spec.rollout.canary.nodeSelector` matches no node: no node switches.
+    pub const CANARY_NODES_NOT_FOUND: &str = "CanaryNodesNotFound";
 
     // DataplaneNode (written by the agent).
     /// The start-of-day gate stayed closed past its timeout; the message names the missing input.

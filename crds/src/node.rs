@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::condition::{condition_is_true, Condition};
 use crate::config::{DataplaneMode, DEFAULT_DRAIN_TIMEOUT_SECONDS};
+use crate::disruption::DisruptionReport;
 
 /// The operator's instruction to one node. Named after its Node and owned by it, so it is
 /// garbage-collected with the Node. The agent on the node follows the spec and reports in the
@@ -101,6 +102,11 @@ pub struct DataplaneNodeStatus {
     )]
     #[schemars(with = "Option<DateTime<Utc>>")]
     pub last_sync_time: Option<DateTime<Utc>>,
+
+    /// The disruption the node shows: its signals under kube-proxy before it switched (the
+    /// baseline) and over the most recent window. Absent when the agent measures none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disruption: Option<DisruptionReport>,
 }
 
 impl DataplaneNodeStatus {

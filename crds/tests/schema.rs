@@ -268,6 +268,62 @@ fn spec_defaults_are_in_the_schema_so_the_api_server_applies_them() {
 }
 
 #[test]
+fn canary_defaults_and_ranges_are_in_the_schema_so_older_objects_get_them() {
+    let schema = schema_of("DataplaneConfig");
+    let rollout_default = &at(&schema, &["spec", "rollout"])["default"];
+    assert_eq!(rollout_default["canary"]["soakSeconds"], 60);
+    assert_eq!(rollout_default["onBudgetExceeded"], "Rollback");
+    assert_eq!(
+        rollout_default["disruptionBudget"]["failedConnectsPerMinute"],
+        30
+    );
+    assert_eq!(
+        at(&schema, &["spec", "rollout", "canary", "soakSeconds"])["minimum"],
+        0.0
+    );
+    assert_eq!(
+        at(&schema, &["spec", "rollout", "canary", "count"])["minimum"],
+        1.0
+    );
+    assert_eq!(
+        at(&schema, &["spec", "rollout", "onBudgetExceeded"])["enum"],
+        serde_json::json!(["Rollback", "Halt"])
+    );
+    for field in [
+        "failedConnectsPerMinute",
+        "failedConnectsPercent",
+        "resetsPerMinute",
+        "resetsPercent",
+        "probeFailuresPerMinute",
+    ] {
+        assert_eq!(
+            at(&schema, &["spec", "rollout", "disruptionBudget", field])["minimum"],
+            0.0,
+            "{field}"
+        );
+    }
+    let evidence = &at(&schema, &["status", "budgetExceeded", "evidence"])["items"];
+    assert_eq!(
+        evidence["properties"]["signal"]["enum"],
+        serde_json::json!(["FailedConnects", "ResetsByPeer", "ProbeFailures"])
+    );
+
+    let node = schema_of("DataplaneNode");
+    let window = at(&node, &["status", "disruption", "current"]);
+    assert_eq!(window["properties"]["start"]["format"], "date-time");
+    assert_eq!(
+        window["properties"]["connections"]["properties"]["failedConnects"]["minimum"],
+        0.0
+    );
+    assert!(
+        at(&node, &["status"])["required"]
+            .as_array()
+            .is_none_or(|required| !required.iter().any(|name| name == "disruption")),
+        "an agent that measures nothing stays valid"
+    );
+}
+
+#[test]
 fn enums_and_ranges_are_enforced_by_the_schema() {
     let schema = schema_of("DataplaneConfig");
     assert_eq!(

@@ -5,8 +5,9 @@ use chrono::{DateTime, TimeZone, Utc};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::json;
 use switchyard_crds::{
-    condition_types, reasons, set_condition, Condition, ConditionStatus, DataplaneConfig,
-    DataplaneMode, DataplaneNode, DataplanePhase, IptablesCleanupPolicy, KubeProxyManagement,
+    condition_types, reasons, set_condition, BudgetExceededAction, CanarySpec, Condition,
+    ConditionStatus, DataplaneConfig, DataplaneMode, DataplaneNode, DataplanePhase,
+    DisruptionBudget, IptablesCleanupPolicy, KubeProxyManagement,
 };
 
 fn time(seconds: i64) -> DateTime<Utc> {
@@ -36,6 +37,80 @@ fn a_minimal_dataplane_config_gets_every_default() {
     assert_eq!(spec.rollout.max_failed_nodes, 0);
     assert_eq!(spec.rollout.drain_timeout_seconds, 600);
     assert!(config.status.is_none());
+}
+
+#[test]
+fn a_dataplane_config_written_before_canaries_existed_gets_a_one_node_canary_a_minute_of_soak_and_rollback(
+) {
+    let config: DataplaneConfig = serde_json::from_value(json!({
+        "apiVersion": "switchyard.dev/v1alpha1",
+        "kind": "DataplaneConfig",
+        "metadata": { "name": "default" },
+        "spec": { "mode": "Ebpf", "rollout": { "maxUnavailable": 2 } }
+    }))
+    .expect("an older DataplaneConfig deserializes");
+    let rollout = &config.spec.rollout;
+    assert_eq!(rollout.canary, CanarySpec::default());
+    assert_eq!(rollout.canary.count, None, "absent: one node");
+    assert_eq!(rollout.canary.node_selector, None);
+    assert_eq!(rollout.canary.soak_seconds, 60);
+    assert_eq!(
+        rollout.canary.batch_soak_seconds, None,
+        "absent: a third of the soak"
+    );
+    assert_eq!(rollout.disruption_budget, DisruptionBudget::default());
+    assert_eq!(rollout.disruption_budget.failed_connects_per_minute, 30);
+    assert_eq!(rollout.disruption_budget.failed_connects_percent, 100);
+    assert_eq!(rollout.disruption_budget.resets_per_minute, 30);
+    assert_eq!(rollout.disruption_budget.resets_percent, 100);
+    assert_eq!(rollout.disruption_budget.probe_failures_per_minute, 6);
+    assert_eq!(rollout.on_budget_exceeded, BudgetExceededAction::Rollback);
+    assert_eq!(
+        rollout.max_unavailable,
+        IntOrString::Int(2),
+        "the fields it had are kept"
+    );
+}
+
+#[test]
+fn canary_budget_and_action_fields_are_read_as_written_and_an_unknown_action_is_rejected() {
+    let read = |rollout: serde_json::Value| {
+        serde_json::from_value::<DataplaneConfig>(json!({
+            "apiVersion": "switchyard.dev/v1alpha1",
+            "kind": "DataplaneConfig",
+            "metadata": { "name": "default" },
+            "spec": { "mode": "Ebpf", "rollout": rollout }
+        }))
+    };
+    let config = read(json!({
+        "canary": { "nodeSelector": { "switchyard.dev/canary": "true" }, "soakSeconds": 300, "batchSoakSeconds": 30 },
+        "disruptionBudget": { "failedConnectsPerMinute": 5 },
+        "onBudgetExceeded": "Halt"
+    }))
+    .expect("deserializes");
+    let rollout = &config.spec.rollout;
+    assert_eq!(
+        rollout
+            .canary
+            .node_selector
+            .as_ref()
+            .and_then(|labels| labels.get("switchyard.dev/canary"))
+            .map(String::as_str),
+        Some("true")
+    );
+    assert_eq!(rollout.canary.soak_seconds, 300);
+    assert_eq!(rollout.canary.batch_soak_seconds, Some(30));
+    assert_eq!(rollout.disruption_budget.failed_connects_per_minute, 5);
+    assert_eq!(
+        rollout.disruption_budget.resets_per_minute, 30,
+        "the rest defaulted"
+    );
+    assert_eq!(rollout.on_budget_exceeded, BudgetExceededAction::Halt);
+    assert!(read(json!({ "onBudgetExceeded": "Ignore" })).is_err());
+    assert!(
+        read(json!({ "onBudgetExceeded": "Rollback" })).is_ok(),
+        "control: a known action is read"
+    );
 }
 
 #[test]
@@ -290,4 +365,68 @@ fn a_full_status_round_trips() {
         serde_json::from_value(serde_json::to_value(&node).expect("serializes"))
             .expect("reads back");
     assert_eq!(again, node);
+}
+
+#[test]
+fn a_node_status_with_disruption_signals_round_trips_and_one_without_them_reads_as_not_measured() {
+    let node: DataplaneNode = serde_json::from_value(json!({
+        "apiVersion": "switchyard.dev/v1alpha1",
+        "kind": "DataplaneNode",
+        "metadata": { "name": "node-1", "generation": 2 },
+        "spec": { "mode": "Ebpf" },
+        "status": {
+            "observedGeneration": 2,
+            "disruption": {
+                "baseline": {
+                    "start": "2027-01-15T07:50:00Z", "end": "2027-01-15T08:00:00Z",
+                    "connections": { "failedConnects": 3, "resetsByPeer": 1, "synRetransmits": 9 },
+                    "expected": { "refusedWithoutReadyEndpoints": 40 }
+                },
+                "current": {
+                    "start": "2027-01-15T08:00:05Z", "end": "2027-01-15T08:01:05Z",
+                    "datapath": { "translationErrors": 0, "refusedWithEndpointsReadyElsewhere": 2, "conntrackOverflows": 0, "fragmentsWithoutFirst": 0 },
+                    "expected": { "refusedWithoutReadyEndpoints": 4, "sourceRangeDrops": 12 },
+                    "connections": { "failedConnects": 120 },
+                    "probes": { "sent": 60, "failures": 7 },
+                    "services": [ { "namespace": "shop", "name": "cart", "failedConnects": 118 } ]
+                }
+            }
+        }
+    }))
+    .expect("deserializes");
+    let disruption = node
+        .status
+        .as_ref()
+        .and_then(|status| status.disruption.as_ref())
+        .expect("the disruption report is read");
+    let current = disruption.current.as_ref().expect("a current window");
+    assert_eq!(current.connections.failed_connects, Some(120));
+    assert_eq!(
+        current.connections.resets_by_peer, None,
+        "not measured: absent"
+    );
+    assert_eq!(current.expected.source_range_drops, Some(12));
+    assert_eq!(current.services[0].name, "cart");
+    assert_eq!(
+        disruption.baseline.as_ref().map(|baseline| baseline.end),
+        Some(
+            DateTime::parse_from_rfc3339("2027-01-15T08:00:00Z")
+                .expect("a time")
+                .with_timezone(&Utc)
+        )
+    );
+    let again: DataplaneNode =
+        serde_json::from_value(serde_json::to_value(&node).expect("serializes"))
+            .expect("reads back");
+    assert_eq!(again, node);
+
+    let silent: DataplaneNode = serde_json::from_value(json!({
+        "apiVersion": "switchyard.dev/v1alpha1",
+        "kind": "DataplaneNode",
+        "metadata": { "name": "node-2" },
+        "spec": { "mode": "Ebpf" },
+        "status": { "observedGeneration": 1 }
+    }))
+    .expect("an agent that measures nothing reports a valid status");
+    assert_eq!(silent.status.and_then(|status| status.disruption), None);
 }

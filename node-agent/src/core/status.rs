@@ -223,6 +223,9 @@ pub fn compute_status(
             _ => None,
         },
         last_sync_time: inputs.last_sync_time,
+        // The agent does not measure disruption signals yet (issue 28): it reports none, which
+        // the operator reads as "not measured".
+        disruption: None,
     }
 }
 

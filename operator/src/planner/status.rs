@@ -139,6 +139,7 @@ pub(crate) fn build(
         serving_summary: Some(format!("{serving}/{}", facts.len())),
         transition: transition(previous, context, decision.mode_in_place, now),
         message: Some(message),
+        budget_exceeded: None,
     }
 }
 
@@ -207,6 +208,7 @@ pub(crate) fn ignored(config: &DataplaneConfig, now: DateTime<Utc>) -> Dataplane
         serving_summary: None,
         transition: None,
         message: Some(message),
+        budget_exceeded: None,
     }
 }
 

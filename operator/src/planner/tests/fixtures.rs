@@ -160,6 +160,7 @@ pub(super) fn report(
         services_programmed: Some(3),
         live_flows: Some(0),
         last_sync_time: Some(at(-5)),
+        disruption: None,
     });
 }
 
