@@ -77,6 +77,18 @@ pub mod map_names {
     /// frontend's source ranges. A map of its own rather than an entry of
     /// `COUNTERS`, whose pinned size a same-version upgrade keeps.
     pub const SOURCE_RANGE_DROPS: &str = "SY_SRC_DROPS";
+    /// IPv4 fragment tracking: the ports of each fragmented datagram, recorded
+    /// from its first fragment (the only one carrying them) for its later ones
+    /// (see [`FragmentKey`]). Not part of the schema, like the programs' scratch
+    /// map: an entry lives for one datagram's fragments, so a new schema version
+    /// starts it empty rather than converting it. Additive: created where a pin
+    /// directory lacks it.
+    pub const FRAGMENTS: &str = "SY_FRAGMENTS";
+    /// One per-CPU counter: later fragments whose first fragment the programs
+    /// never saw (lost, reordered, or older than the LRU's memory), passed
+    /// untranslated. A map of its own, for the reason `SOURCE_RANGE_DROPS` is;
+    /// not part of the schema either (a counter starts again from zero).
+    pub const FRAGMENTS_WITHOUT_FIRST: &str = "SY_FRAG_ORPHANS";
 }
 
 /// A pre-filter in front of the conntrack lookups, in an array map of one byte per
@@ -262,6 +274,38 @@ pub struct ConntrackKey {
     pub reserved: [u8; 3],
 }
 
+/// Key of the fragments map: one fragmented datagram as a TC hook sees it. IPv4
+/// fragments after the first carry no transport header, so their ports are the
+/// ones the hook recorded from the datagram's first fragment under this key (the
+/// fields every fragment of a datagram shares, RFC 791), as Cilium does.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FragmentKey {
+    pub source_address: Address,
+    pub destination_address: Address,
+    /// The IP header's identification field.
+    pub identification_big_endian: u16,
+    pub protocol: u8,
+    /// `FRAGMENT_SEEN_AT_*`: ingress and egress record apart, so a datagram whose
+    /// ports one hook translated (addresses unchanged) never gives the other
+    /// hook's later fragments the translated ports.
+    pub seen_at: u8,
+}
+
+/// [`FragmentKey::seen_at`]: a TC ingress program recorded the entry.
+pub const FRAGMENT_SEEN_AT_INGRESS: u8 = 0;
+/// [`FragmentKey::seen_at`]: the TC egress program recorded the entry.
+pub const FRAGMENT_SEEN_AT_EGRESS: u8 = 1;
+
+/// Value of the fragments map: the ports of the datagram's first fragment, as on
+/// the wire before the hook translated it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FragmentPorts {
+    pub source_port_big_endian: u16,
+    pub destination_port_big_endian: u16,
+}
+
 /// Rewrite the destination address and port to `new_destination_*`.
 pub const CONNTRACK_FLAG_REWRITE_DESTINATION: u8 = 1 << 0;
 /// Rewrite the source address and port to `new_source_*`.
@@ -433,6 +477,8 @@ mod user {
     unsafe impl aya::Pod for SocketReverseKey {}
     unsafe impl aya::Pod for SocketReverseValue {}
     unsafe impl aya::Pod for SourceRangeKey {}
+    unsafe impl aya::Pod for FragmentKey {}
+    unsafe impl aya::Pod for FragmentPorts {}
 }
 
 // No hidden padding: each size is the sum of the field sizes.
@@ -450,6 +496,8 @@ const _: () = {
     assert!(size_of::<SocketReverseKey>() == 8 + 16 + 2 + 6);
     assert!(size_of::<SocketReverseValue>() == 16 + 2 + 2);
     assert!(size_of::<SourceRangeKey>() == 20 + 16);
+    assert!(size_of::<FragmentKey>() == 16 + 16 + 2 + 1 + 1);
+    assert!(size_of::<FragmentPorts>() == 2 + 2);
 };
 
 #[cfg(test)]
@@ -494,6 +542,8 @@ mod tests {
             map_names::PORT_FILTER,
             map_names::SOURCE_RANGES,
             map_names::SOURCE_RANGE_DROPS,
+            map_names::FRAGMENTS,
+            map_names::FRAGMENTS_WITHOUT_FIRST,
         ] {
             assert!(name.len() <= 15, "{name} is longer than 15 characters");
         }

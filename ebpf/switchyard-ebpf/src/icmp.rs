@@ -224,6 +224,7 @@ fn find_rewrite(message: &Message, direction: Direction, rewrite: &mut QuoteRewr
         destination_port: u16::from_ne_bytes(rewrite.source_port),
         tcp_flags: 0,
         l4_offset: 0,
+        later_fragment: false,
     };
     let mut key_storage = MaybeUninit::uninit();
     let key = backwards.write_conntrack_key(&mut key_storage);

@@ -13,6 +13,7 @@
 
 mod checksum;
 mod conntrack;
+mod fragments;
 mod icmp;
 mod packet;
 mod socket;
@@ -32,10 +33,11 @@ use switchyard_common::{
     ConntrackValue, DatapathConfig, FrontendKey, FrontendValue, SocketReverseKey,
     SocketReverseValue, SourceRangeKey, BACKEND_FLAG_LOCAL, CONNTRACK_FLAG_MASQUERADE,
     CONNTRACK_FLAG_PORT_TRANSLATED, CONNTRACK_FLAG_REPLY, CONNTRACK_FLAG_REWRITE_DESTINATION,
-    CONNTRACK_FLAG_REWRITE_SOURCE, DATAPATH_MODE_ACTIVE, FRONTEND_FLAG_DROP_WITHOUT_BACKENDS,
-    FRONTEND_FLAG_MASQUERADE_REMOTE, FRONTEND_FLAG_PRESERVE_CLIENT_ADDRESS,
-    FRONTEND_FLAG_SESSION_AFFINITY, FRONTEND_FLAG_SOURCE_RANGES, PROTOCOL_TCP, PROTOCOL_UDP,
-    SCOPE_EXTERNAL, SCOPE_INTERNAL, SOURCE_RANGE_FRONTEND_BITS,
+    CONNTRACK_FLAG_REWRITE_SOURCE, DATAPATH_MODE_ACTIVE, FRAGMENT_SEEN_AT_EGRESS,
+    FRAGMENT_SEEN_AT_INGRESS, FRONTEND_FLAG_DROP_WITHOUT_BACKENDS, FRONTEND_FLAG_MASQUERADE_REMOTE,
+    FRONTEND_FLAG_PRESERVE_CLIENT_ADDRESS, FRONTEND_FLAG_SESSION_AFFINITY,
+    FRONTEND_FLAG_SOURCE_RANGES, PROTOCOL_TCP, PROTOCOL_UDP, SCOPE_EXTERNAL, SCOPE_INTERNAL,
+    SOURCE_RANGE_FRONTEND_BITS,
 };
 
 use core::mem::MaybeUninit;
@@ -311,7 +313,7 @@ fn remember_affinity(choice: BackendChoice<'_>, ordinal: u32, now: u64) {
 
 #[inline(always)]
 fn try_ingress(ctx: &TcContext, scope: u8) -> Result<i32, ()> {
-    let Some(packet) = Packet::parse(ctx) else {
+    let Some(packet) = Packet::parse(ctx, FRAGMENT_SEEN_AT_INGRESS) else {
         // Not TCP or UDP: maybe an ICMP error about a reply, for a backend, or
         // a hairpin flow's error, sent straight back to its pod.
         return match icmp::translate_error(ctx, icmp::Direction::ToBackend) {
@@ -338,12 +340,19 @@ fn try_ingress(ctx: &TcContext, scope: u8) -> Result<i32, ()> {
         // A UDP flow has no SYN to start it again: each datagram of a client-direction
         // entry checks that its reply entry is still its own (a DNS client's next
         // socket may get the same port, and its flow may have taken that entry over).
+        // A later fragment follows its first, which made that check already.
         let reply_lost = packet.protocol == PROTOCOL_UDP
+            && !packet.later_fragment
             && entry.flags & CONNTRACK_FLAG_REPLY == 0
             && !conntrack::reply_belongs_to(key, entry, config, now);
         if conntrack::is_live(entry, packet.protocol, config, now) && !is_new_syn && !reply_lost {
             return Ok(on_conntrack_hit(ctx, &packet, entry, config, now));
         }
+    }
+    if packet.later_fragment {
+        // Only a first fragment opens a flow (or is refused): a later one
+        // without a live flow has a first that was passed on as it was.
+        return Ok(PASS);
     }
     match on_conntrack_miss(ctx, &packet, config, scope, now) {
         // Refused from here rather than from inside: `refuse` and
@@ -562,7 +571,7 @@ fn open_flow(
 }
 
 fn try_egress(ctx: &TcContext) -> Result<i32, ()> {
-    let Some(packet) = Packet::parse(ctx) else {
+    let Some(packet) = Packet::parse(ctx, FRAGMENT_SEEN_AT_EGRESS) else {
         // Not TCP or UDP: maybe an ICMP error for a client.
         return Ok(icmp::translate_error(ctx, icmp::Direction::ToClient));
     };

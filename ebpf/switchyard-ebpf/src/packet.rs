@@ -13,7 +13,7 @@ use core::{mem::offset_of, mem::MaybeUninit, ptr::write_volatile};
 
 use switchyard_common::{ipv4_mapped, Address, ConntrackKey, PROTOCOL_TCP, PROTOCOL_UDP};
 
-use crate::checksum;
+use crate::{checksum, fragments};
 
 pub const ETHERNET_HEADER_LENGTH: usize = 14;
 const ETHERNET_TYPE_IPV4: u16 = 0x0800;
@@ -28,6 +28,9 @@ const TCP_FLAG_FIN: u8 = 0x01;
 const TCP_FLAG_SYN: u8 = 0x02;
 const TCP_FLAG_RST: u8 = 0x04;
 const TCP_FLAG_ACK: u8 = 0x10;
+/// The IPv4 flags-and-offset field: "more fragments", and the fragment offset.
+const MORE_FRAGMENTS: u16 = 0x2000;
+const FRAGMENT_OFFSET: u16 = 0x1fff;
 
 // The layout `Packet::conntrack_key` writes: addresses at even offsets, `reserved`
 // at an odd one followed by an even pair.
@@ -44,7 +47,7 @@ const _: () = {
 /// # Safety
 /// `target` is valid for 16 bytes of writes and aligned to 2.
 #[inline(always)]
-unsafe fn write_ipv4_mapped(target: *mut u8, octets: [u8; 4]) {
+pub(crate) unsafe fn write_ipv4_mapped(target: *mut u8, octets: [u8; 4]) {
     let halves = target.cast::<u16>();
     for index in 0..5 {
         write_volatile(halves.add(index), 0);
@@ -65,13 +68,18 @@ pub struct Packet {
     pub destination_port: u16,
     pub tcp_flags: u8,
     pub l4_offset: usize,
+    /// A fragment after the first of its datagram: no transport header (the
+    /// ports are those its first fragment carried, see `fragments`), so a
+    /// rewrite changes only its addresses and IP header checksum.
+    pub later_fragment: bool,
 }
 
 impl Packet {
-    /// `None` for anything but an unfragmented (or first-fragment-free) IPv4 TCP
-    /// or UDP packet: those pass untouched.
+    /// `None` for anything but an IPv4 TCP or UDP packet, whole or a fragment
+    /// (a later fragment only if this hook, `seen_at` (`FRAGMENT_SEEN_AT_*`),
+    /// saw its datagram's first): those pass untouched.
     #[inline(always)]
-    pub fn parse(ctx: &TcContext) -> Option<Self> {
+    pub fn parse(ctx: &TcContext, seen_at: u8) -> Option<Self> {
         // Helper calls are most of the per-packet cost: the common packet (no IP
         // options, at least the TCP header's flags or the UDP header and 6 bytes
         // behind it) is read in one call; anything else the long way.
@@ -80,7 +88,7 @@ impl Packet {
                 return Some(packet);
             }
         }
-        Self::parse_field_by_field(ctx)
+        Self::parse_field_by_field(ctx, seen_at)
     }
 
     /// The packet from its first `COMMON_HEADERS_LENGTH` bytes, if it is an
@@ -121,11 +129,12 @@ impl Packet {
                 0
             },
             l4_offset,
+            later_fragment: false,
         })
     }
 
     #[inline(always)]
-    fn parse_field_by_field(ctx: &TcContext) -> Option<Self> {
+    fn parse_field_by_field(ctx: &TcContext, seen_at: u8) -> Option<Self> {
         let ethernet_type: u16 = ctx.load(12).ok()?;
         if u16::from_be(ethernet_type) != ETHERNET_TYPE_IPV4 {
             return None;
@@ -140,11 +149,6 @@ impl Packet {
         if header_length < 20 {
             return None;
         }
-        // Fragments other than whole packets carry no ports (or only the first
-        // carries them): leave them to the stack.
-        if u16::from_be_bytes([ip[6], ip[7]]) & 0x3fff != 0 {
-            return None;
-        }
         let protocol = ip[9];
         if protocol != PROTOCOL_TCP && protocol != PROTOCOL_UDP {
             return None;
@@ -152,6 +156,31 @@ impl Packet {
         let source_ipv4 = [ip[12], ip[13], ip[14], ip[15]];
         let destination_ipv4 = [ip[16], ip[17], ip[18], ip[19]];
         let l4_offset = IP_OFFSET + header_length;
+        let fragment = u16::from_be_bytes([ip[6], ip[7]]);
+        let datagram = fragments::identity(u16::from_ne_bytes([ip[4], ip[5]]), protocol, seen_at);
+        if fragment & FRAGMENT_OFFSET != 0 {
+            // A later fragment: the ports its first fragment carried, if this
+            // hook saw it (else it passes untouched, counted).
+            let found = fragments::ports_of_later_fragment(
+                u32::from_ne_bytes(source_ipv4),
+                u32::from_ne_bytes(destination_ipv4),
+                datagram,
+            );
+            if found & fragments::FOUND == 0 {
+                return None;
+            }
+            let (source_port, destination_port) = fragments::unpack_ports(found);
+            return Some(Self {
+                protocol,
+                source_ipv4,
+                destination_ipv4,
+                source_port,
+                destination_port,
+                tcp_flags: 0,
+                l4_offset,
+                later_fragment: true,
+            });
+        }
         // Both ports in one read, kept in wire order (the bytes read as native u16).
         let ports: [u8; 4] = ctx.load(l4_offset).ok()?;
         let source_port = u16::from_ne_bytes([ports[0], ports[1]]);
@@ -161,6 +190,15 @@ impl Packet {
         } else {
             0
         };
+        if fragment & MORE_FRAGMENTS != 0 {
+            // The first fragment of a datagram: its later ones need its ports.
+            fragments::remember_first_fragment(
+                u32::from_ne_bytes(source_ipv4),
+                u32::from_ne_bytes(destination_ipv4),
+                datagram,
+                fragments::pack_ports(source_port, destination_port),
+            );
+        }
         Some(Self {
             protocol,
             source_ipv4,
@@ -169,6 +207,7 @@ impl Packet {
             destination_port,
             tcp_flags,
             l4_offset,
+            later_fragment: false,
         })
     }
 
@@ -302,18 +341,23 @@ fn rewrite_endpoint(
     if new_ipv4 != old_ipv4 {
         let old_value = u32::from_ne_bytes(old_ipv4) as u64;
         let new_value = u32::from_ne_bytes(new_ipv4) as u64;
-        ctx.l4_csum_replace(
-            l4_checksum_offset,
-            old_value,
-            new_value,
-            l4_flags | BPF_F_PSEUDO_HDR as u64 | 4,
-        )
-        .map_err(|_| ())?;
+        // A later fragment has no transport checksum: where it would be is
+        // payload. The first fragment's update covers the whole datagram.
+        if !packet.later_fragment {
+            ctx.l4_csum_replace(
+                l4_checksum_offset,
+                old_value,
+                new_value,
+                l4_flags | BPF_F_PSEUDO_HDR as u64 | 4,
+            )
+            .map_err(|_| ())?;
+        }
         ctx.l3_csum_replace(IP_CHECKSUM_OFFSET, old_value, new_value, 4)
             .map_err(|_| ())?;
         ctx.store(address_offset, &new_ipv4, 0).map_err(|_| ())?;
     }
-    if new_port != old_port {
+    // A later fragment's ports are its first fragment's, not in the packet.
+    if new_port != old_port && !packet.later_fragment {
         ctx.l4_csum_replace(
             l4_checksum_offset,
             old_port as u64,
