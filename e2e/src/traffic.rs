@@ -37,6 +37,26 @@ pub struct EchoServer {
 impl EchoServer {
     /// Listens on `address` inside the namespace of `thread`.
     pub async fn start(thread: &NamespaceThread, address: SocketAddr, name: &str) -> Result<Self> {
+        Self::start_answering(thread, address, name, false).await
+    }
+
+    /// [`Self::start`], but every answer names the client's address as the server saw it
+    /// (`<name>@<client address> <line>`), so a report's backends show whether a dataplane
+    /// kept the client's address or masqueraded it.
+    pub async fn start_naming_peer(
+        thread: &NamespaceThread,
+        address: SocketAddr,
+        name: &str,
+    ) -> Result<Self> {
+        Self::start_answering(thread, address, name, true).await
+    }
+
+    async fn start_answering(
+        thread: &NamespaceThread,
+        address: SocketAddr,
+        name: &str,
+        naming_peer: bool,
+    ) -> Result<Self> {
         let listener = thread
             .tcp_listener(address)
             .await
@@ -54,8 +74,13 @@ impl EchoServer {
             loop {
                 tokio::select! {
                     accepted = listener.accept() => {
-                        if let Ok((stream, _)) = accepted {
-                            connections.spawn(serve_connection(stream, server_name.clone()));
+                        if let Ok((stream, peer)) = accepted {
+                            let answering_as = if naming_peer {
+                                format!("{server_name}@{}", peer.ip())
+                            } else {
+                                server_name.clone()
+                            };
+                            connections.spawn(serve_connection(stream, answering_as));
                         }
                     }
                     Some(_) = connections.join_next(), if !connections.is_empty() => {}
@@ -86,6 +111,70 @@ async fn serve_connection(stream: TcpStream, name: String) {
         {
             return;
         }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// UDP echo server
+// ---------------------------------------------------------------------------
+
+/// The largest datagram a UDP echo server or a datagram flow reads: any IPv4 datagram fits.
+const MAXIMUM_DATAGRAM: usize = 65_535;
+
+/// A UDP server that answers every datagram with its own name and the datagram
+/// (`<name> <datagram>`), as [`EchoServer`] answers lines. A large datagram is answered
+/// whole, so the answer is fragmented on its way back as the question was on its way in.
+/// Stops when dropped.
+#[derive(Debug)]
+pub struct UdpEchoServer {
+    pub name: String,
+    pub address: SocketAddr,
+    tasks: JoinSet<()>,
+}
+
+impl UdpEchoServer {
+    /// Listens on `address` inside the namespace of `thread`.
+    pub async fn start(thread: &NamespaceThread, address: SocketAddr, name: &str) -> Result<Self> {
+        let socket = thread
+            .run(move || {
+                let socket = std::net::UdpSocket::bind(address)?;
+                socket.set_nonblocking(true)?;
+                Ok(socket)
+            })
+            .await
+            .and_then(tokio::net::UdpSocket::from_std)
+            .map_err(|source| E2eError::StartEchoServer {
+                namespace: thread.label().to_string(),
+                port: address.port(),
+                source,
+            })?;
+        let local_address = socket.local_addr().unwrap_or(address);
+        let prefix = format!("{name} ").into_bytes();
+        let mut tasks = JoinSet::new();
+        tasks.spawn(async move {
+            let mut buffer = vec![0u8; MAXIMUM_DATAGRAM];
+            loop {
+                // An error here is about one datagram (or an ICMP error about an earlier
+                // answer): the client that sent it counts its missing answer.
+                let Ok((length, peer)) = socket.recv_from(&mut buffer).await else {
+                    continue;
+                };
+                let mut answer = Vec::with_capacity(prefix.len() + length);
+                answer.extend_from_slice(&prefix);
+                answer.extend_from_slice(&buffer[..length]);
+                let _ = socket.send_to(&answer, peer).await;
+            }
+        });
+        Ok(Self {
+            name: name.to_string(),
+            address: local_address,
+            tasks,
+        })
+    }
+
+    /// Stops answering.
+    pub async fn stop(mut self) {
+        self.tasks.shutdown().await;
     }
 }
 
@@ -253,6 +342,16 @@ pub enum FlowMode {
         connections: usize,
         message_interval: Duration,
     },
+    /// A new UDP socket every `interval`, from each of `workers` loops: connected to the
+    /// destination, it sends one datagram of `size` bytes ([`datagram_message`]) and waits
+    /// for a [`UdpEchoServer`]'s answer (a new flow each time, as a short connection is).
+    /// Above the path's MTU (1,500 bytes here) the datagram and its answer travel as IP
+    /// fragments, and only an answer carrying the whole datagram counts.
+    Datagrams {
+        interval: Duration,
+        workers: usize,
+        size: usize,
+    },
 }
 
 /// Connections from one namespace to one destination.
@@ -345,6 +444,18 @@ impl TrafficGenerator {
                         generator.spawn_worker(
                             &flow.name,
                             long_lived_loop(worker.clone(), message_interval),
+                        );
+                    }
+                }
+                FlowMode::Datagrams {
+                    interval,
+                    workers,
+                    size,
+                } => {
+                    for _ in 0..workers.max(1) {
+                        generator.spawn_worker(
+                            &flow.name,
+                            datagram_loop(worker.clone(), interval, size),
                         );
                     }
                 }
@@ -605,6 +716,86 @@ async fn long_lived_loop(mut worker: Worker, message_interval: Duration) {
     }
 }
 
+async fn datagram_loop(mut worker: Worker, interval: Duration, size: usize) {
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut sequence = 0u64;
+    loop {
+        tokio::select! {
+            _ = worker.stopped.changed() => return,
+            _ = ticker.tick() => {}
+        }
+        if *worker.stopped.borrow() {
+            return;
+        }
+        sequence += 1;
+        let outcome = datagram_exchange(
+            &worker.flow.source,
+            worker.flow.destination,
+            &datagram_message(sequence, size),
+            worker.timeouts,
+        )
+        .await;
+        worker.record(outcome);
+    }
+}
+
+/// The datagram a [`FlowMode::Datagrams`] flow sends: `datagram-<sequence>-` padded with dots
+/// to `size` bytes (never shorter than that prefix), so a lost or reordered fragment cannot
+/// pass for a whole answer.
+pub fn datagram_message(sequence: u64, size: usize) -> String {
+    let mut message = format!("datagram-{sequence}-");
+    let padding = size.saturating_sub(message.len());
+    message.extend(std::iter::repeat_n('.', padding));
+    message
+}
+
+/// One datagram from a new socket in `source`, connected to `destination` (so an ICMP error
+/// about it fails the exchange as refused or unreachable); the answering backend's name, or
+/// why it failed.
+pub async fn datagram_exchange(
+    source: &NamespaceThread,
+    destination: SocketAddr,
+    message: &str,
+    timeouts: Timeouts,
+) -> std::result::Result<String, FailureCause> {
+    let any: SocketAddr = if destination.is_ipv4() {
+        (std::net::Ipv4Addr::UNSPECIFIED, 0).into()
+    } else {
+        (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+    };
+    let socket = source
+        .run(move || {
+            let socket = std::net::UdpSocket::bind(any)?;
+            socket.set_nonblocking(true)?;
+            Ok(socket)
+        })
+        .await
+        .and_then(tokio::net::UdpSocket::from_std)
+        .map_err(|error| FailureCause::Other(format!("socket: {error}")))?;
+    socket
+        .connect(destination)
+        .await
+        .map_err(|error| classify_io_error(&error))?;
+    socket
+        .send(message.as_bytes())
+        .await
+        .map_err(|error| classify_io_error(&error))?;
+    let mut buffer = vec![0u8; MAXIMUM_DATAGRAM];
+    match tokio::time::timeout(timeouts.reply, socket.recv(&mut buffer)).await {
+        Err(_) => Err(FailureCause::ReplyTimeout),
+        Ok(Err(error)) => Err(classify_io_error(&error)),
+        Ok(Ok(length)) => {
+            let answer = String::from_utf8_lossy(&buffer[..length]);
+            parse_answer(&answer, message).map_err(|_| {
+                // The whole answer would bury the report: its length and start say enough.
+                let start: String = answer.chars().take(40).collect();
+                FailureCause::WrongReply(format!("{length} bytes starting {start:?}"))
+            })
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -792,5 +983,98 @@ mod tests {
         assert!(!flow.failures.is_empty(), "{report}");
         assert!(flow.connections_opened >= 2, "{report}");
         assert!(flow.backends.contains_key("backend-b"), "{report}");
+    }
+
+    #[test]
+    fn a_datagram_message_has_the_size_asked_and_starts_with_its_sequence() {
+        let message = datagram_message(7, 4_000);
+        assert_eq!(message.len(), 4_000);
+        assert!(message.starts_with("datagram-7-."), "{}", &message[..20]);
+        assert_eq!(
+            datagram_message(12, 3),
+            "datagram-12-",
+            "never shorter than its prefix"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_server_naming_the_peer_answers_with_the_clients_address() {
+        let thread = NamespaceThread::start(None).unwrap();
+        let server = EchoServer::start_naming_peer(&thread, "127.0.0.1:0".parse().unwrap(), "b")
+            .await
+            .unwrap();
+        let answer = exchange_once(&thread, server.address, Timeouts::default()).await;
+        server.stop().await;
+        assert_eq!(answer, Ok("b@127.0.0.1".to_string()));
+    }
+
+    #[tokio::test]
+    async fn datagrams_of_four_thousand_bytes_are_echoed_whole_by_a_udp_server() {
+        let thread = NamespaceThread::start(None).unwrap();
+        let server = UdpEchoServer::start(&thread, "127.0.0.1:0".parse().unwrap(), "udp-a")
+            .await
+            .unwrap();
+        let generator = TrafficGenerator::start(
+            vec![Flow {
+                name: "datagrams".into(),
+                source: thread,
+                destination: server.address,
+                mode: FlowMode::Datagrams {
+                    interval: Duration::from_millis(10),
+                    workers: 2,
+                    size: 4_000,
+                },
+            }],
+            Timeouts::default(),
+        );
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while generator.snapshot().flows["datagrams"].successes < 10 {
+            assert!(tokio::time::Instant::now() < deadline, "no answers in 10 s");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let report = generator.stop().await;
+        server.stop().await;
+        assert_eq!(report.failure_count(), 0, "{report}");
+        assert_eq!(
+            report.flows["datagrams"]
+                .backends
+                .keys()
+                .collect::<Vec<_>>(),
+            vec!["udp-a"]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_datagram_to_a_closed_port_is_refused_and_one_never_answered_times_out() {
+        let thread = NamespaceThread::start(None).unwrap();
+        // A port nothing listens on: the kernel answers with port unreachable, which the
+        // connected socket reports.
+        let closed = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let closed_address = closed.local_addr().unwrap();
+        drop(closed);
+        let message = datagram_message(1, 4_000);
+        assert_eq!(
+            datagram_exchange(&thread, closed_address, &message, Timeouts::default()).await,
+            Err(FailureCause::ConnectionRefused)
+        );
+        // A socket that reads nothing: no ICMP error, no answer.
+        let silent = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let timeouts = Timeouts {
+            connect: Duration::from_millis(100),
+            reply: Duration::from_millis(100),
+        };
+        assert_eq!(
+            datagram_exchange(&thread, silent.local_addr().unwrap(), &message, timeouts).await,
+            Err(FailureCause::ReplyTimeout)
+        );
+        // Control: the same datagram to an echo server is answered.
+        let server = UdpEchoServer::start(&thread, "127.0.0.1:0".parse().unwrap(), "udp-b")
+            .await
+            .unwrap();
+        assert_eq!(
+            datagram_exchange(&thread, server.address, &message, Timeouts::default()).await,
+            Ok("udp-b".to_string())
+        );
+        server.stop().await;
     }
 }

@@ -53,10 +53,12 @@ pub enum Scenario {
     CleanupWithdrawn,
     /// Both transitions with the `kubernetes` Service's endpoint dead.
     KubernetesServiceDead,
+    /// kube-proxy parity before, mixed and after a switch the SCTP preflight first refused.
+    KubeProxyParity,
 }
 
 impl Scenario {
-    pub const ORDER: [Scenario; 11] = [
+    pub const ORDER: [Scenario; 12] = [
         Scenario::HelmInstallToEbpf,
         Scenario::KubectlWait,
         Scenario::AgentUpgrade,
@@ -68,6 +70,7 @@ impl Scenario {
         Scenario::ConfigDeleted,
         Scenario::CleanupWithdrawn,
         Scenario::KubernetesServiceDead,
+        Scenario::KubeProxyParity,
     ];
 
     pub fn title(self) -> &'static str {
@@ -85,6 +88,9 @@ impl Scenario {
             Scenario::KubernetesServiceDead => {
                 "there and back with the kubernetes Service's endpoint dead"
             }
+            Scenario::KubeProxyParity => {
+                "kube-proxy parity before, mixed and after a switch the SCTP preflight refused"
+            }
         }
     }
 
@@ -101,7 +107,8 @@ impl Scenario {
             | Scenario::NeverReady
             | Scenario::ConfigDeleted
             | Scenario::CleanupWithdrawn
-            | Scenario::KubernetesServiceDead => Some(DataplaneMode::KubeProxy),
+            | Scenario::KubernetesServiceDead
+            | Scenario::KubeProxyParity => Some(DataplaneMode::KubeProxy),
         }
     }
 
@@ -118,6 +125,7 @@ impl Scenario {
             Scenario::ConfigDeleted => super::never_ready::play_config_deleted(world).await,
             Scenario::CleanupWithdrawn => super::never_ready::play_cleanup_withdrawn(world).await,
             Scenario::KubernetesServiceDead => super::kubernetes_service::play(world).await,
+            Scenario::KubeProxyParity => super::parity::play(world).await,
         }
     }
 }

@@ -8,6 +8,8 @@ pub mod kubernetes_service;
 pub mod never_ready;
 pub mod not_patchable;
 pub mod operator_killed;
+pub mod parity;
+pub mod parity_services;
 pub mod rollback;
 pub mod to_ebpf;
 pub mod upgrade;
