@@ -11,7 +11,8 @@
 //! transitions with the `kubernetes` Service's endpoint dead (`migration/kubernetes_service.rs`:
 //! Switchyard's pods do not depend on the Service they migrate; a probe pod that does goes
 //! through it before, between and after them, and is cut off while it is dead), then kube-proxy
-//! parity (`migration/parity.rs`: a LoadBalancer with source ranges and a Local NodePort, with
+//! parity (`migration/parity.rs`: a LoadBalancer with source ranges, 4,000-byte UDP datagrams and
+//! a Local NodePort, with
 //! clients entering through every node, before, while the cluster is mixed and after a switch
 //! that the SCTP preflight first refused). A scenario
 //! that fails is reported by its own test; the ones after it still run, on a cluster brought
@@ -100,7 +101,7 @@ fn both_transitions_complete_while_the_kubernetes_services_endpoint_is_dead() {
 
 #[test]
 #[ignore = "needs the e2e cluster: make e2e-operator"]
-fn source_ranges_and_a_local_node_port_hold_through_every_node_before_mixed_and_after_a_switch_an_sctp_service_held_back(
+fn source_ranges_large_datagrams_and_a_local_node_port_hold_through_every_node_before_mixed_and_after_a_switch_an_sctp_service_held_back(
 ) {
     run_scenario(Scenario::KubeProxyParity);
 }

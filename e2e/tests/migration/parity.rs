@@ -1,6 +1,8 @@
 //! kube-proxy parity through a switch (issue 24's e2e): what kube-proxy served keeps working
 //! before the switch, while the cluster is mixed and after it, with clients entering through
-//! every node ([`super::parity_services`] has the Services and clients):
+//! every node ([`super::parity_services`] has the Services and clients): a LoadBalancer with
+//! source ranges, 4,000-byte UDP datagrams, a Local NodePort with a remote endpoint, and the
+//! preflight refusing the switch while an SCTP Service exists.
 //!
 //! 1. The parity Services and their clients; kube-proxy programs them on every node. Traffic
 //!    runs from here to the end: flows that must be answered (not one may fail) and flows that

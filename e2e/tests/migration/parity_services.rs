@@ -12,11 +12,14 @@
 //!   node-2 or node-3 only the local endpoint answers and sees the client's own address; through
 //!   node-1, which has no local endpoint, the connection is dropped (kube-proxy's
 //!   `KUBE-MARK-DROP`), not refused.
+//! - `parity-udp`: a UDP NodePort (30083) whose clients send 4,000-byte datagrams (IP fragments
+//!   on the 1,500-byte links here), from outside through every node and from a pod to its
+//!   ClusterIP; every datagram must come back whole.
 //! - `parity-sctp`: an SCTP ClusterIP Service, which the eBPF datapath does not serve: the
 //!   operator's parity preflight must refuse the transition while it exists.
 //!
 //! The backends are the World's pod namespaces on node-2 and node-3 (the demo's echo servers
-//! on 8080 for `parity-lb`, servers of this scenario on 8081).
+//! on 8080 for `parity-lb`, servers of this scenario on 8081 and UDP 8082).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
@@ -28,7 +31,8 @@ use kube::Api;
 use switchyard_e2e::netns::{run_in_namespace, TestNamespace};
 use switchyard_e2e::objects::{endpoint_slice_v1beta1, endpoint_slices_v1beta1, Endpoint};
 use switchyard_e2e::traffic::{
-    EchoServer, FailureCause, Flow, FlowMode, FlowReport, Timeouts, TrafficGenerator, TrafficReport,
+    EchoServer, FailureCause, Flow, FlowMode, FlowReport, Timeouts, TrafficGenerator,
+    TrafficReport, UdpEchoServer,
 };
 use switchyard_e2e::wait::{wait_for, Check, WaitOptions};
 
@@ -36,10 +40,16 @@ use crate::migration_support::*;
 
 pub const SOURCE_RANGES_SERVICE: &str = "parity-lb";
 pub const LOCAL_SERVICE: &str = "parity-local";
+pub const UDP_SERVICE: &str = "parity-udp";
 pub const SCTP_SERVICE: &str = "parity-sctp";
 const SOURCE_RANGES_NODE_PORT: u16 = 30081;
 const LOCAL_NODE_PORT: u16 = 30082;
 const LOCAL_BACKEND_PORT: u16 = 8081;
+const UDP_NODE_PORT: u16 = 30083;
+const UDP_PORT: u16 = 9000;
+const UDP_BACKEND_PORT: u16 = 8082;
+/// The datagrams' size: above the 1,500-byte MTU, so each travels as three IP fragments.
+const DATAGRAM_SIZE: usize = 4_000;
 const SCTP_PORT: u16 = 9999;
 /// The outside clients' host numbers on the bridge (the World's outside client is .110).
 const ALLOWED_HOST: u8 = 120;
@@ -63,6 +73,7 @@ pub fn load_balancer_address(node_index: usize) -> Ipv4Addr {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Item {
     SourceRanges,
+    LargeDatagrams,
     LocalNodePort,
     SctpPreflight,
 }
@@ -71,6 +82,7 @@ impl std::fmt::Display for Item {
     fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         formatter.write_str(match self {
             Item::SourceRanges => "LoadBalancer source ranges",
+            Item::LargeDatagrams => "UDP large datagrams",
             Item::LocalNodePort => "Local NodePort",
             Item::SctpPreflight => "SCTP preflight",
         })
@@ -135,6 +147,8 @@ pub struct ParityWorld {
     pub allowed: TestNamespace,
     pub refused: TestNamespace,
     local_servers: Vec<EchoServer>,
+    udp_servers: Vec<UdpEchoServer>,
+    udp_cluster_ip: Ipv4Addr,
     probes: Vec<Probe>,
 }
 
@@ -170,19 +184,28 @@ impl ParityWorld {
             EchoServer::start_naming_peer(&world.backend_2.thread()?, any, "local-2").await?,
             EchoServer::start_naming_peer(&world.backend_3.thread()?, any, "local-3").await?,
         ];
+        let udp_any = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, UDP_BACKEND_PORT));
+        let udp_servers = vec![
+            UdpEchoServer::start(&world.backend_2.thread()?, udp_any, "udp-2").await?,
+            UdpEchoServer::start(&world.backend_3.thread()?, udp_any, "udp-3").await?,
+        ];
         let mut parity = ParityWorld {
             allowed,
             refused,
             local_servers,
+            udp_servers,
+            udp_cluster_ip: Ipv4Addr::UNSPECIFIED,
             probes: Vec::new(),
         };
-        parity.create_services(world).await?;
+        parity.udp_cluster_ip = parity.create_services(world).await?;
         parity.probes = parity.make_probes(world)?;
         parity.wait_kube_proxy_programmed().await?;
         Ok(parity)
     }
 
-    async fn create_services(&self, world: &World) -> Outcome<()> {
+    /// Creates the Services, their slices and the load balancer's status; the UDP Service's
+    /// ClusterIP.
+    async fn create_services(&self, world: &World) -> Outcome<Ipv4Addr> {
         let ranges = vec![format!("{}/32", self.allowed.address)];
         apply_service(
             world,
@@ -207,6 +230,22 @@ impl ParityWorld {
             }),
         )
         .await?;
+        let udp = apply_service(
+            world,
+            serde_json::json!({
+                "apiVersion": "v1", "kind": "Service",
+                "metadata": {"name": UDP_SERVICE, "namespace": "default"},
+                "spec": {"type": "NodePort",
+                    "ports": [{"name": "echo", "port": UDP_PORT, "targetPort": UDP_BACKEND_PORT,
+                        "protocol": "UDP", "nodePort": UDP_NODE_PORT}]},
+            }),
+        )
+        .await?;
+        let udp_cluster_ip = udp
+            .spec
+            .and_then(|spec| spec.cluster_ip)
+            .and_then(|ip| ip.parse().ok())
+            .ok_or("failed to get a ClusterIP for the UDP Service")?;
         let endpoints = [
             Endpoint {
                 address: world.backend_2.address,
@@ -217,13 +256,15 @@ impl ParityWorld {
                 node: "node-3".into(),
             },
         ];
-        for (service, port) in [
-            (SOURCE_RANGES_SERVICE, BACKEND_PORT),
-            (LOCAL_SERVICE, LOCAL_BACKEND_PORT),
+        for (service, port_name, port, protocol) in [
+            (SOURCE_RANGES_SERVICE, "http", BACKEND_PORT, "TCP"),
+            (LOCAL_SERVICE, "http", LOCAL_BACKEND_PORT, "TCP"),
+            (UDP_SERVICE, "echo", UDP_BACKEND_PORT, "UDP"),
         ] {
             let name = format!("{service}-1");
-            let slice =
-                endpoint_slice_v1beta1("default", &name, service, "http", port, &endpoints)?;
+            let mut slice =
+                endpoint_slice_v1beta1("default", &name, service, port_name, port, &endpoints)?;
+            slice.data["ports"][0]["protocol"] = protocol.into();
             endpoint_slices_v1beta1(&world.client, "default")
                 .patch(
                     &name,
@@ -246,13 +287,24 @@ impl ParityWorld {
                 ),
             )
             .await?;
-        Ok(())
+        Ok(udp_cluster_ip)
     }
 
     /// Every flow: the allowed client to each load-balancer address, the refused client to
     /// each node's NodePort of the same Service (control) and to each load-balancer address,
-    /// and the allowed client to the Local NodePort through every node.
+    /// the allowed client to the Local NodePort through every node, and 4,000-byte datagrams
+    /// from the allowed client to the UDP NodePort through every node and from the client pod
+    /// to its ClusterIP.
     fn make_probes(&self, world: &World) -> Outcome<Vec<Probe>> {
+        let datagrams = FlowMode::Datagrams {
+            interval: Duration::from_millis(100),
+            workers: 1,
+            size: DATAGRAM_SIZE,
+        };
+        let udp_backends: BTreeSet<String> = ["udp-2", "udp-3"]
+            .iter()
+            .map(|name| name.to_string())
+            .collect();
         let short = FlowMode::ShortConnections {
             interval: Duration::from_millis(100),
             workers: 1,
@@ -261,9 +313,32 @@ impl ParityWorld {
         let backends = |names: &[&str]| -> BTreeSet<String> {
             names.iter().map(|name| name.to_string()).collect()
         };
-        let mut probes = Vec::new();
+        let mut probes = vec![Probe {
+            item: Item::LargeDatagrams,
+            flow: Flow {
+                name: format!("{UDP_SERVICE} ClusterIP from the client pod on node-1"),
+                source: world.client_pod.thread()?,
+                destination: address(self.udp_cluster_ip, UDP_PORT),
+                mode: datagrams,
+            },
+            expectation: Expectation::Served {
+                backends: udp_backends.clone(),
+            },
+        }];
         for (index, node) in NODES.iter().enumerate() {
             let node_address = world.node_address(node);
+            probes.push(Probe {
+                item: Item::LargeDatagrams,
+                flow: Flow {
+                    name: format!("{UDP_SERVICE} NodePort via {node}"),
+                    source: self.allowed.thread()?,
+                    destination: address(node_address, UDP_NODE_PORT),
+                    mode: datagrams,
+                },
+                expectation: Expectation::Served {
+                    backends: udp_backends.clone(),
+                },
+            });
             let lb = load_balancer_address(index + 1);
             probes.push(Probe {
                 item: Item::SourceRanges,
@@ -336,7 +411,8 @@ impl ParityWorld {
     }
 
     /// Waits until kube-proxy's nat table on every node holds the rules of both Services: the
-    /// load-balancer addresses, the source range, both NodePorts and the Local Service's
+    /// load-balancer addresses, the source range, the NodePorts, the UDP Service and the Local
+    /// Service's
     /// endpoint choice (a local endpoint on node-2 and node-3, a drop on node-1).
     async fn wait_kube_proxy_programmed(&self) -> Outcome<()> {
         for (index, node) in NODES.iter().enumerate() {
@@ -363,6 +439,17 @@ impl ParityWorld {
                 "-A KUBE-NODEPORTS".into(),
                 format!("--dport {LOCAL_NODE_PORT}"),
                 "-j KUBE-XLB-".into(),
+            ]);
+            expected.push(vec![
+                "-A KUBE-NODEPORTS".into(),
+                "-p udp".into(),
+                format!("--dport {UDP_NODE_PORT}"),
+                "-j KUBE-SVC-".into(),
+            ]);
+            expected.push(vec![
+                "-A KUBE-SVC-".into(),
+                format!("default/{UDP_SERVICE}:echo"),
+                "-j KUBE-SEP-".into(),
             ]);
             expected.push(if index == 0 {
                 vec![
@@ -428,7 +515,7 @@ impl ParityWorld {
 
     /// Deletes the Services and their slices and stops the Local Service's backends.
     pub async fn remove(self, world: &World) -> Outcome<()> {
-        for service in [SOURCE_RANGES_SERVICE, LOCAL_SERVICE] {
+        for service in [SOURCE_RANGES_SERVICE, LOCAL_SERVICE, UDP_SERVICE] {
             services(world)
                 .delete(service, &DeleteParams::default())
                 .await?;
@@ -437,6 +524,9 @@ impl ParityWorld {
                 .await?;
         }
         for server in self.local_servers {
+            server.stop().await;
+        }
+        for server in self.udp_servers {
             server.stop().await;
         }
         Ok(())
