@@ -21,6 +21,19 @@ pub enum MapMutation {
     DeleteSourceRange,
 }
 
+impl MapMutation {
+    /// The map this mutation changes, as its errors name it.
+    fn map(self) -> &'static str {
+        use switchyard_common::map_names;
+        match self {
+            Self::WriteFrontend | Self::DeleteFrontend => map_names::FRONTENDS,
+            Self::WriteBackendSlot | Self::DeleteBackendSlot => map_names::BACKEND_SLOTS,
+            Self::WriteConfig => map_names::CONFIG,
+            Self::WriteSourceRange | Self::DeleteSourceRange => map_names::SOURCE_RANGES,
+        }
+    }
+}
+
 /// In-memory `ServiceMaps` for tests and benchmarks, with injected faults.
 ///
 /// A failed mutation changes nothing, as a failed `bpf(BPF_MAP_UPDATE_ELEM)` does.
@@ -67,7 +80,8 @@ impl FakeServiceMaps {
     }
 
     /// Counts the attempt and decides whether it fails.
-    fn attempt(&mut self, mutation: MapMutation, map: &'static str) -> Result<(), Error> {
+    fn attempt(&mut self, mutation: MapMutation) -> Result<(), Error> {
+        let map = mutation.map();
         let index = self.mutations_attempted;
         self.mutations_attempted += 1;
         if self.failing_mutations.contains(&index) || self.failing_kinds.contains(&mutation) {
@@ -117,11 +131,10 @@ impl FakeServiceMaps {
     fn delete<K: Ord, V>(
         &mut self,
         mutation: MapMutation,
-        map: &'static str,
         select: impl FnOnce(&mut MapState) -> &mut BTreeMap<K, V>,
         key: &K,
     ) -> Result<(), Error> {
-        self.attempt(mutation, map)?;
+        self.attempt(mutation)?;
         select(&mut self.state).remove(key);
         self.applied();
         Ok(())
@@ -151,7 +164,7 @@ impl ServiceMaps for FakeServiceMaps {
 
     fn write_frontend(&mut self, key: &FrontendKey, value: &FrontendValue) -> Result<(), Error> {
         let map = switchyard_common::map_names::FRONTENDS;
-        self.attempt(MapMutation::WriteFrontend, map)?;
+        self.attempt(MapMutation::WriteFrontend)?;
         if self.failing_frontends.contains(key) {
             return Err(Error::UpdateMap {
                 map,
@@ -165,7 +178,6 @@ impl ServiceMaps for FakeServiceMaps {
     fn delete_frontend(&mut self, key: &FrontendKey) -> Result<(), Error> {
         self.delete(
             MapMutation::DeleteFrontend,
-            switchyard_common::map_names::FRONTENDS,
             |state| &mut state.frontends,
             key,
         )
@@ -177,7 +189,7 @@ impl ServiceMaps for FakeServiceMaps {
         value: &BackendValue,
     ) -> Result<(), Error> {
         let map = switchyard_common::map_names::BACKEND_SLOTS;
-        self.attempt(MapMutation::WriteBackendSlot, map)?;
+        self.attempt(MapMutation::WriteBackendSlot)?;
         let capacity = self.backend_slot_capacity;
         self.write(|state| &mut state.backend_slots, capacity, map, key, value)
     }
@@ -185,7 +197,6 @@ impl ServiceMaps for FakeServiceMaps {
     fn delete_backend_slot(&mut self, key: &BackendSlotKey) -> Result<(), Error> {
         self.delete(
             MapMutation::DeleteBackendSlot,
-            switchyard_common::map_names::BACKEND_SLOTS,
             |state| &mut state.backend_slots,
             key,
         )
@@ -202,20 +213,14 @@ impl ServiceMaps for FakeServiceMaps {
     }
 
     fn write_source_range(&mut self, entry: &SourceRangeEntry) -> Result<(), Error> {
-        self.attempt(
-            MapMutation::WriteSourceRange,
-            switchyard_common::map_names::SOURCE_RANGES,
-        )?;
+        self.attempt(MapMutation::WriteSourceRange)?;
         self.state.source_ranges.insert(*entry);
         self.applied();
         Ok(())
     }
 
     fn delete_source_range(&mut self, entry: &SourceRangeEntry) -> Result<(), Error> {
-        self.attempt(
-            MapMutation::DeleteSourceRange,
-            switchyard_common::map_names::SOURCE_RANGES,
-        )?;
+        self.attempt(MapMutation::DeleteSourceRange)?;
         self.state.source_ranges.remove(entry);
         self.applied();
         Ok(())
@@ -238,10 +243,7 @@ impl ServiceMaps for FakeServiceMaps {
     }
 
     fn write_config(&mut self, config: &DatapathConfig) -> Result<(), Error> {
-        self.attempt(
-            MapMutation::WriteConfig,
-            switchyard_common::map_names::CONFIG,
-        )?;
+        self.attempt(MapMutation::WriteConfig)?;
         self.config = Some(*config);
         self.applied();
         Ok(())
