@@ -51,7 +51,8 @@ pub const DEFAULT_AFFINITY_TIMEOUT_SECONDS: u32 = 10_800;
 pub const MAX_AFFINITY_TIMEOUT_SECONDS: u32 = 86_400;
 
 /// A field of a Kubernetes object that the agent cannot use, with the reason.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {reason}")]
 pub struct FieldError {
     /// Path of the field, as in the object's YAML (`spec.ports[1].port`).
     pub field: String,
@@ -64,12 +65,6 @@ impl FieldError {
             field: field.into(),
             reason: reason.into(),
         }
-    }
-}
-
-impl fmt::Display for FieldError {
-    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(formatter, "{}: {}", self.field, self.reason)
     }
 }
 
@@ -479,6 +474,14 @@ pub(crate) struct EndpointPortFields<'a> {
     pub port: Option<i32>,
 }
 
+/// The names in one list of an endpoint's hints (`forZones` or `forNodes`).
+pub(crate) fn hint_names<'a, T>(
+    hints: Option<&'a Vec<T>>,
+    name: impl Fn(&'a T) -> &'a str,
+) -> Vec<&'a str> {
+    hints.into_iter().flatten().map(name).collect()
+}
+
 /// Shared by the v1 and v1beta1 conversions: `Ok(None)` for slices the datapath
 /// does not use (FQDN addresses, no Service label, hidden from kube-proxy).
 pub(crate) fn endpoint_slice_from_fields<'a>(
@@ -589,6 +592,7 @@ macro_rules! endpoint_slice_fields {
                 }),
             $slice.endpoints.iter().map(|endpoint| {
                 let conditions = endpoint.conditions.as_ref();
+                let hints = endpoint.hints.as_ref();
                 EndpointFields {
                     addresses: &endpoint.addresses,
                     ready: conditions.and_then(|conditions| conditions.ready),
@@ -596,18 +600,14 @@ macro_rules! endpoint_slice_fields {
                     terminating: conditions.and_then(|conditions| conditions.terminating),
                     node_name: endpoint.node_name.as_deref(),
                     topology: endpoint.$topology_field.as_ref(),
-                    zone_hints: endpoint
-                        .hints
-                        .iter()
-                        .flat_map(|hints| hints.for_zones.iter().flatten())
-                        .map(|zone| zone.name.as_str())
-                        .collect(),
-                    node_hints: endpoint
-                        .hints
-                        .iter()
-                        .flat_map(|hints| hints.for_nodes.iter().flatten())
-                        .map(|node| node.name.as_str())
-                        .collect(),
+                    zone_hints: $crate::model::hint_names(
+                        hints.and_then(|hints| hints.for_zones.as_ref()),
+                        |zone| zone.name.as_str(),
+                    ),
+                    node_hints: $crate::model::hint_names(
+                        hints.and_then(|hints| hints.for_nodes.as_ref()),
+                        |node| node.name.as_str(),
+                    ),
                 }
             }),
         )

@@ -6,6 +6,9 @@
 
 use std::collections::BTreeMap;
 
+/// The parts v1beta1 shares with v1 (a v1beta1 server never sends the v1-only
+/// `hints.forNodes`, 1.33+), so both versions read through one conversion.
+pub use k8s_openapi::api::discovery::v1::{EndpointConditions, EndpointHints, EndpointPort};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
 
@@ -29,67 +32,14 @@ pub struct EndpointSlice {
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", default)]
 pub struct Endpoint {
-    #[serde(default)]
     pub addresses: Vec<String>,
-    #[serde(default)]
     pub conditions: Option<EndpointConditions>,
-    #[serde(default)]
     pub hostname: Option<String>,
-    #[serde(default)]
     pub node_name: Option<String>,
-    #[serde(default)]
     pub topology: Option<BTreeMap<String, String>>,
-    #[serde(default)]
     pub hints: Option<EndpointHints>,
-}
-
-/// `hints` of a v1beta1 endpoint (TopologyAwareHints, 1.21+).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct EndpointHints {
-    #[serde(default)]
-    pub for_zones: Option<Vec<ForZone>>,
-    /// Not in the v1beta1 API (`forNodes` is v1 only, 1.33+), so always absent
-    /// from a server's objects; here so that both versions read through one
-    /// conversion.
-    #[serde(default)]
-    pub for_nodes: Option<Vec<ForNode>>,
-}
-
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct ForZone {
-    pub name: String,
-}
-
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct ForNode {
-    pub name: String,
-}
-
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct EndpointConditions {
-    #[serde(default)]
-    pub ready: Option<bool>,
-    #[serde(default)]
-    pub serving: Option<bool>,
-    #[serde(default)]
-    pub terminating: Option<bool>,
-}
-
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct EndpointPort {
-    #[serde(default)]
-    pub name: Option<String>,
-    #[serde(default)]
-    pub protocol: Option<String>,
-    #[serde(default)]
-    pub port: Option<i32>,
-    #[serde(default)]
-    pub app_protocol: Option<String>,
 }
 
 /// A v1beta1 EndpointSlice in the model; `Ok(None)` for slices the datapath does
