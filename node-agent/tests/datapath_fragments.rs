@@ -90,9 +90,10 @@ fn start_echo_server(pod: &Pod) {
 }
 
 /// Turns receive checksum offload off on `interface` of `namespace` (`None`:
-/// the node). A veth otherwise marks what it passes on as checksum-verified, and
-/// nothing would notice a wrong UDP checksum; without it each receiver checks
-/// the checksum of every datagram it reassembles.
+/// the node). A veth otherwise marks a packet without a computed checksum as
+/// verified (`CHECKSUM_UNNECESSARY`) as it passes it on, which a wrong UDP
+/// checksum would get through; without it each receiver checks the checksum of
+/// every datagram it reassembles.
 fn verify_checksums_in_software(namespace: Option<&'static str>, interface: &'static str) {
     in_namespace(namespace, move || {
         // `struct ethtool_value` and its command (linux/ethtool.h).
@@ -367,6 +368,50 @@ fn udp_datagrams_larger_than_the_mtu_are_echoed_whole_through_cluster_ips_and_no
                 counted,
                 "the lone fragment was counted {} times, not once",
                 fragments_without_first(&node.pin_directory)
+            );
+            let _ = agent.kill();
+            let _ = agent.wait();
+
+            // The pins of the build before fragment tracking (same schema
+            // version): the maps are created where they are missing, and the
+            // new programs that use them replace the running ones.
+            let current = switchyard_agent::loader::version_directory(
+                &node.pin_directory,
+                switchyard_common::SCHEMA_VERSION,
+            );
+            for name in [
+                switchyard_common::map_names::FRAGMENTS,
+                switchyard_common::map_names::FRAGMENTS_WITHOUT_FIRST,
+            ] {
+                std::fs::remove_file(current.join(name)).expect("unpin a fragment map");
+            }
+            let mut agent = node.start_standalone_agent(NODE_NAME, "agent.log");
+            let pinned_again = wait_until(Duration::from_secs(20), || {
+                current
+                    .join(switchyard_common::map_names::FRAGMENTS)
+                    .exists()
+                    && current
+                        .join(switchyard_common::map_names::FRAGMENTS_WITHOUT_FIRST)
+                        .exists()
+            });
+            assert!(
+                pinned_again,
+                "the fragment maps were not pinned again:\n{}",
+                agent_log(node)
+            );
+            let served_again = wait_until(Duration::from_secs(20), || {
+                echo("pod3", cluster_ip, 30_000).is_ok()
+            });
+            assert!(
+                served_again,
+                "fragments were not translated after the upgrade:\n{}",
+                agent_log(node)
+            );
+            assert_echoed_whole(
+                "the outside client through the NodePort after the upgrade",
+                "client",
+                node_port,
+                node,
             );
             let _ = agent.kill();
             let _ = agent.wait();
