@@ -92,10 +92,10 @@ fn a_spec_taking_cleanup_away_is_acted_on_only_once_kube_proxys_ports_are_free()
                     masquerade_mark: 0x4000,
                     serve_replacement_healthz: true,
                     healthz_port: 10256,
-                    kube_proxy_metrics: Some(KubeProxyMetricsPort {
-                        address: KUBE_PROXY_METRICS_ADDRESS.parse().unwrap(),
-                        registry: KubeProxyMetrics::new().unwrap().registry,
-                    }),
+                    kube_proxy_metrics: Some(KubeProxyMetricsPort::new(
+                        KUBE_PROXY_METRICS_ADDRESS.parse().unwrap(),
+                        &KubeProxyMetrics::new().unwrap(),
+                    )),
                     absence_confirmation: Duration::from_millis(300),
                     heartbeat: health.register_loop("coexistence", Duration::from_secs(60)),
                 };

@@ -198,12 +198,9 @@ pub async fn run(options: ClusterOptions, shutdown: impl Future<Output = ()>) ->
             masquerade_mark: options.datapath.masquerade_mark,
             serve_replacement_healthz: options.serve_replacement_healthz,
             healthz_port: options.replacement_healthz_port,
-            kube_proxy_metrics: options.kube_proxy_metrics_address.map(|address| {
-                KubeProxyMetricsPort {
-                    address,
-                    registry: kube_proxy_metrics.registry.clone(),
-                }
-            }),
+            kube_proxy_metrics: options
+                .kube_proxy_metrics_address
+                .map(|address| KubeProxyMetricsPort::new(address, &kube_proxy_metrics)),
             absence_confirmation: options.kube_proxy_absence_confirmation,
             heartbeat: health.register_loop("coexistence", COEXISTENCE_STEP_BOUND),
         },
@@ -261,6 +258,10 @@ pub async fn run(options: ClusterOptions, shutdown: impl Future<Output = ()>) ->
         // Write the round out: metrics, readiness, the coexistence request,
         // the CPU priority, the status.
         metrics.record_round(&round, &agent.counts);
+        if let Some((outcome, _)) = &tick.sync {
+            kube_proxy_metrics.record_no_local_endpoints(outcome.no_local_endpoints);
+            kube_proxy_metrics.record_udp_flow_release(&outcome.report);
+        }
         if let Some((kind, elapsed)) = round.sync {
             let done = SyncDone {
                 kind,

@@ -20,6 +20,7 @@ use super::{
         classify_probe_answer, healthz_answer, request_path, service_health_answer, HealthzTarget,
         LocalServiceHealth, NodeHealth, MAX_REQUEST_BYTES,
     },
+    metrics::HealthAnswerCounts,
 };
 use crate::Error;
 
@@ -190,6 +191,9 @@ struct Shared {
     node: NodeHealth,
     services: BTreeMap<u16, LocalServiceHealth>,
     own_probes: OwnProbes,
+    /// Where `:10256`'s answers are counted (kube-proxy's healthz and livez counters), if
+    /// kube-proxy's metrics are served.
+    answers: Option<HealthAnswerCounts>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -218,8 +222,17 @@ impl HealthServers {
                 },
                 services: BTreeMap::new(),
                 own_probes: OwnProbes::default(),
+                answers: None,
             })),
             listeners: BTreeMap::new(),
+        }
+    }
+
+    /// Counts every answer of the healthz server from now on in `counts` (kube-proxy's
+    /// `kubeproxy_proxy_healthz_total` and `kubeproxy_proxy_livez_total`).
+    pub fn count_answers_in(&mut self, counts: HealthAnswerCounts) {
+        if let Ok(mut shared) = self.shared.write() {
+            shared.answers = Some(counts);
         }
     }
 
@@ -372,7 +385,13 @@ async fn answer(
         // After the request was read: the probe registers before it sends it.
         shared.own_probes.received_by_own_server(peer);
         match role {
-            Role::Healthz => healthz_answer(&path, &shared.node, SystemTime::now()),
+            Role::Healthz => {
+                let answer = healthz_answer(&path, &shared.node, SystemTime::now());
+                if let Some(counts) = &shared.answers {
+                    counts.answered(&path, answer.status);
+                }
+                answer
+            }
             Role::Service(port) => match shared.services.get(&port) {
                 Some(service) => service_health_answer(service),
                 // The Service went away between the reconcile and this request.

@@ -15,7 +15,16 @@
 //!   `endpoints.kubernetes.io/last-change-trigger-time` to the end of the sync that wrote
 //!   its change to the maps, for each slice change that changed something and whose trigger
 //!   came after the agent started (kube-proxy's `trackerStartTime`);
-//! - `sync_proxy_rules_{service,endpoint}_changes_{total,pending}`.
+//! - `sync_proxy_rules_{service,endpoint}_changes_{total,pending}`;
+//! - `sync_proxy_rules_no_local_endpoints_total` (labels `traffic_policy`, `ip_family`): the
+//!   Service ports a `Local` policy leaves without a local endpoint, as of the last
+//!   successful sync ([`crate::desired::no_local_endpoints`]);
+//! - `proxy_healthz_total` / `proxy_livez_total` (label `code`): the answers of the agent's
+//!   replacement `:10256/healthz` and `/livez` ([`HealthAnswerCounts`]);
+//! - `conntrack_reconciler_deleted_entries_total` and
+//!   `conntrack_reconciler_sync_duration_seconds`: the UDP flows the agent deletes when a
+//!   backend leaves its frontend (kube-proxy's conntrack reconciler deletes the same flows
+//!   from the kernel's conntrack), and how long each deletion pass took.
 //!
 //! Pure: [`KubeProxyChanges`] turns what each input did ([`InputChanges`], from the core)
 //! and each sync ([`SyncDone`]) into values; [`KubeProxyMetrics`] only writes them out.
@@ -23,9 +32,13 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, SystemTime};
 
-use prometheus::{HistogramOpts, HistogramVec, IntCounter, IntGauge, Opts, Registry};
+use prometheus::{
+    HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+};
 
+use crate::desired::no_local_endpoints::NoLocalEndpoints;
 use crate::model::{EndpointSliceModel, ServiceName};
+use crate::sync::ApplyReport;
 
 /// kube-proxy's `--metrics-bind-address` default (1.20 and current releases' flag; kubeadm
 /// and many distributions set `0.0.0.0:10249` in the configuration instead).
@@ -198,6 +211,54 @@ fn unix_seconds(time: SystemTime) -> f64 {
     seconds_between(SystemTime::UNIX_EPOCH, time)
 }
 
+/// The answers of the replacement `:10256` server, counted by HTTP status as kube-proxy's
+/// healthz and livez handlers count theirs; shared with the servers, which count each
+/// answer as they write it.
+#[derive(Clone, Debug)]
+pub struct HealthAnswerCounts {
+    healthz: IntCounterVec,
+    livez: IntCounterVec,
+}
+
+impl HealthAnswerCounts {
+    /// The status codes kube-proxy's handlers answer with: their series exist from the
+    /// start, at zero.
+    const CODES: [&'static str; 2] = ["200", "503"];
+
+    fn new() -> Result<Self, crate::Error> {
+        let counter = |name: &str, help: &str| {
+            IntCounterVec::new(Opts::new(name, alpha(help)), &["code"]).map_err(metric_error)
+        };
+        let counts = Self {
+            healthz: counter(
+                "kubeproxy_proxy_healthz_total",
+                "Cumulative proxy healthz HTTP status",
+            )?,
+            livez: counter(
+                "kubeproxy_proxy_livez_total",
+                "Cumulative proxy livez HTTP status",
+            )?,
+        };
+        for code in Self::CODES {
+            counts.healthz.with_label_values(&[code]);
+            counts.livez.with_label_values(&[code]);
+        }
+        Ok(counts)
+    }
+
+    /// One answer to `path` (query included) with `status`. Only `/healthz` and `/livez`
+    /// are counted: kube-proxy counts in those two handlers, and its other paths' 404s
+    /// count nowhere.
+    pub fn answered(&self, path: &str, status: u16) {
+        let counter = match path.split('?').next().unwrap_or_default() {
+            "/healthz" => &self.healthz,
+            "/livez" => &self.livez,
+            _ => return,
+        };
+        counter.with_label_values(&[&status.to_string()]).inc();
+    }
+}
+
 /// The registry the agent serves on kube-proxy's metrics address: kube-proxy's metrics only,
 /// never the agent's own (those stay on the agent's port, under `switchyard_agent_`).
 pub struct KubeProxyMetrics {
@@ -212,6 +273,10 @@ pub struct KubeProxyMetrics {
     endpoint_changes_total: IntCounter,
     service_changes_pending: IntGauge,
     service_changes_total: IntCounter,
+    no_local_endpoints: IntGaugeVec,
+    health_answers: HealthAnswerCounts,
+    conntrack_deleted: IntCounterVec,
+    conntrack_duration: HistogramVec,
 }
 
 fn metric_error(source: prometheus::Error) -> crate::Error {
@@ -287,6 +352,28 @@ impl KubeProxyMetrics {
                 alpha("Cumulative proxy rules Service changes"),
             )
             .map_err(metric_error)?,
+            no_local_endpoints: IntGaugeVec::new(
+                Opts::new(
+                    "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
+                    alpha("Number of services with a Local traffic policy and no endpoints"),
+                ),
+                &["traffic_policy", "ip_family"],
+            )
+            .map_err(metric_error)?,
+            health_answers: HealthAnswerCounts::new()?,
+            conntrack_deleted: IntCounterVec::new(
+                Opts::new(
+                    "kubeproxy_conntrack_reconciler_deleted_entries_total",
+                    alpha("Cumulative conntrack flows deleted by conntrack reconciler"),
+                ),
+                &["ip_family"],
+            )
+            .map_err(metric_error)?,
+            conntrack_duration: histogram(
+                "kubeproxy_conntrack_reconciler_sync_duration_seconds",
+                "ReconcileConntrackFlowsLatency latency in seconds",
+                sync_duration_buckets(),
+            )?,
         };
         let collectors: Vec<Box<dyn prometheus::core::Collector>> = vec![
             Box::new(metrics.sync_duration.clone()),
@@ -299,6 +386,11 @@ impl KubeProxyMetrics {
             Box::new(metrics.endpoint_changes_total.clone()),
             Box::new(metrics.service_changes_pending.clone()),
             Box::new(metrics.service_changes_total.clone()),
+            Box::new(metrics.no_local_endpoints.clone()),
+            Box::new(metrics.health_answers.healthz.clone()),
+            Box::new(metrics.health_answers.livez.clone()),
+            Box::new(metrics.conntrack_deleted.clone()),
+            Box::new(metrics.conntrack_duration.clone()),
         ];
         for collector in collectors {
             metrics.registry.register(collector).map_err(metric_error)?;
@@ -310,9 +402,12 @@ impl KubeProxyMetrics {
             &metrics.sync_full_duration,
             &metrics.sync_partial_duration,
             &metrics.network_programming,
+            &metrics.conntrack_duration,
         ] {
             vec.with_label_values(&[IP_FAMILY]);
         }
+        metrics.conntrack_deleted.with_label_values(&[IP_FAMILY]);
+        metrics.record_no_local_endpoints(NoLocalEndpoints::default());
         // Zero until the first sync, as kube-proxy 1.20's unlabelled gauges read.
         for gauge in [&metrics.last_timestamp, &metrics.last_queued_timestamp] {
             gauge.with_label_values(&[IP_FAMILY]);
@@ -347,6 +442,38 @@ impl KubeProxyMetrics {
                 .with_label_values(&[IP_FAMILY])
                 .set(unix_seconds(at));
         }
+    }
+
+    /// The answer counts the replacement health servers write to.
+    pub fn health_answers(&self) -> HealthAnswerCounts {
+        self.health_answers.clone()
+    }
+
+    /// The no-local-endpoints counts of the last successful sync, which kube-proxy sets at
+    /// the end of each of its syncs.
+    pub fn record_no_local_endpoints(&self, counts: NoLocalEndpoints) {
+        let gauge = |value: u64| i64::try_from(value).unwrap_or(i64::MAX);
+        for (policy, count) in [("internal", counts.internal), ("external", counts.external)] {
+            self.no_local_endpoints
+                .with_label_values(&[policy, IP_FAMILY])
+                .set(gauge(count));
+        }
+    }
+
+    /// The release of the UDP flows of removed backends an apply ran, if it ran one: timed
+    /// whether it succeeded or not, its deleted flows counted when it succeeded, as
+    /// kube-proxy times every conntrack reconcile and adds what it deleted. An apply that
+    /// removed no UDP backend walked no conntrack map, and observes nothing.
+    pub fn record_udp_flow_release(&self, report: &ApplyReport) {
+        let Some(elapsed) = report.udp_flow_release_elapsed else {
+            return;
+        };
+        self.conntrack_duration
+            .with_label_values(&[IP_FAMILY])
+            .observe(elapsed.as_secs_f64());
+        self.conntrack_deleted
+            .with_label_values(&[IP_FAMILY])
+            .inc_by(report.udp_flow_entries_deleted as u64);
     }
 
     /// Observes one sync.
@@ -547,8 +674,8 @@ pub(crate) mod tests {
     }
 
     /// kube-proxy's metrics as `pkg/proxy/metrics/metrics.go` (v1.33+) declares them, for the
-    /// ones the agent serves: name, type, labels.
-    const KUBE_PROXY_METRICS: [(&str, &str, &[&str]); 10] = [
+    /// ones the agent serves: name, type, labels (in the order a scrape shows them, by name).
+    const KUBE_PROXY_METRICS: [(&str, &str, &[&str]); 15] = [
         (
             "kubeproxy_sync_proxy_rules_duration_seconds",
             "histogram",
@@ -598,6 +725,23 @@ pub(crate) mod tests {
             "kubeproxy_sync_proxy_rules_service_changes_total",
             "counter",
             &[],
+        ),
+        (
+            "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
+            "gauge",
+            &["ip_family", "traffic_policy"],
+        ),
+        ("kubeproxy_proxy_healthz_total", "counter", &["code"]),
+        ("kubeproxy_proxy_livez_total", "counter", &["code"]),
+        (
+            "kubeproxy_conntrack_reconciler_deleted_entries_total",
+            "counter",
+            &["ip_family"],
+        ),
+        (
+            "kubeproxy_conntrack_reconciler_sync_duration_seconds",
+            "histogram",
+            &["ip_family"],
         ),
     ];
 
@@ -665,6 +809,111 @@ pub(crate) mod tests {
             "kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family=\"IPv4\"} 1800000003"
         ));
         assert!(text.contains("# HELP kubeproxy_sync_proxy_rules_duration_seconds [ALPHA] SyncProxyRules latency in seconds"));
+        // Zero until something is counted, as kube-proxy's series read once touched.
+        assert!(text.contains("kubeproxy_proxy_healthz_total{code=\"503\"} 0"));
+        assert!(text.contains(
+            "kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family=\"IPv4\",traffic_policy=\"external\"} 0"
+        ));
+        assert!(text.contains(
+            "kubeproxy_conntrack_reconciler_sync_duration_seconds_bucket{ip_family=\"IPv4\",le=\"16.384\"} 0"
+        ));
+    }
+
+    #[test]
+    fn the_no_local_endpoints_gauge_reads_the_counts_of_the_last_successful_sync() {
+        let metrics = KubeProxyMetrics::new().expect("registers");
+        let series = |policy: &str| {
+            format!("kubeproxy_sync_proxy_rules_no_local_endpoints_total{{ip_family=\"IPv4\",traffic_policy=\"{policy}\"}}")
+        };
+        metrics.record_no_local_endpoints(NoLocalEndpoints {
+            internal: 2,
+            external: 1,
+        });
+        let text = encoded(&metrics.registry);
+        assert!(
+            text.contains(&format!("{} 2", series("internal"))),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!("{} 1", series("external"))),
+            "{text}"
+        );
+        // A gauge: the next sync's counts replace these.
+        metrics.record_no_local_endpoints(NoLocalEndpoints::default());
+        let text = encoded(&metrics.registry);
+        assert!(
+            text.contains(&format!("{} 0", series("internal"))),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!("{} 0", series("external"))),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_udp_flow_release_is_timed_and_its_deletions_counted_and_an_apply_without_one_is_not() {
+        let metrics = KubeProxyMetrics::new().expect("registers");
+        let deleted = "kubeproxy_conntrack_reconciler_deleted_entries_total{ip_family=\"IPv4\"}";
+        let timed =
+            "kubeproxy_conntrack_reconciler_sync_duration_seconds_count{ip_family=\"IPv4\"}";
+        // The control: an apply that released nothing observes nothing.
+        metrics.record_udp_flow_release(&ApplyReport {
+            frontends_written: 3,
+            ..ApplyReport::default()
+        });
+        let text = encoded(&metrics.registry);
+        assert!(text.contains(&format!("{deleted} 0")), "{text}");
+        assert!(text.contains(&format!("{timed} 0")), "{text}");
+
+        metrics.record_udp_flow_release(&ApplyReport {
+            udp_flow_entries_deleted: 4,
+            udp_flow_release_elapsed: Some(Duration::from_millis(3)),
+            ..ApplyReport::default()
+        });
+        // A failed release is timed, and deleted nothing.
+        metrics.record_udp_flow_release(&ApplyReport {
+            udp_flow_releases_pending: true,
+            udp_flow_release_elapsed: Some(Duration::from_millis(1)),
+            ..ApplyReport::default()
+        });
+        let text = encoded(&metrics.registry);
+        assert!(text.contains(&format!("{deleted} 4")), "{text}");
+        assert!(text.contains(&format!("{timed} 2")), "{text}");
+        assert!(text.contains(
+            "kubeproxy_conntrack_reconciler_sync_duration_seconds_bucket{ip_family=\"IPv4\",le=\"0.002\"} 1"
+        ));
+    }
+
+    #[test]
+    fn healthz_and_livez_answers_are_counted_by_code_and_other_paths_are_not() {
+        let metrics = KubeProxyMetrics::new().expect("registers");
+        let answers = metrics.health_answers();
+        answers.answered("/healthz", 200);
+        answers.answered("/healthz?verbose", 200);
+        answers.answered("/healthz", 503);
+        answers.answered("/livez", 200);
+        // kube-proxy's 404s are counted nowhere.
+        answers.answered("/metrics", 404);
+        answers.answered("/healthzx", 404);
+        let text = encoded(&metrics.registry);
+        assert!(
+            text.contains("kubeproxy_proxy_healthz_total{code=\"200\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("kubeproxy_proxy_healthz_total{code=\"503\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("kubeproxy_proxy_livez_total{code=\"200\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("kubeproxy_proxy_livez_total{code=\"503\"} 0"),
+            "{text}"
+        );
+        assert!(!text.contains("code=\"404\""), "{text}");
     }
 
     #[test]

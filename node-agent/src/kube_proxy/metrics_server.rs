@@ -18,6 +18,7 @@ use switchyard_telemetry::{Health, TelemetryServer};
 
 use super::health::{LocalServiceHealth, NodeHealth};
 use super::health_server::{HealthServerSettings, HealthServers, OwnProbes};
+use super::metrics::{HealthAnswerCounts, KubeProxyMetrics};
 use crate::Error;
 
 /// Where kube-proxy's metrics are served once it is gone, and what.
@@ -27,6 +28,20 @@ pub struct KubeProxyMetricsPort {
     pub address: SocketAddr,
     /// kube-proxy's metrics only ([`super::metrics::KubeProxyMetrics::registry`]).
     pub registry: Registry,
+    /// The healthz and livez answer counters in `registry`, which the replacement health
+    /// servers count their answers in.
+    pub health_answers: HealthAnswerCounts,
+}
+
+impl KubeProxyMetricsPort {
+    /// `metrics`, served on `address`.
+    pub fn new(address: SocketAddr, metrics: &KubeProxyMetrics) -> Self {
+        Self {
+            address,
+            registry: metrics.registry.clone(),
+            health_answers: metrics.health_answers(),
+        }
+    }
 }
 
 /// kube-proxy's ports, served by the agent only while kube-proxy is gone from the node.
@@ -45,8 +60,12 @@ impl KubeProxyPorts {
         serve_health: bool,
         metrics: Option<KubeProxyMetricsPort>,
     ) -> Self {
+        let mut health = HealthServers::new(health);
+        if let Some(port) = &metrics {
+            health.count_answers_in(port.health_answers.clone());
+        }
         Self {
-            health: HealthServers::new(health),
+            health,
             serve_health,
             metrics,
             metrics_server: None,
@@ -174,10 +193,10 @@ mod tests {
                 healthz_port: healthz,
             },
             true,
-            Some(KubeProxyMetricsPort {
-                address: metrics,
-                registry: KubeProxyMetrics::new().expect("registers").registry,
-            }),
+            Some(KubeProxyMetricsPort::new(
+                metrics,
+                &KubeProxyMetrics::new().expect("registers"),
+            )),
         );
         Ports {
             ports,
@@ -202,6 +221,78 @@ mod tests {
         // kube-proxy's mode is no answer the agent can give.
         let mode = get(metrics, "/proxyMode").await;
         assert!(mode.starts_with("HTTP/1.1 404"), "{mode}");
+        ports.stop().await;
+    }
+
+    /// The value of the series `series` (name and labels) in a scrape.
+    fn series_value(scrape: &str, series: &str) -> Option<f64> {
+        scrape.lines().find_map(|line| {
+            line.strip_prefix(series)
+                .and_then(|rest| rest.strip_prefix(' '))
+                .and_then(|value| value.trim().parse().ok())
+        })
+    }
+
+    #[tokio::test]
+    async fn each_answer_of_the_replacement_healthz_is_counted_by_code_on_the_metrics_address() {
+        let Ports {
+            mut ports,
+            metrics,
+            healthz,
+        } = ports_on_loopback();
+        assert!(ports.reconcile(true, node(), &[]).await.is_empty());
+        let health_port = SocketAddr::from((Ipv4Addr::LOCALHOST, healthz));
+        let count = |scrape: &str, name: &str, code: &str| {
+            series_value(scrape, &format!("{name}{{code=\"{code}\"}}"))
+        };
+        let before = get(metrics, "/metrics").await;
+        assert_eq!(
+            count(&before, "kubeproxy_proxy_healthz_total", "200"),
+            Some(0.0)
+        );
+
+        assert!(get(health_port, "/healthz")
+            .await
+            .starts_with("HTTP/1.1 200"));
+        assert!(get(health_port, "/livez").await.starts_with("HTTP/1.1 200"));
+        assert!(get(health_port, "/livez").await.starts_with("HTTP/1.1 200"));
+        // The control: a path kube-proxy's healthz server does not serve counts nowhere.
+        assert!(get(health_port, "/readyz")
+            .await
+            .starts_with("HTTP/1.1 404"));
+        let scrape = get(metrics, "/metrics").await;
+        assert_eq!(
+            count(&scrape, "kubeproxy_proxy_healthz_total", "200"),
+            Some(1.0)
+        );
+        assert_eq!(
+            count(&scrape, "kubeproxy_proxy_livez_total", "200"),
+            Some(2.0)
+        );
+        assert_eq!(
+            count(&scrape, "kubeproxy_proxy_healthz_total", "503"),
+            Some(0.0)
+        );
+        assert!(!scrape.contains("code=\"404\""), "{scrape}");
+
+        // The maps out of sync: answered 503, and counted so.
+        let unhealthy = NodeHealth {
+            healthy: false,
+            ..node()
+        };
+        assert!(ports.reconcile(true, unhealthy, &[]).await.is_empty());
+        assert!(get(health_port, "/healthz")
+            .await
+            .starts_with("HTTP/1.1 503"));
+        let scrape = get(metrics, "/metrics").await;
+        assert_eq!(
+            count(&scrape, "kubeproxy_proxy_healthz_total", "503"),
+            Some(1.0)
+        );
+        assert_eq!(
+            count(&scrape, "kubeproxy_proxy_healthz_total", "200"),
+            Some(1.0)
+        );
         ports.stop().await;
     }
 
@@ -243,10 +334,10 @@ mod tests {
                 healthz_port: healthz,
             },
             false,
-            Some(KubeProxyMetricsPort {
-                address: metrics,
-                registry: KubeProxyMetrics::new().expect("registers").registry,
-            }),
+            Some(KubeProxyMetricsPort::new(
+                metrics,
+                &KubeProxyMetrics::new().expect("registers"),
+            )),
         );
         assert!(ports.reconcile(true, node(), &[]).await.is_empty());
         assert!(bindable(healthz), "the health port is not taken over");
@@ -265,10 +356,10 @@ mod tests {
                 healthz_port: free_port(),
             },
             false,
-            Some(KubeProxyMetricsPort {
-                address: metrics,
-                registry: KubeProxyMetrics::new().expect("registers").registry,
-            }),
+            Some(KubeProxyMetricsPort::new(
+                metrics,
+                &KubeProxyMetrics::new().expect("registers"),
+            )),
         );
         let errors = ports.reconcile(true, node(), &[]).await;
         assert_eq!(errors.len(), 1, "{errors:?}");
