@@ -16,6 +16,7 @@
 mod attach;
 mod error;
 pub mod expiry;
+mod live_flows;
 mod migrate;
 pub mod netlink;
 mod pinned_maps;

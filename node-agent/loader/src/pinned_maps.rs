@@ -13,9 +13,7 @@ use aya::maps::{
 use switchyard_common::{
     counter, map_names, port_filter, BackendSlotKey, BackendValue, ConntrackKey, ConntrackValue,
     DatapathConfig, FrontendKey, FrontendValue, SocketReverseKey, SocketReverseValue,
-    SourceRangeKey, CONNTRACK_FLAG_REPLY, DEFAULT_TCP_IDLE_TIMEOUT_SECONDS, PROTOCOL_TCP,
-    SCHEMA_VERSION, SOURCE_RANGE_ADMITTED, SOURCE_RANGE_FRONTEND_BITS, TCP_STATE_FIN_FROM_BACKEND,
-    TCP_STATE_FIN_FROM_CLIENT, TCP_STATE_RESET,
+    SourceRangeKey, SCHEMA_VERSION, SOURCE_RANGE_ADMITTED, SOURCE_RANGE_FRONTEND_BITS,
 };
 
 use super::{schema, system, version_directory};
@@ -275,31 +273,7 @@ impl PinnedServiceMaps {
     }
 }
 
-/// Counts connections (client-direction entries) that are TCP, not closing, and
-/// seen within the idle timeout, as the programs judge liveness.
-pub fn live_tcp_flow_count(
-    entries: &[(ConntrackKey, ConntrackValue)],
-    config: &DatapathConfig,
-    now_nanoseconds: u64,
-) -> usize {
-    let idle_seconds = if config.tcp_idle_timeout_seconds == 0 {
-        DEFAULT_TCP_IDLE_TIMEOUT_SECONDS
-    } else {
-        config.tcp_idle_timeout_seconds
-    };
-    let idle_nanoseconds = u64::from(idle_seconds) * 1_000_000_000;
-    let both_fins = TCP_STATE_FIN_FROM_CLIENT | TCP_STATE_FIN_FROM_BACKEND;
-    entries
-        .iter()
-        .filter(|(key, value)| {
-            key.protocol == PROTOCOL_TCP
-                && value.flags & CONNTRACK_FLAG_REPLY == 0
-                && value.tcp_state & TCP_STATE_RESET == 0
-                && value.tcp_state & both_fins != both_fins
-                && now_nanoseconds.saturating_sub(value.last_seen_nanoseconds) < idle_nanoseconds
-        })
-        .count()
-}
+pub use super::live_flows::live_tcp_flow_count;
 
 /// Opens a conntrack map (the hash or the overflow), checking its layout, with
 /// its shape.
@@ -509,31 +483,7 @@ impl ServiceMaps for PinnedServiceMaps {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn entry(
-        protocol: u8,
-        flags: u8,
-        tcp_state: u8,
-        last_seen: u64,
-    ) -> (ConntrackKey, ConntrackValue) {
-        (
-            crate::test_entries::conntrack_key(protocol),
-            crate::test_entries::conntrack_value(flags, tcp_state, last_seen),
-        )
-    }
-
-    fn config_with_idle(seconds: u32) -> DatapathConfig {
-        DatapathConfig {
-            hairpin_address: [0; 16],
-            network_namespace_cookie: 1,
-            mode: switchyard_common::DATAPATH_MODE_DRAINING,
-            masquerade_mark: 0,
-            tcp_idle_timeout_seconds: seconds,
-            tcp_closing_timeout_seconds: 10,
-            udp_idle_timeout_seconds: 120,
-            pod_connect_balancing: 0,
-        }
-    }
+    use switchyard_common::PROTOCOL_TCP;
 
     #[test]
     fn a_source_range_entry_round_trips_through_its_trie_key_and_foreign_keys_are_skipped() {
@@ -556,29 +506,5 @@ mod tests {
         // A prefix that does not cover the whole frontend, or longer than an address.
         assert_eq!(source_range_entry(&LpmKey::new(100, data)), None);
         assert_eq!(source_range_entry(&LpmKey::new(160 + 129, data)), None);
-    }
-
-    #[test]
-    fn only_open_recent_tcp_connections_count_as_live_flows() {
-        let now = 1_000 * 1_000_000_000;
-        let entries = [
-            entry(PROTOCOL_TCP, 0, 0, now - 1_000_000_000),
-            // The reply direction of the same connection is not counted twice.
-            entry(PROTOCOL_TCP, CONNTRACK_FLAG_REPLY, 0, now),
-            // UDP never holds a drain open.
-            entry(switchyard_common::PROTOCOL_UDP, 0, 0, now),
-            entry(PROTOCOL_TCP, 0, TCP_STATE_RESET, now),
-            entry(
-                PROTOCOL_TCP,
-                0,
-                TCP_STATE_FIN_FROM_CLIENT | TCP_STATE_FIN_FROM_BACKEND,
-                now,
-            ),
-            // Half closed: still live.
-            entry(PROTOCOL_TCP, 0, TCP_STATE_FIN_FROM_CLIENT, now),
-            // Idle past the timeout.
-            entry(PROTOCOL_TCP, 0, 0, now - 61 * 1_000_000_000),
-        ];
-        assert_eq!(live_tcp_flow_count(&entries, &config_with_idle(60), now), 2);
     }
 }
