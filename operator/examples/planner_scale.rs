@@ -45,6 +45,7 @@ fn node(index: usize) -> ObservedNode {
     ObservedNode {
         name: name.clone(),
         ready: true,
+        labels: Default::default(),
         dataplane_node: Some(std::sync::Arc::new(dataplane_node)),
         kube_proxy_pod: Some(pod("kube-proxy")),
         agent_pod: Some(pod("agent")),

@@ -41,6 +41,7 @@ fn node(name: &str, mode: DataplaneMode, reported: bool, kube_proxy: bool) -> Ob
     ObservedNode {
         name: name.to_owned(),
         ready: true,
+        labels: Default::default(),
         dataplane_node: Some(std::sync::Arc::new(dataplane_node)),
         kube_proxy_pod: kube_proxy.then(|| pod(&format!("kube-proxy-{name}"), "kp")),
         agent_pod: Some(pod(&format!("agent-{name}"), "old")),

@@ -73,6 +73,7 @@ pub fn observe(
             let name = node.name_any();
             ObservedNode {
                 ready: node_is_ready(node),
+                labels: node.metadata.labels.clone().unwrap_or_default(),
                 dataplane_node: dataplane_nodes
                     .get(name.as_str())
                     .map(|found| Arc::clone(found)),

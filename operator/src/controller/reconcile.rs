@@ -206,6 +206,17 @@ async fn reconcile_default(
     .await?;
     record(context, config_reference.iter(), steps.agent_pods.as_ref());
 
+    // The disruption budget exceeded: the evidence about the DataplaneConfig and each Node over
+    // budget, so that `kubectl describe node` shows it too.
+    record(context, config_reference.iter(), steps.budget.as_ref());
+    let budget_nodes: Vec<ObjectReference> = objects
+        .nodes
+        .iter()
+        .filter(|node| steps.budget_nodes.contains(&node.name_any()))
+        .map(|node| reference_to(node.as_ref()))
+        .collect();
+    record(context, &budget_nodes, steps.budget.as_ref());
+
     let warnings_left = warn_unsupported_services(context, &plan.services_to_warn);
 
     let mut left_in_background = nodes.left_in_background;

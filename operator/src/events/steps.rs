@@ -2,7 +2,8 @@
 //! for `kubectl get events`. Pure: the reconcile records them (see [`crate::controller`]).
 
 use switchyard_crds::{
-    condition_types, find_condition, reasons, ConditionStatus, DataplaneConfigStatus,
+    condition_types, find_condition, reasons, BudgetExceededAction, ConditionStatus,
+    DataplaneConfigStatus,
 };
 
 use super::Occurrence;
@@ -18,6 +19,11 @@ pub struct Steps {
     pub kube_proxy: Option<Occurrence>,
     pub agent_pods: Option<Occurrence>,
     pub phase: Option<Occurrence>,
+    /// The disruption budget exceeded (new evidence): about the DataplaneConfig and each Node
+    /// in [`Steps::budget_nodes`].
+    pub budget: Option<Occurrence>,
+    /// The nodes named in the new evidence, in order, once each.
+    pub budget_nodes: Vec<String>,
 }
 
 /// Describes what the plan does, for Events. Pure.
@@ -30,7 +36,54 @@ pub fn steps_of(previous: Option<&DataplaneConfigStatus>, plan: &Plan) -> Steps 
             .status
             .as_ref()
             .and_then(|status| phase_step(previous, status)),
+        budget: plan
+            .status
+            .as_ref()
+            .and_then(|status| budget_step(previous, status)),
+        budget_nodes: plan
+            .status
+            .as_ref()
+            .filter(|status| budget_step(previous, status).is_some())
+            .and_then(|status| status.budget_exceeded.as_ref())
+            .map(|record| {
+                let mut nodes: Vec<String> = Vec::new();
+                for piece in &record.evidence {
+                    if !nodes.contains(&piece.node) {
+                        nodes.push(piece.node.clone());
+                    }
+                }
+                nodes
+            })
+            .unwrap_or_default(),
     }
+}
+
+/// The Warning Event about the disruption budget exceeded, when `status` records evidence the
+/// previous status did not have.
+fn budget_step(
+    previous: Option<&DataplaneConfigStatus>,
+    status: &DataplaneConfigStatus,
+) -> Option<Occurrence> {
+    let record = status.budget_exceeded.as_ref()?;
+    if previous.and_then(|previous| previous.budget_exceeded.as_ref()) == Some(record) {
+        return None;
+    }
+    let outcome = match record.action {
+        BudgetExceededAction::Rollback => {
+            "the nodes over budget go back to kube-proxy; the transition starts again when the spec changes"
+        }
+        BudgetExceededAction::Halt => {
+            "the transition holds until the nodes are back within budget"
+        }
+    };
+    Some(Occurrence::warning(
+        reasons::DISRUPTION_BUDGET_EXCEEDED,
+        &record.action.to_string(),
+        format!(
+            "{}: {outcome}",
+            crate::planner::describe_evidence(&record.evidence)
+        ),
+    ))
 }
 
 /// The Event about the kube-proxy DaemonSet disabled (again, when it came back) or restored.
@@ -158,7 +211,11 @@ pub fn refusal(
     new: &DataplaneConfigStatus,
 ) -> Option<Occurrence> {
     let degraded = find_condition(&new.conditions, condition_types::DEGRADED)?;
-    if degraded.status != ConditionStatus::True {
+    // The budget's own Event (see `budget_step`) says it once, with the evidence; the message
+    // of this condition changes while the nodes go back, which is no new refusal.
+    if degraded.status != ConditionStatus::True
+        || degraded.reason == reasons::DISRUPTION_BUDGET_EXCEEDED
+    {
         return None;
     }
     let before = previous

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use switchyard_crds::{
-    reasons, DataplaneMode, DataplaneNodeSpec, DataplanePhase, IptablesCleanupPolicy,
-    KubeProxyManagement,
+    reasons, BudgetExceeded, DataplaneMode, DataplaneNodeSpec, DataplanePhase,
+    IptablesCleanupPolicy, KubeProxyManagement,
 };
 
 use super::facts::NodeFacts;
@@ -44,6 +44,10 @@ pub(crate) struct Decision {
     pub(crate) message: String,
     /// Deadlines of replaced agents that have not reported yet (upgrade in flight).
     pub(crate) upgrade_deadlines: Vec<DateTime<Utc>>,
+    /// When a switched node's soak ends or its wait for disruption signals reaches its bound.
+    pub(crate) canary_deadlines: Vec<DateTime<Utc>>,
+    /// The disruption budget exceeded under the current spec: the evidence to publish.
+    pub(crate) budget_exceeded: Option<BudgetExceeded>,
 }
 
 /// The inputs of one planning round, with what is derived from them once.
@@ -68,6 +72,11 @@ pub(crate) struct Context<'a> {
     pub(crate) unsupported_services: Vec<Arc<UnsupportedService>>,
     /// eBPF serves some node (told `Ebpf`, or draining).
     pub(crate) ebpf_serves_some_node: bool,
+    /// The DataplaneConfig's `metadata.generation`.
+    pub(crate) generation: Option<i64>,
+    /// What the last status recorded about the disruption budget under this very spec (same
+    /// generation): after a `Rollback`, no node is activated again until the spec changes.
+    pub(crate) recorded_budget_exceeded: Option<&'a BudgetExceeded>,
 }
 
 /// The mode a missing DataplaneNode is created with (never with cleanup).
@@ -145,6 +154,8 @@ impl<'a> Context<'a> {
             ),
             unsupported_services: parity::in_order(&observed.unsupported_services),
             ebpf_serves_some_node: facts.iter().any(NodeFacts::ebpf_serves),
+            generation: None,
+            recorded_budget_exceeded: None,
         }
     }
 
@@ -207,6 +218,8 @@ impl<'a> Context<'a> {
             degraded: None,
             message,
             upgrade_deadlines: Vec::new(),
+            canary_deadlines: Vec::new(),
+            budget_exceeded: None,
         }
     }
 
@@ -338,6 +351,7 @@ impl<'a> Context<'a> {
         node_deadlines
             .chain(written_deadline)
             .chain(decision.upgrade_deadlines.iter().copied())
+            .chain(decision.canary_deadlines.iter().copied())
             .filter(|deadline| *deadline > self.now)
             .min()
             .and_then(|deadline| (deadline - self.now).to_std().ok())

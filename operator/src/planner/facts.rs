@@ -1,5 +1,7 @@
 //! What the planner concludes about each node from its observed objects.
 
+use std::collections::BTreeMap;
+
 use chrono::{DateTime, Duration, Utc};
 use switchyard_crds::{
     condition_is_false, condition_types, reasons, DataplaneMode, DataplaneNodeSpec,
@@ -16,6 +18,7 @@ use super::settings::Settings;
 pub(crate) struct NodeFacts<'a> {
     pub(crate) name: &'a str,
     pub(crate) node_ready: bool,
+    pub(crate) labels: &'a BTreeMap<String, String>,
     /// The DataplaneNode's spec; `None` when the DataplaneNode does not exist.
     pub(crate) spec: Option<&'a DataplaneNodeSpec>,
     pub(crate) status: Option<&'a DataplaneNodeStatus>,
@@ -35,6 +38,7 @@ impl<'a> NodeFacts<'a> {
         Self {
             name: &node.name,
             node_ready: node.ready,
+            labels: &node.labels,
             spec: dataplane_node.map(|dataplane_node| &dataplane_node.spec),
             status,
             // A DataplaneNode read back from the API always has a generation; one without (built

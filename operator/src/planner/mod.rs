@@ -67,6 +67,7 @@
 //! API server's refusal to let the operator patch kube-proxy holds in Preflight asks to be
 //! planned again within [`PATCH_PERMISSION_RECHECK`]: a fixed Role triggers no watch.
 
+mod canary;
 mod context;
 mod facts;
 mod observed;
@@ -90,6 +91,7 @@ use switchyard_crds::{
     DataplanePhase, DEFAULT_CONFIG_NAME,
 };
 
+pub(crate) use canary::describe_evidence;
 pub use observed::{
     AgentDaemonSet, KubeProxyDaemonSet, ObservedCluster, ObservedNode, ObservedPod,
 };
@@ -239,6 +241,8 @@ fn with_config(
     let facts: Vec<NodeFacts> = nodes.iter().map(|node| NodeFacts::new(node)).collect();
     let mut context = Context::new(&settings, &facts, observed, now);
     context.kube_proxy_reported_returned = reported_kube_proxy_returned(config);
+    context.generation = config.metadata.generation;
+    context.recorded_budget_exceeded = recorded_budget_exceeded(config);
     let mut decision = match settings.mode {
         DataplaneMode::Ebpf => context.toward_ebpf(),
         DataplaneMode::KubeProxy => context.toward_kube_proxy(),
@@ -327,6 +331,16 @@ fn reported_kube_proxy_returned(config: &DataplaneConfig) -> bool {
             DataplanePhase::CleaningRules | DataplanePhase::Ready | DataplanePhase::UpgradingAgents
         );
     says_so || was_past_kube_proxy
+}
+
+/// What the last status recorded about the disruption budget, if it was recorded under the
+/// current spec (the same `metadata.generation`): a spec change forgets it.
+fn recorded_budget_exceeded(config: &DataplaneConfig) -> Option<&switchyard_crds::BudgetExceeded> {
+    config
+        .status
+        .as_ref()
+        .and_then(|status| status.budget_exceeded.as_ref())
+        .filter(|recorded| Some(recorded.observed_generation) == config.metadata.generation)
 }
 
 /// Whether `phase` is a transition past Preflight: nodes (or kube-proxy, or the agents) are

@@ -6,6 +6,7 @@
 //! reconcile, so an operator restarted in the middle of a transition, given the same cluster,
 //! makes the same decision the previous one would have made.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
@@ -49,6 +50,9 @@ pub struct ObservedNode {
 
     /// The Node's `Ready` condition is `True` (the kubelet is heard from).
     pub ready: bool,
+
+    /// The Node's labels (`spec.rollout.canary.nodeSelector` picks canary nodes by them).
+    pub labels: BTreeMap<String, String>,
 
     /// The node's DataplaneNode as read from the API (spec, `metadata.generation` and the agent's
     /// status); `None` when it does not exist yet (the plan then creates it). Shared with the

@@ -1,8 +1,11 @@
 //! The DataplaneConfig spec, checked and resolved into the numbers the planner uses.
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use switchyard_crds::{
-    DataplaneConfigSpec, DataplaneMode, IptablesCleanupPolicy, KubeProxyManagement,
+    BudgetExceededAction, CanarySpec, DataplaneConfigSpec, DataplaneMode, DisruptionBudget,
+    IptablesCleanupPolicy, KubeProxyManagement,
 };
 
 use crate::error::Error;
@@ -19,6 +22,26 @@ pub(crate) struct Settings {
     pub(crate) node_ready_timeout_seconds: i64,
     pub(crate) max_failed_nodes: usize,
     pub(crate) drain_timeout_seconds: i64,
+    pub(crate) canary: CanarySettings,
+}
+
+/// Which nodes go first, how long switched nodes soak, and the disruption budget.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct CanarySettings {
+    pub(crate) canaries: CanaryNodes,
+    pub(crate) soak_seconds: i64,
+    pub(crate) batch_soak_seconds: i64,
+    pub(crate) budget: DisruptionBudget,
+    pub(crate) on_budget_exceeded: BudgetExceededAction,
+}
+
+/// How the canary nodes are chosen.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum CanaryNodes {
+    /// The first `count` nodes the activation picks.
+    Count(usize),
+    /// Every node carrying all these labels.
+    Selector(BTreeMap<String, String>),
 }
 
 impl Settings {
@@ -41,6 +64,11 @@ impl Settings {
         }
         let max_failed_nodes = usize::try_from(rollout.max_failed_nodes)
             .map_err(|_| invalid("rollout.maxFailedNodes", "must not be negative"))?;
+        let canary = CanarySettings::from_spec(
+            &rollout.canary,
+            &rollout.disruption_budget,
+            rollout.on_budget_exceeded,
+        )?;
         Ok(Self {
             mode: spec.mode,
             paused: spec.paused,
@@ -50,6 +78,89 @@ impl Settings {
             node_ready_timeout_seconds: rollout.node_ready_timeout_seconds,
             max_failed_nodes,
             drain_timeout_seconds: rollout.drain_timeout_seconds,
+            canary,
+        })
+    }
+}
+
+impl CanarySettings {
+    /// Checks what a Kubernetes 1.20 API server cannot (no CEL: count and selector together) and
+    /// what objects written before the schema had these ranges may carry.
+    fn from_spec(
+        canary: &CanarySpec,
+        budget: &DisruptionBudget,
+        on_budget_exceeded: BudgetExceededAction,
+    ) -> Result<Self, Error> {
+        let canaries = match (canary.count, &canary.node_selector) {
+            (Some(_), Some(_)) => {
+                return Err(invalid(
+                    "rollout.canary",
+                    "set count or nodeSelector, not both",
+                ))
+            }
+            (None, Some(selector)) if selector.is_empty() => {
+                return Err(invalid(
+                    "rollout.canary.nodeSelector",
+                    "must name at least one label (it would match every node)",
+                ))
+            }
+            (None, Some(selector)) => CanaryNodes::Selector(selector.clone()),
+            (Some(count), None) => match usize::try_from(count) {
+                Ok(count) if count >= 1 => CanaryNodes::Count(count),
+                _ => {
+                    return Err(invalid(
+                        "rollout.canary.count",
+                        format!("{count} is not a count of at least 1"),
+                    ))
+                }
+            },
+            (None, None) => CanaryNodes::Count(1),
+        };
+        if canary.soak_seconds < 0 {
+            return Err(invalid(
+                "rollout.canary.soakSeconds",
+                "must not be negative",
+            ));
+        }
+        let batch_soak_seconds = canary.batch_soak_seconds.unwrap_or(canary.soak_seconds / 3);
+        if batch_soak_seconds < 0 {
+            return Err(invalid(
+                "rollout.canary.batchSoakSeconds",
+                "must not be negative",
+            ));
+        }
+        for (field, value) in [
+            (
+                "rollout.disruptionBudget.failedConnectsPerMinute",
+                budget.failed_connects_per_minute,
+            ),
+            (
+                "rollout.disruptionBudget.failedConnectsPercent",
+                budget.failed_connects_percent,
+            ),
+            (
+                "rollout.disruptionBudget.resetsPerMinute",
+                budget.resets_per_minute,
+            ),
+            (
+                "rollout.disruptionBudget.resetsPercent",
+                budget.resets_percent,
+            ),
+            (
+                "rollout.disruptionBudget.probeFailuresPerMinute",
+                budget.probe_failures_per_minute,
+            ),
+        ] {
+            if value < 0 {
+                return Err(invalid(field, format!("{value} is negative")));
+            }
+        }
+        Ok(Self {
+            canaries,
+            soak_seconds: canary.soak_seconds,
+            batch_soak_seconds,
+            budget: budget.clone(),
+            on_budget_exceeded,
         })
     }
 }

@@ -139,7 +139,11 @@ pub(crate) fn build(
         serving_summary: Some(format!("{serving}/{}", facts.len())),
         transition: transition(previous, context, decision.mode_in_place, now),
         message: Some(message),
-        budget_exceeded: None,
+        // New evidence, or what was recorded under this spec (kept until the spec changes).
+        budget_exceeded: decision
+            .budget_exceeded
+            .clone()
+            .or_else(|| context.recorded_budget_exceeded.cloned()),
     }
 }
 

@@ -1,6 +1,7 @@
 //! The planner's behaviour, step by step and reversal by reversal, then whole simulated
 //! transitions, then properties over generated cluster states (in `tests/properties.rs`).
 
+mod canary;
 mod fixtures;
 mod parity;
 mod properties;
@@ -250,7 +251,10 @@ fn an_already_absent_kube_proxy_daemon_set_is_said_and_does_not_block_activation
 
 #[test]
 fn activation_switches_at_most_max_unavailable_nodes_at_a_time() {
-    let config = with_max_unavailable(ebpf_config(), IntOrString::Int(2));
+    let mut config = with_max_unavailable(ebpf_config(), IntOrString::Int(2));
+    // Three canaries: only maxUnavailable limits the first batch (the default canary of one
+    // node would; see tests/canary.rs).
+    config.spec.rollout.canary.count = Some(3);
     let plan = plan(Some(&config), &three_kube_proxy_nodes());
     assert_eq!(
         written_modes(&plan),
@@ -265,7 +269,9 @@ fn activation_switches_at_most_max_unavailable_nodes_at_a_time() {
 
 #[test]
 fn max_unavailable_as_a_percentage_rounds_up() {
-    let config = with_max_unavailable(ebpf_config(), IntOrString::String("34%".into()));
+    let mut config = with_max_unavailable(ebpf_config(), IntOrString::String("34%".into()));
+    // Three canaries: only maxUnavailable limits the first batch.
+    config.spec.rollout.canary.count = Some(3);
     let plan = plan(Some(&config), &three_kube_proxy_nodes());
     // 34% of 3 nodes is 1.02: two nodes.
     assert_eq!(plan.dataplane_nodes.len(), 2);

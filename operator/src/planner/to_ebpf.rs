@@ -5,6 +5,7 @@ use switchyard_crds::{
     reasons, DataplaneMode, DataplanePhase, IptablesCleanupPolicy, KubeProxyManagement,
 };
 
+use super::canary::CanaryGate;
 use super::context::{Context, Decision, DesiredNode};
 use super::facts::NodeFacts;
 use super::parity;
@@ -13,7 +14,18 @@ use super::{name_list, naming, KubeProxyAction, KubeProxyDaemonSet};
 impl<'a> Context<'a> {
     /// KubeProxy -> Ebpf, from wherever the cluster stands.
     pub(super) fn toward_ebpf(&self) -> Decision {
+        let gate = self.canary_gate();
+        let mut decision = self.toward_ebpf_through(&gate);
+        decision.canary_deadlines.extend(gate.deadlines());
+        decision
+    }
+
+    /// KubeProxy -> Ebpf, switching only the nodes `gate` admits (see [`super::canary`]).
+    fn toward_ebpf_through(&self, gate: &CanaryGate) -> Decision {
         let desired = self.unchanged();
+        if let Some(stop) = self.canary_stop(gate, desired.clone()) {
+            return stop;
+        }
         let not_serving = self.names_where(|_, node| !node.serving_from_ebpf());
         if !not_serving.is_empty() {
             let started = self
@@ -25,7 +37,7 @@ impl<'a> Context<'a> {
                     return refusal;
                 }
             }
-            let mut decision = self.activate(desired);
+            let mut decision = self.activate(desired, gate);
             // Withdrawing cleanup when kube-proxy came back leaves no node serving from eBPF on
             // the current spec until its agent reports on it, so these rounds land here (not in
             // DisablingKubeProxy, which needs every node serving): the warning must last through
@@ -41,6 +53,17 @@ impl<'a> Context<'a> {
         }
 
         // Every node serves from eBPF.
+        if gate.watching() {
+            // The last batch soaks before kube-proxy goes: until then a node over budget can
+            // still go back to it.
+            let message = self.canary_message(gate).join("; ");
+            return self.decision(
+                desired,
+                DataplanePhase::ActivatingNodes,
+                reasons::TRANSITION_IN_PROGRESS,
+                format!("every node serves from eBPF; {message} before kube-proxy is disabled"),
+            );
+        }
         if !self.kube_proxy_gone {
             return self.disable_kube_proxy(desired);
         }
@@ -155,7 +178,7 @@ impl<'a> Context<'a> {
     }
 
     /// `ActivatingNodes`: the next batch of nodes to `Ebpf`.
-    pub(super) fn activate(&self, mut desired: Vec<DesiredNode>) -> Decision {
+    pub(super) fn activate(&self, mut desired: Vec<DesiredNode>, gate: &CanaryGate) -> Decision {
         let settings = self.settings;
         if self.failed_count() > settings.max_failed_nodes {
             return self.halted(desired, "activating more nodes");
@@ -166,10 +189,12 @@ impl<'a> Context<'a> {
                 && !self.failed[index]
         });
         let capacity = settings.max_unavailable.saturating_sub(in_flight.len());
+        // The canary rules may admit fewer nodes, or only some (see `super::canary`).
+        let capacity = gate.limit().map_or(capacity, |limit| capacity.min(limit));
         // Missing DataplaneNodes created on eBPF need no activation: kube-proxy cannot serve
         // them, so they are not made unavailable and do not use up maxUnavailable.
         let created = self.names_where(|_, node| self.created_on_ebpf(node));
-        let eligible = |index: usize, node: &NodeFacts| {
+        let ready = |index: usize, node: &NodeFacts| {
             node.mode() != Some(DataplaneMode::Ebpf)
                 && !self.created_on_ebpf(node)
                 && !self.failed[index]
@@ -177,6 +202,7 @@ impl<'a> Context<'a> {
                 // agent gains nothing; before, only a node whose agent is ready may switch.
                 && (self.kube_proxy_gone || (node.agent_ready() && node.node_ready && !node.unsupported_kube_proxy_mode()))
         };
+        let eligible = |index: usize, node: &NodeFacts| ready(index, node) && gate.admits(index);
         let mut activated = Vec::new();
         let mut chosen = vec![false; self.facts.len()];
         for (index, node) in self.facts.iter().enumerate() {
@@ -208,7 +234,7 @@ impl<'a> Context<'a> {
                 && !self.created_on_ebpf(node)
                 && !self.failed[index]
                 && !chosen[index]
-                && !eligible(index, node)
+                && !ready(index, node)
         });
         let mut parts = naming(&[
             (&activated, "switching {} to eBPF"),
@@ -225,6 +251,7 @@ impl<'a> Context<'a> {
                 "waiting for the agent and the Node to be Ready on {}",
             ),
         ]);
+        parts.extend(self.canary_message(gate));
         let queued = waiting.len() - blocked.len();
         if queued > 0 {
             parts.push(format!(

@@ -72,6 +72,7 @@ pub(super) fn bare_node(name: &str) -> ObservedNode {
     ObservedNode {
         name: name.to_owned(),
         ready: true,
+        labels: Default::default(),
         dataplane_node: None,
         kube_proxy_pod: Some(pod(&format!("kube-proxy-{name}"), "kp-1", at(-100_000))),
         agent_pod: Some(pod(&format!("agent-{name}"), OLD_REVISION, at(-50_000))),

@@ -57,6 +57,7 @@ prop_compose! {
         let mut node = ObservedNode {
             name: String::new(),
             ready,
+            labels: Default::default(),
             dataplane_node: None,
             kube_proxy_pod,
             agent_pod,
