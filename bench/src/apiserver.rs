@@ -17,6 +17,28 @@ use crate::topology::{
 };
 
 pub const SECURE_PORT: u16 = 6443;
+
+/// The API server's flags that name no file of this control plane.
+const API_SERVER_FLAGS: [&str; 16] = [
+    "--etcd-servers=http://127.0.0.1:2379",
+    // Every address of the private namespace (loopback and the nodes' uplinks).
+    "--bind-address=0.0.0.0",
+    "--advertise-address=127.0.0.1",
+    "--insecure-port=0",
+    "--authorization-mode=AlwaysAllow",
+    "--service-cluster-ip-range=10.96.0.0/16",
+    "--service-account-issuer=https://kubernetes.default.svc",
+    "--api-audiences=https://kubernetes.default.svc",
+    "--endpoint-reconciler-type=none",
+    "--enable-priority-and-fairness=false",
+    "--max-requests-inflight=2000",
+    "--max-mutating-requests-inflight=1000",
+    "--audit-log-format=json",
+    "--audit-log-mode=batch",
+    "--profiling=false",
+    "--v=1",
+];
+
 /// Bearer tokens of the API server's clients (all `system:masters`; separate
 /// users so the audit log tells their requests apart).
 pub const USERS: [&str; 5] = [
@@ -98,34 +120,24 @@ impl ControlPlane {
             None,
             &kubernetes_bin.join("kube-apiserver"),
             &[
-                "--etcd-servers=http://127.0.0.1:2379".into(),
-                // Every address of the private namespace (loopback and the nodes' uplinks).
-                "--bind-address=0.0.0.0".into(),
-                "--advertise-address=127.0.0.1".into(),
-                format!("--secure-port={SECURE_PORT}"),
-                "--insecure-port=0".into(),
-                format!(
-                    "--token-auth-file={}",
-                    directory.join("tokens.csv").display()
-                ),
-                format!("--cert-dir={}", directory.join("certs").display()),
-                "--authorization-mode=AlwaysAllow".into(),
-                "--service-cluster-ip-range=10.96.0.0/16".into(),
-                "--service-account-issuer=https://kubernetes.default.svc".into(),
-                format!("--service-account-key-file={}", key.display()),
-                format!("--service-account-signing-key-file={}", key.display()),
-                "--api-audiences=https://kubernetes.default.svc".into(),
-                "--endpoint-reconciler-type=none".into(),
-                "--enable-priority-and-fairness=false".into(),
-                "--max-requests-inflight=2000".into(),
-                "--max-mutating-requests-inflight=1000".into(),
-                format!("--audit-policy-file={}", policy.display()),
-                format!("--audit-log-path={}", audit_log.display()),
-                "--audit-log-format=json".into(),
-                "--audit-log-mode=batch".into(),
-                "--profiling=false".into(),
-                "--v=1".into(),
-            ],
+                API_SERVER_FLAGS
+                    .iter()
+                    .map(|flag| flag.to_string())
+                    .collect(),
+                vec![
+                    format!("--secure-port={SECURE_PORT}"),
+                    format!(
+                        "--token-auth-file={}",
+                        directory.join("tokens.csv").display()
+                    ),
+                    format!("--cert-dir={}", directory.join("certs").display()),
+                    format!("--service-account-key-file={}", key.display()),
+                    format!("--service-account-signing-key-file={}", key.display()),
+                    format!("--audit-policy-file={}", policy.display()),
+                    format!("--audit-log-path={}", audit_log.display()),
+                ],
+            ]
+            .concat(),
             &[],
             &directory.join("kube-apiserver.log"),
         )?;
