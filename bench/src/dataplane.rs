@@ -328,30 +328,24 @@ fn measure_round(
         report_failure(system, workload, &report);
         Ok(report)
     };
-    let connect = run(
-        "connect",
-        load(Workload::Connect, &tcp, settings.run_duration),
-        row,
-    )?;
+    let for_a_run =
+        |workload, targets: &[SocketAddrV4]| load(workload, targets, settings.run_duration);
+    let connect = run("connect", for_a_run(Workload::Connect, &tcp), row)?;
     row.connections.push(connect.rate());
     push_median_and_p99(&connect, &mut row.connect_p50, &mut row.connect_p99);
     let paced = run(
         "connect at a fixed rate",
         LoadOptions {
             rate: Some(settings.latency_rate),
-            ..load(Workload::Connect, &tcp, settings.run_duration)
+            ..for_a_run(Workload::Connect, &tcp)
         },
         row,
     )?;
     push_median_and_p99(&paced, &mut row.fixed_rate_p50, &mut row.fixed_rate_p99);
-    let kept = run(
-        "kept-alive",
-        load(Workload::KeptAlive, &tcp, settings.run_duration),
-        row,
-    )?;
+    let kept = run("kept-alive", for_a_run(Workload::KeptAlive, &tcp), row)?;
     row.kept_alive.push(kept.rate());
     if !udp.is_empty() {
-        let datagrams = run("udp", load(Workload::Udp, &udp, settings.run_duration), row)?;
+        let datagrams = run("udp", for_a_run(Workload::Udp, &udp), row)?;
         row.udp.push(datagrams.rate());
     }
     let label = row.system.clone();
