@@ -160,6 +160,11 @@ impl Summary {
     }
 }
 
+/// Says on stdout that run `run` (counting from zero) of `runs` of `what` starts.
+pub fn announce_run(what: &str, run: usize, runs: usize) {
+    println!("{what} (run {} of {runs})", run + 1);
+}
+
 /// One run of a measurement: its figures, or the first line of the error
 /// that stopped it.
 pub type RunResult<T> = Result<T, String>;

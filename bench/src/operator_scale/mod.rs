@@ -19,8 +19,8 @@ use crate::apiserver::{kubeconfig_path, ControlPlane};
 use crate::error::{Error, Result};
 use crate::load::unix_micros;
 use crate::report::{
-    add_run_rows, measured, number, run_result, spread_cells, Figure, RunResult, Spread, Summary,
-    Table,
+    add_run_rows, announce_run, measured, number, run_result, spread_cells, Figure, RunResult,
+    Spread, Summary, Table,
 };
 use crate::systems::Binaries;
 use crate::topology::Process;
@@ -61,10 +61,10 @@ pub async fn run(
     for nodes in plan.node_counts.iter().copied() {
         let mut runs = Vec::new();
         for run in 0..plan.operator_runs {
-            println!(
-                "operator scale: {nodes} nodes (run {} of {})",
-                run + 1,
-                plan.operator_runs
+            announce_run(
+                &format!("operator scale: {nodes} nodes"),
+                run,
+                plan.operator_runs,
             );
             let measured = transition(nodes, run_number, binaries, work).await;
             run_number += 1;
