@@ -162,6 +162,15 @@ async fn reconcile_default(
     // Node writes still in flight when the reconcile stops waiting may finish in the background
     // only when nothing else in this plan must follow them (a kube-proxy patch or an agent pod
     // deletion is applied after the node writes it goes with, as the plan orders them).
+    // A new disruption-budget record is written before the node writes that send nodes back to
+    // kube-proxy: it is what keeps them from being switched to eBPF again under this spec (the
+    // planner has no memory but the status), so it must not be lost when a later step fails.
+    if let (Some(config), Some(status)) = (config, plan.status.as_ref()) {
+        if records_new_budget_evidence(config, status) {
+            apply::status(config, status, context).await?;
+        }
+    }
+
     let later_steps_follow =
         plan.kube_proxy != KubeProxyAction::None || !plan.agent_pods_to_delete.is_empty();
     let planned_writes = plan.dataplane_nodes.len();
@@ -228,6 +237,16 @@ async fn reconcile_default(
         nodes.started < planned_writes,
         left_in_background || warnings_left,
     ))
+}
+
+/// Whether `status` records disruption-budget evidence the DataplaneConfig's last status does not.
+fn records_new_budget_evidence(config: &DataplaneConfig, status: &DataplaneConfigStatus) -> bool {
+    status.budget_exceeded.is_some()
+        && config
+            .status
+            .as_ref()
+            .and_then(|previous| previous.budget_exceeded.as_ref())
+            != status.budget_exceeded.as_ref()
 }
 
 /// Records the `UnsupportedByDataplane` Event on each Service of `to_warn` not warned about yet;
@@ -495,6 +514,28 @@ mod tests {
     use switchyard_crds::{DataplaneConfigStatus, DataplanePhase};
 
     use super::*;
+
+    #[test]
+    fn new_budget_evidence_is_written_first_and_evidence_already_recorded_is_not() {
+        let record = switchyard_crds::BudgetExceeded {
+            observed_generation: 1,
+            action: switchyard_crds::BudgetExceededAction::Rollback,
+            detected_at: Utc::now(),
+            evidence: Vec::new(),
+        };
+        let with_record = DataplaneConfigStatus {
+            budget_exceeded: Some(record),
+            ..DataplaneConfigStatus::default()
+        };
+        let mut config = DataplaneConfig::new("default", Default::default());
+        assert!(records_new_budget_evidence(&config, &with_record));
+        assert!(!records_new_budget_evidence(
+            &config,
+            &DataplaneConfigStatus::default()
+        ));
+        config.status = Some(with_record.clone());
+        assert!(!records_new_budget_evidence(&config, &with_record));
+    }
 
     fn unsupported(
         name: &str,

@@ -437,4 +437,58 @@ mod tests {
             "created 3 DataplaneNodes (mode KubeProxy) for Nodes node-00000 to node-00099"
         );
     }
+
+    fn budget_record(nodes: &[&str]) -> switchyard_crds::BudgetExceeded {
+        switchyard_crds::BudgetExceeded {
+            observed_generation: 1,
+            action: BudgetExceededAction::Rollback,
+            detected_at: now(),
+            evidence: nodes
+                .iter()
+                .map(|node| switchyard_crds::DisruptionEvidence {
+                    node: (*node).into(),
+                    signal: switchyard_crds::BudgetedSignal::FailedConnects,
+                    baseline_per_minute: "0.5".into(),
+                    observed_per_minute: "42.0".into(),
+                    allowed_per_minute: "30.5".into(),
+                    services: vec![switchyard_crds::AffectedService {
+                        namespace: "shop".into(),
+                        name: "cart".into(),
+                        count: 40,
+                    }],
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn new_budget_evidence_gets_one_warning_naming_the_nodes_and_is_not_repeated() {
+        let mut plan = empty_plan();
+        let mut exceeded = degraded(reasons::DISRUPTION_BUDGET_EXCEEDED, "rolled back");
+        exceeded.budget_exceeded = Some(budget_record(&["node-1", "node-1", "node-2"]));
+        plan.status = Some(exceeded.clone());
+
+        let steps = steps_of(Some(&DataplaneConfigStatus::default()), &plan);
+        let occurrence = steps.budget.expect("new evidence gets an Event");
+        assert_eq!(occurrence.type_, crate::events::EventType::Warning);
+        assert_eq!(occurrence.reason, reasons::DISRUPTION_BUDGET_EXCEEDED);
+        assert_eq!(occurrence.action, "Rollback");
+        assert!(
+            occurrence.message.contains(
+                "node-1: failed connects 0.5 -> 42.0 per minute (allowed 30.5; most affected: shop/cart 40)"
+            ) && occurrence.message.contains("starts again when the spec changes"),
+            "{}",
+            occurrence.message
+        );
+        assert_eq!(steps.budget_nodes, ["node-1", "node-2"]);
+        assert_eq!(
+            refusal(None, &exceeded),
+            None,
+            "no second Warning for the same budget through the Degraded condition"
+        );
+
+        let again = steps_of(Some(&exceeded), &plan);
+        assert_eq!(again.budget, None, "the same evidence is not repeated");
+        assert!(again.budget_nodes.is_empty());
+    }
 }

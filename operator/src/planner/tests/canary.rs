@@ -875,6 +875,108 @@ fn invalid_canary_settings_change_nothing_and_say_which_field_is_wrong() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Whole transitions, round by round
+// ---------------------------------------------------------------------------------------------
+
+/// What a simulated transition did: each DataplaneNode write with its time, and the phases.
+struct Transcript {
+    writes: Vec<(i64, String, DataplaneMode)>,
+    phases: Vec<DataplanePhase>,
+    kube_proxy_disabled_at: Option<i64>,
+}
+
+/// Four nodes from kube-proxy toward `config`, one round every 5 s: agents attach when told
+/// Ebpf and detach when told KubeProxy, and report their signals; the nodes in `faulty` fail
+/// two connects a second after they switch. Stops once kube-proxy is disabled.
+fn simulate(mut config: DataplaneConfig, faulty: &[&str], rounds: usize) -> Transcript {
+    let mut cluster = four_kube_proxy_nodes();
+    let mut switched_at: BTreeMap<String, i64> = BTreeMap::new();
+    let mut transcript = Transcript {
+        writes: Vec::new(),
+        phases: Vec::new(),
+        kube_proxy_disabled_at: None,
+    };
+    for round in 0..rounds {
+        let now = i64::try_from(round).expect("few rounds") * 5;
+        cluster.now = at(now);
+        for (name, since) in &switched_at {
+            let failed = if faulty.contains(&name.as_str()) {
+                2 * (now - since)
+            } else {
+                0
+            };
+            measure(
+                node_mut(&mut cluster, name),
+                Some(baseline_before(*since, 5)),
+                Some(window(*since, now.max(since + 1), failed)),
+            );
+        }
+        let plan = checked_plan(&config, &cluster);
+        config = published(config, &plan);
+        transcript.phases.push(phase(&plan));
+        for write in &plan.dataplane_nodes {
+            transcript
+                .writes
+                .push((now, write.node_name.clone(), write.spec.mode));
+            let node = node_mut(&mut cluster, &write.node_name);
+            if write.spec.mode == Ebpf {
+                switch(node, now);
+                switched_at.insert(write.node_name.clone(), now);
+            } else {
+                set_spec(node, KubeProxy, false, at(now));
+                report(node, Report::following(KubeProxy), None, OLD_REVISION);
+                switched_at.remove(&write.node_name);
+            }
+        }
+        if plan.kube_proxy == KubeProxyAction::Disable {
+            transcript.kube_proxy_disabled_at = Some(now);
+            break;
+        }
+    }
+    transcript
+}
+
+#[test]
+fn a_healthy_transition_goes_canary_first_then_batches_each_after_the_soak_before_it() {
+    let transcript = simulate(canary_config(), &[], 100);
+    let activations: Vec<(i64, &str)> = transcript
+        .writes
+        .iter()
+        .map(|(time, name, mode)| {
+            assert_eq!(*mode, Ebpf, "nothing goes back");
+            (*time, name.as_str())
+        })
+        .collect();
+    // The canary soaks 60 s, the batch of two a third of that (20 s), then the last node 20 s.
+    assert_eq!(
+        activations,
+        [
+            (0, "node-1"),
+            (60, "node-2"),
+            (60, "node-3"),
+            (80, "node-4")
+        ]
+    );
+    assert_eq!(transcript.kube_proxy_disabled_at, Some(100));
+    assert!(!transcript.phases.contains(&DataplanePhase::Halted));
+}
+
+#[test]
+fn a_faulty_canary_is_rolled_back_within_its_soak_and_no_second_node_is_ever_activated() {
+    let transcript = simulate(canary_config(), &["node-1"], 60);
+    assert_eq!(
+        transcript.writes,
+        [
+            (0, "node-1".to_owned(), Ebpf),
+            // Two failures a second: 40 in the first 20 s are over the 30.5 a minute allowed.
+            (20, "node-1".to_owned(), KubeProxy),
+        ]
+    );
+    assert_eq!(transcript.kube_proxy_disabled_at, None);
+    assert_eq!(transcript.phases.last(), Some(&DataplanePhase::Halted));
+}
+
+// ---------------------------------------------------------------------------------------------
 // The invariant, over generated clusters
 // ---------------------------------------------------------------------------------------------
 

@@ -509,6 +509,29 @@ pub(super) fn check_invariants(
         }
     }
 
+    // After an automatic rollback, no node is activated again under the same spec.
+    let rolled_back_under_this_spec = config.is_some_and(|config| {
+        config
+            .status
+            .as_ref()
+            .and_then(|status| status.budget_exceeded.as_ref())
+            .is_some_and(|record| {
+                record.action == switchyard_crds::BudgetExceededAction::Rollback
+                    && Some(record.observed_generation) == config.metadata.generation
+            })
+    });
+    if rolled_back_under_this_spec {
+        for write in &plan.dataplane_nodes {
+            assert!(
+                write.create
+                    || write.spec.mode != DataplaneMode::Ebpf
+                    || facts[write.node_name.as_str()].mode() == Some(DataplaneMode::Ebpf),
+                "{} activated after an automatic rollback under the same spec",
+                write.node_name
+            );
+        }
+    }
+
     // The parity preflight: no node is activated, and kube-proxy is not disabled, while an
     // unsupported Service exists and the transition has not started (no node told Ebpf).
     let started = facts
