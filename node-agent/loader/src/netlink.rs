@@ -27,19 +27,7 @@ pub struct ChangeWatcher {
 impl ChangeWatcher {
     pub fn new() -> Result<Self, Error> {
         let watch_error = |source| Error::WatchInterfaces { source };
-        // SAFETY: plain socket(2) call.
-        let fd = unsafe {
-            libc::socket(
-                libc::AF_NETLINK,
-                libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-                libc::NETLINK_ROUTE,
-            )
-        };
-        if fd < 0 {
-            return Err(watch_error(io::Error::last_os_error()));
-        }
-        // SAFETY: fd was just returned by socket(2).
-        let socket = unsafe { OwnedFd::from_raw_fd(fd) };
+        let socket = open_socket(libc::NETLINK_ROUTE).map_err(watch_error)?;
         // SAFETY: zeroed sockaddr_nl is valid; family and groups are filled in.
         let mut address: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
         address.nl_family = libc::AF_NETLINK as u16;
@@ -75,18 +63,65 @@ impl ChangeWatcher {
         std::thread::sleep(SETTLE);
         let mut buffer = vec![0u8; 64 * 1024];
         loop {
-            // SAFETY: valid socket and buffer of the length passed.
-            let length = unsafe {
-                libc::recv(
-                    self.socket.as_raw_fd(),
-                    buffer.as_mut_ptr().cast(),
-                    buffer.len(),
-                    libc::MSG_DONTWAIT,
-                )
-            };
-            if length <= 0 {
-                return true;
+            match receive(&self.socket, &mut buffer, libc::MSG_DONTWAIT) {
+                Ok(0) | Err(_) => return true,
+                Ok(_) => {}
             }
         }
     }
+}
+
+/// A netlink socket of `protocol` (`NETLINK_ROUTE`, `NETLINK_SOCK_DIAG`) in the
+/// calling thread's network namespace, closed on exec.
+pub(crate) fn open_socket(protocol: libc::c_int) -> io::Result<OwnedFd> {
+    // SAFETY: plain socket(2) call.
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_NETLINK,
+            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+            protocol,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd was just returned by socket(2); nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Sends `message` to the kernel over `socket`.
+pub(crate) fn send(socket: &OwnedFd, message: &[u8]) -> io::Result<()> {
+    // SAFETY: valid socket and a buffer valid for the length passed.
+    let sent = unsafe {
+        libc::send(
+            socket.as_raw_fd(),
+            message.as_ptr().cast(),
+            message.len(),
+            0,
+        )
+    };
+    if sent < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Receives into `buffer` from `socket` (`recv(2)` with `flags`); the length
+/// received, 0 when the socket has nothing more to give.
+pub(crate) fn receive(
+    socket: &OwnedFd,
+    buffer: &mut [u8],
+    flags: libc::c_int,
+) -> io::Result<usize> {
+    // SAFETY: valid socket and a buffer valid for the length passed.
+    let received = unsafe {
+        libc::recv(
+            socket.as_raw_fd(),
+            buffer.as_mut_ptr().cast(),
+            buffer.len(),
+            flags,
+        )
+    };
+    // Negative only on failure, with errno set.
+    usize::try_from(received).map_err(|_| io::Error::last_os_error())
 }

@@ -14,10 +14,12 @@
 //! left. A socket an application connected to the pod address itself is left alone.
 
 use std::collections::HashMap;
-use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
+use std::os::fd::OwnedFd;
 
 use switchyard_common::{ipv4_mapped, SocketReverseKey, SocketReverseValue};
 use switchyard_model::diff::RemovedUdpBackends;
+
+use crate::netlink;
 
 /// `inet_diag_sockid`: ports and addresses in network byte order, as the kernel
 /// gives them.
@@ -33,12 +35,13 @@ pub struct UdpSocketId {
 
 const SOCK_DIAG_BY_FAMILY: u16 = 20;
 const SOCK_DESTROY: u16 = 21;
-const NLMSG_ERROR: u16 = 2;
-const NLMSG_DONE: u16 = 3;
-const NLM_F_REQUEST: u16 = 1;
-const NLM_F_ACK: u16 = 4;
-const NLM_F_DUMP: u16 = 0x300;
-const HEADER_LENGTH: usize = 16;
+// The netlink header's fields are 16 bits wide; libc gives their values as c_int.
+const NLMSG_ERROR: u16 = libc::NLMSG_ERROR as u16;
+const NLMSG_DONE: u16 = libc::NLMSG_DONE as u16;
+const NLM_F_REQUEST: u16 = libc::NLM_F_REQUEST as u16;
+const NLM_F_ACK: u16 = libc::NLM_F_ACK as u16;
+const NLM_F_DUMP: u16 = libc::NLM_F_DUMP as u16;
+const HEADER_LENGTH: usize = std::mem::size_of::<libc::nlmsghdr>();
 /// `struct inet_diag_req_v2`.
 const REQUEST_LENGTH: usize = 56;
 /// `struct inet_diag_msg`.
@@ -181,41 +184,15 @@ pub struct SockDiag {
 
 impl SockDiag {
     pub fn open() -> std::io::Result<Self> {
-        // SAFETY: plain system call; the descriptor is owned at once.
-        let descriptor = unsafe {
-            libc::socket(
-                libc::AF_NETLINK,
-                libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-                libc::NETLINK_SOCK_DIAG,
-            )
-        };
-        if descriptor < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: a fresh descriptor nothing else owns.
-        let socket = unsafe { OwnedFd::from_raw_fd(descriptor) };
         Ok(Self {
-            socket,
+            socket: netlink::open_socket(libc::NETLINK_SOCK_DIAG)?,
             sequence: 0,
         })
     }
 
     fn send(&mut self, id: Option<&UdpSocketId>) -> std::io::Result<()> {
         self.sequence = self.sequence.wrapping_add(1);
-        let message = request(self.sequence, id);
-        // SAFETY: the buffer outlives the call; the kernel is the destination.
-        let sent = unsafe {
-            libc::send(
-                self.socket.as_raw_fd(),
-                message.as_ptr().cast(),
-                message.len(),
-                0,
-            )
-        };
-        if sent < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok(())
+        netlink::send(&self.socket, &request(self.sequence, id))
     }
 
     /// Reads answers until the kernel says it is done.
@@ -223,22 +200,11 @@ impl SockDiag {
         let mut all = Answer::default();
         let mut buffer = vec![0u8; 64 * 1024];
         while !all.done {
-            // SAFETY: the buffer is valid for its length.
-            let received = unsafe {
-                libc::recv(
-                    self.socket.as_raw_fd(),
-                    buffer.as_mut_ptr().cast(),
-                    buffer.len(),
-                    0,
-                )
-            };
-            if received < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
+            let received = netlink::receive(&self.socket, &mut buffer, 0)?;
             if received == 0 {
                 break;
             }
-            let answer = parse(&buffer[..received as usize]);
+            let answer = parse(&buffer[..received]);
             all.sockets.extend(answer.sockets);
             all.done = answer.done;
             all.error = all.error.or(answer.error);
