@@ -203,120 +203,109 @@ pub(crate) fn attach_interface(
         target: interface.to_string(),
         source: "no such interface".into(),
     })?;
-    let attach = |ebpf: &mut Ebpf, program, direction| match settings.attach_mode.resolve() {
-        AttachMode::Clsact => attach_clsact(
-            ebpf,
-            &settings.pin_directory,
+    let attach = |ebpf: &mut Ebpf, program_name, direction| {
+        let target = TcTarget {
+            pin_directory: &settings.pin_directory,
             interface,
             ifindex,
             direction,
-            program,
-        ),
-        _ => attach_tcx(
-            ebpf,
-            &settings.pin_directory,
-            interface,
-            ifindex,
-            direction,
-            program,
-        ),
+            program_name,
+        };
+        match settings.attach_mode.resolve() {
+            AttachMode::Clsact => attach_clsact(ebpf, &target),
+            _ => attach_tcx(ebpf, &target),
+        }
     };
     let egress = attach(ebpf, program_names::EGRESS, Direction::Egress)?;
     let ingress = attach(ebpf, ingress_program, Direction::Ingress)?;
     Ok([ingress, egress])
 }
 
-fn attach_tcx(
-    ebpf: &mut Ebpf,
-    pin_directory: &Path,
-    interface: &str,
+/// One TC program on one side of one interface.
+struct TcTarget<'a> {
+    pin_directory: &'a Path,
+    interface: &'a str,
     ifindex: u32,
     direction: Direction,
     program_name: &'static str,
-) -> Result<AttachOutcome, Error> {
-    let path = tcx_link_path(pin_directory, ifindex, direction);
-    let program: &mut SchedClassifier = program_mut(ebpf, program_name)?;
-    let program_fd = program
-        .fd()
-        .map_err(|error| attach_error(program_name, interface, error))?;
+}
+
+impl TcTarget<'_> {
+    fn error(&self, cause: impl std::error::Error + Send + Sync + 'static) -> Error {
+        attach_error(self.program_name, self.interface, cause)
+    }
+}
+
+fn attach_tcx(ebpf: &mut Ebpf, target: &TcTarget<'_>) -> Result<AttachOutcome, Error> {
+    let path = tcx_link_path(target.pin_directory, target.ifindex, target.direction);
+    let program: &mut SchedClassifier = program_mut(ebpf, target.program_name)?;
+    let program_fd = program.fd().map_err(|error| target.error(error))?;
     // A link whose interface is gone (a defunct link reports interface 0), or
     // whose index now names another device, is not reused: start afresh.
     let reused = reuse_pinned_link(
         &path,
         program_fd.as_fd(),
-        |info| info.link_type == system::LINK_TYPE_TCX && info.tcx_ifindex == ifindex,
-        |error| attach_error(program_name, interface, error),
+        |info| info.link_type == system::LINK_TYPE_TCX && info.tcx_ifindex == target.ifindex,
+        |error| target.error(error),
     )?;
     if let Some(outcome) = reused {
         return Ok(outcome);
     }
     let link_id = program
         .attach_with_options(
-            interface,
-            direction.tc(),
+            target.interface,
+            target.direction.tc(),
             TcAttachOptions::TcxOrder(LinkOrder::default()),
         )
-        .map_err(|error| attach_error(program_name, interface, error))?;
+        .map_err(|error| target.error(error))?;
     let link = program
         .take_link(link_id)
-        .map_err(|error| attach_error(program_name, interface, error))?;
-    let link: FdLink = link
-        .try_into()
-        .map_err(|error| attach_error(program_name, interface, error))?;
+        .map_err(|error| target.error(error))?;
+    let link: FdLink = link.try_into().map_err(|error| target.error(error))?;
     // Dropping the pinned handle closes our descriptor; the pin keeps the link.
-    link.pin(&path)
-        .map_err(|error| attach_error(program_name, interface, error))?;
+    link.pin(&path).map_err(|error| target.error(error))?;
     Ok(AttachOutcome::Created)
 }
 
-fn attach_clsact(
-    ebpf: &mut Ebpf,
-    pin_directory: &Path,
-    interface: &str,
-    ifindex: u32,
-    direction: Direction,
-    program_name: &'static str,
-) -> Result<AttachOutcome, Error> {
+fn attach_clsact(ebpf: &mut Ebpf, target: &TcTarget<'_>) -> Result<AttachOutcome, Error> {
     // Adding the qdisc fails harmlessly when it exists already.
-    let _ = tc::qdisc_add_clsact(interface);
-    let program: &mut SchedClassifier = program_mut(ebpf, program_name)?;
+    let _ = tc::qdisc_add_clsact(target.interface);
+    let program: &mut SchedClassifier = program_mut(ebpf, target.program_name)?;
     let existing = SchedClassifierLink::attached(
-        interface,
-        direction.tc(),
+        target.interface,
+        target.direction.tc(),
         CLSACT_PRIORITY,
         CLSACT_HANDLE,
         None,
     )
-    .map_err(|error| attach_error(program_name, interface, error))?;
+    .map_err(|error| target.error(error))?;
     // Replace our filter in place if it exists (NLM_F_REPLACE), else create it.
     let (link_id, outcome) = match program.attach_to_link(existing) {
         Ok(link_id) => (link_id, AttachOutcome::Replaced),
         Err(_) => {
             let link_id = program
                 .attach_with_options(
-                    interface,
-                    direction.tc(),
+                    target.interface,
+                    target.direction.tc(),
                     TcAttachOptions::Netlink(NlOptions {
                         priority: CLSACT_PRIORITY,
                         handle: CLSACT_HANDLE,
                         classid: None,
                     }),
                 )
-                .map_err(|error| attach_error(program_name, interface, error))?;
+                .map_err(|error| target.error(error))?;
             (link_id, AttachOutcome::Created)
         }
     };
     let link = program
         .take_link(link_id)
-        .map_err(|error| attach_error(program_name, interface, error))?;
+        .map_err(|error| target.error(error))?;
     // A netlink filter lives until removed; dropping aya's handle would remove it.
     std::mem::forget(link);
     // The marker (a pin of the program) tells detach where our filters are.
-    let marker = clsact_marker_path(pin_directory, ifindex, direction);
+    let marker = clsact_marker_path(target.pin_directory, target.ifindex, target.direction);
     let _ = std::fs::remove_file(&marker);
-    let program_fd = program
-        .fd()
-        .map_err(|error| attach_error(program_name, interface, error))?;
+    let program_fd = program.fd().map_err(|error| target.error(error))?;
     pin_fd(&program_fd.as_fd(), &marker)?;
     Ok(outcome)
 }
