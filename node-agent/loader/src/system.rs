@@ -86,15 +86,22 @@ fn object_info(object: BorrowedFd<'_>, info: &mut [u8]) -> io::Result<()> {
     bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attribute).map(|_| ())
 }
 
-pub fn link_info(link: BorrowedFd<'_>) -> io::Result<LinkInfo> {
+/// The first `N` 32-bit fields of what the kernel says about a BPF object: the
+/// head of its `bpf_*_info` structure.
+fn object_info_head<const N: usize>(object: BorrowedFd<'_>) -> io::Result<[u32; N]> {
     let mut info = [0u8; 128];
-    object_info(link, &mut info)?;
+    object_info(object, &mut info)?;
+    Ok(std::array::from_fn(|field| get_u32(&info, 4 * field)))
+}
+
+pub fn link_info(link: BorrowedFd<'_>) -> io::Result<LinkInfo> {
     // struct bpf_link_info { u32 type; u32 id; u32 prog_id; union (8-aligned) at 16 }
+    let [link_type, link_id, program_id, _, tcx_ifindex] = object_info_head(link)?;
     Ok(LinkInfo {
-        link_type: get_u32(&info, 0),
-        link_id: get_u32(&info, 4),
-        program_id: get_u32(&info, 8),
-        tcx_ifindex: get_u32(&info, 16),
+        link_type,
+        link_id,
+        program_id,
+        tcx_ifindex,
     })
 }
 
@@ -126,14 +133,13 @@ pub struct MapShape {
 }
 
 pub fn map_shape(map: BorrowedFd<'_>) -> io::Result<MapShape> {
-    let mut info = [0u8; 128];
-    object_info(map, &mut info)?;
     // struct bpf_map_info { u32 type; u32 id; u32 key_size; u32 value_size; u32 max_entries; ... }
+    let [map_type, _, key_size, value_size, max_entries] = object_info_head(map)?;
     Ok(MapShape {
-        map_type: get_u32(&info, 0),
-        key_size: get_u32(&info, 8),
-        value_size: get_u32(&info, 12),
-        max_entries: get_u32(&info, 16),
+        map_type,
+        key_size,
+        value_size,
+        max_entries,
     })
 }
 
