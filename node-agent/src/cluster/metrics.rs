@@ -34,146 +34,151 @@ pub struct AgentMetrics {
     counted_expired: u64,
 }
 
-fn metric_error(source: prometheus::Error) -> crate::Error {
-    crate::Error::RegisterMetrics { source }
+/// Registers a newly made metric in `registry` and hands it back, so that no
+/// metric is made without being served.
+fn register<M>(registry: &Registry, made: prometheus::Result<M>) -> Result<M, crate::Error>
+where
+    M: prometheus::core::Collector + Clone + 'static,
+{
+    let metric_error = |source| crate::Error::RegisterMetrics { source };
+    let metric = made.map_err(metric_error)?;
+    registry
+        .register(Box::new(metric.clone()))
+        .map_err(metric_error)?;
+    Ok(metric)
 }
 
 impl AgentMetrics {
     pub fn new() -> Result<Self, crate::Error> {
         let registry = Registry::new();
-        let sync_duration = HistogramVec::new(
-            HistogramOpts::new(
-                "switchyard_agent_sync_duration_seconds",
-                "Time one sync of the maps took (desired state, plan and apply), by kind: \
-                 partial (only the changed Services), full, resync (periodic, re-reads the maps).",
-            )
-            .buckets(vec![
-                0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
-                0.25, 0.5, 1.0, 2.5,
-            ]),
-            &["kind"],
-        )
-        .map_err(metric_error)?;
-        let map_entries = IntGaugeVec::new(
-            Opts::new(
-                "switchyard_agent_map_entries",
-                "Entries the agent has programmed, by map.",
-            ),
-            &["map"],
-        )
-        .map_err(metric_error)?;
-        let program_attaches = IntCounter::new(
-            "switchyard_agent_program_attach_total",
-            "Program attaches that changed the kernel (a link created or its program replaced).",
-        )
-        .map_err(metric_error)?;
-        let gate_wait_seconds = prometheus::Gauge::new(
-            "switchyard_agent_gate_wait_seconds",
-            "How long the start-of-day gate stayed closed (so far, while it is closed).",
-        )
-        .map_err(metric_error)?;
-        let node_updates_ignored = IntCounter::new(
-            "switchyard_agent_node_updates_ignored_total",
-            "Updates of this node's Node object that changed nothing the agent uses.",
-        )
-        .map_err(metric_error)?;
-        let datapath_packets = IntCounterVec::new(
-            Opts::new(
-                "switchyard_agent_datapath_packets_total",
-                "Packets seen by the TC programs, by result (from their per-CPU counters).",
-            ),
-            &["result"],
-        )
-        .map_err(metric_error)?;
-        let kube_proxy_rules_present = IntGauge::new(
-            "switchyard_agent_kube_proxy_rules_present",
-            "kube-proxy Service rules found on the node at the last check.",
-        )
-        .map_err(metric_error)?;
-        let map_operations = IntCounter::new(
-            "switchyard_agent_map_operations_total",
-            "Writes and deletes of map entries (Service entries and the datapath config).",
-        )
-        .map_err(metric_error)?;
-        let status_writes = IntCounter::new(
-            "switchyard_agent_status_writes_total",
-            "DataplaneNode status writes (made only when the status changed).",
-        )
-        .map_err(metric_error)?;
-        let resync_corrections = IntCounter::new(
-            "switchyard_agent_resync_corrections_total",
-            "Periodic full resyncs that found the maps differing from the desired state \
-             (something else wrote them, or the partial syncs drifted) and wrote corrections.",
-        )
-        .map_err(metric_error)?;
-        let conntrack_entries = IntGauge::new(
-            "switchyard_agent_conntrack_entries",
-            "Entries of the conntrack hash after the last expiry sweep; near the capacity, \
-             new flows go to the overflow LRU (datapath_packets_total{result=\"conntrack_overflow\"}).",
-        )
-        .map_err(metric_error)?;
-        let conntrack_capacity = IntGauge::new(
-            "switchyard_agent_conntrack_capacity",
-            "Entries the conntrack hash can hold.",
-        )
-        .map_err(metric_error)?;
-        let conntrack_sweep_seconds = prometheus::Gauge::new(
-            "switchyard_agent_conntrack_sweep_seconds",
-            "How long the last conntrack expiry sweep took (sweeps take at most 5% of one core).",
-        )
-        .map_err(metric_error)?;
-        let conntrack_expired = IntCounter::new(
-            "switchyard_agent_conntrack_expired_total",
-            "Expired conntrack entries the sweeps removed.",
-        )
-        .map_err(metric_error)?;
-        let sync_failed_entries = IntGaugeVec::new(
-            Opts::new(
-                "switchyard_agent_sync_failed_entries",
-                "Map entries the last sync could not bring to their desired state, by Service \
-                 (namespace/name; empty for entries of no desired Service). Every other entry \
-                 was written; these are retried. 0 when the last sync succeeded.",
-            ),
-            &["service"],
-        )
-        .map_err(metric_error)?;
-        let collectors: Vec<Box<dyn prometheus::core::Collector>> = vec![
-            Box::new(sync_failed_entries.clone()),
-            Box::new(conntrack_entries.clone()),
-            Box::new(conntrack_capacity.clone()),
-            Box::new(conntrack_sweep_seconds.clone()),
-            Box::new(conntrack_expired.clone()),
-            Box::new(resync_corrections.clone()),
-            Box::new(sync_duration.clone()),
-            Box::new(map_entries.clone()),
-            Box::new(program_attaches.clone()),
-            Box::new(gate_wait_seconds.clone()),
-            Box::new(node_updates_ignored.clone()),
-            Box::new(datapath_packets.clone()),
-            Box::new(kube_proxy_rules_present.clone()),
-            Box::new(map_operations.clone()),
-            Box::new(status_writes.clone()),
-        ];
-        for collector in collectors {
-            registry.register(collector).map_err(metric_error)?;
-        }
         Ok(Self {
+            sync_duration: register(
+                &registry,
+                HistogramVec::new(
+                    HistogramOpts::new(
+                        "switchyard_agent_sync_duration_seconds",
+                        "Time one sync of the maps took (desired state, plan and apply), by kind: \
+                         partial (only the changed Services), full, resync (periodic, re-reads the maps).",
+                    )
+                    .buckets(vec![
+                        0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+                        0.1, 0.25, 0.5, 1.0, 2.5,
+                    ]),
+                    &["kind"],
+                ),
+            )?,
+            map_entries: register(
+                &registry,
+                IntGaugeVec::new(
+                    Opts::new(
+                        "switchyard_agent_map_entries",
+                        "Entries the agent has programmed, by map.",
+                    ),
+                    &["map"],
+                ),
+            )?,
+            program_attaches: register(
+                &registry,
+                IntCounter::new(
+                    "switchyard_agent_program_attach_total",
+                    "Program attaches that changed the kernel (a link created or its program replaced).",
+                ),
+            )?,
+            gate_wait_seconds: register(
+                &registry,
+                prometheus::Gauge::new(
+                    "switchyard_agent_gate_wait_seconds",
+                    "How long the start-of-day gate stayed closed (so far, while it is closed).",
+                ),
+            )?,
+            node_updates_ignored: register(
+                &registry,
+                IntCounter::new(
+                    "switchyard_agent_node_updates_ignored_total",
+                    "Updates of this node's Node object that changed nothing the agent uses.",
+                ),
+            )?,
+            datapath_packets: register(
+                &registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        "switchyard_agent_datapath_packets_total",
+                        "Packets seen by the TC programs, by result (from their per-CPU counters).",
+                    ),
+                    &["result"],
+                ),
+            )?,
+            kube_proxy_rules_present: register(
+                &registry,
+                IntGauge::new(
+                    "switchyard_agent_kube_proxy_rules_present",
+                    "kube-proxy Service rules found on the node at the last check.",
+                ),
+            )?,
+            map_operations: register(
+                &registry,
+                IntCounter::new(
+                    "switchyard_agent_map_operations_total",
+                    "Writes and deletes of map entries (Service entries and the datapath config).",
+                ),
+            )?,
+            status_writes: register(
+                &registry,
+                IntCounter::new(
+                    "switchyard_agent_status_writes_total",
+                    "DataplaneNode status writes (made only when the status changed).",
+                ),
+            )?,
+            resync_corrections: register(
+                &registry,
+                IntCounter::new(
+                    "switchyard_agent_resync_corrections_total",
+                    "Periodic full resyncs that found the maps differing from the desired state \
+                     (something else wrote them, or the partial syncs drifted) and wrote corrections.",
+                ),
+            )?,
+            conntrack_entries: register(
+                &registry,
+                IntGauge::new(
+                    "switchyard_agent_conntrack_entries",
+                    "Entries of the conntrack hash after the last expiry sweep; near the capacity, \
+                     new flows go to the overflow LRU (datapath_packets_total{result=\"conntrack_overflow\"}).",
+                ),
+            )?,
+            conntrack_capacity: register(
+                &registry,
+                IntGauge::new(
+                    "switchyard_agent_conntrack_capacity",
+                    "Entries the conntrack hash can hold.",
+                ),
+            )?,
+            conntrack_sweep_seconds: register(
+                &registry,
+                prometheus::Gauge::new(
+                    "switchyard_agent_conntrack_sweep_seconds",
+                    "How long the last conntrack expiry sweep took (sweeps take at most 5% of one core).",
+                ),
+            )?,
+            conntrack_expired: register(
+                &registry,
+                IntCounter::new(
+                    "switchyard_agent_conntrack_expired_total",
+                    "Expired conntrack entries the sweeps removed.",
+                ),
+            )?,
+            sync_failed_entries: register(
+                &registry,
+                IntGaugeVec::new(
+                    Opts::new(
+                        "switchyard_agent_sync_failed_entries",
+                        "Map entries the last sync could not bring to their desired state, by Service \
+                         (namespace/name; empty for entries of no desired Service). Every other entry \
+                         was written; these are retried. 0 when the last sync succeeded.",
+                    ),
+                    &["service"],
+                ),
+            )?,
             registry,
-            sync_duration,
-            map_entries,
-            program_attaches,
-            gate_wait_seconds,
-            node_updates_ignored,
-            datapath_packets,
-            kube_proxy_rules_present,
-            map_operations,
-            status_writes,
-            resync_corrections,
-            conntrack_entries,
-            conntrack_capacity,
-            conntrack_sweep_seconds,
-            conntrack_expired,
-            sync_failed_entries,
             counted: AgentCounts::default(),
             counted_packets: Counters::default(),
             counted_expired: 0,
@@ -298,89 +303,4 @@ impl AgentMetrics {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn value(metrics: &AgentMetrics, name: &str) -> String {
-        let families = metrics.registry.gather();
-        let mut text = Vec::new();
-        prometheus::Encoder::encode(&prometheus::TextEncoder::new(), &families, &mut text)
-            .expect("encodes");
-        String::from_utf8(text)
-            .expect("utf-8")
-            .lines()
-            .find(|line| line.starts_with(name))
-            .unwrap_or_default()
-            .to_string()
-    }
-
-    #[test]
-    fn counters_follow_the_agent_counts_by_differences() {
-        let mut metrics = AgentMetrics::new().expect("registers");
-        let mut counts = AgentCounts {
-            node_updates_ignored: 3,
-            ..AgentCounts::default()
-        };
-        metrics.record_counts(&counts);
-        counts.node_updates_ignored = 5;
-        metrics.record_counts(&counts);
-        metrics.record_counts(&counts);
-        assert_eq!(
-            value(&metrics, "switchyard_agent_node_updates_ignored_total"),
-            "switchyard_agent_node_updates_ignored_total 5"
-        );
-    }
-
-    #[test]
-    fn conntrack_metrics_follow_the_sweep_reports() {
-        let mut metrics = AgentMetrics::new().expect("registers");
-        let mut report = SweepReport {
-            entries: 1_000,
-            capacity: 524_288,
-            last_sweep_took: std::time::Duration::from_millis(250),
-            removed_total: 40,
-        };
-        metrics.record_conntrack_sweeps(&report);
-        report.entries = 900;
-        report.removed_total = 140;
-        metrics.record_conntrack_sweeps(&report);
-        metrics.record_conntrack_sweeps(&report);
-        assert_eq!(
-            value(&metrics, "switchyard_agent_conntrack_entries"),
-            "switchyard_agent_conntrack_entries 900"
-        );
-        assert_eq!(
-            value(&metrics, "switchyard_agent_conntrack_capacity"),
-            "switchyard_agent_conntrack_capacity 524288"
-        );
-        assert_eq!(
-            value(&metrics, "switchyard_agent_conntrack_sweep_seconds"),
-            "switchyard_agent_conntrack_sweep_seconds 0.25"
-        );
-        assert_eq!(
-            value(&metrics, "switchyard_agent_conntrack_expired_total"),
-            "switchyard_agent_conntrack_expired_total 140"
-        );
-    }
-
-    #[test]
-    fn packet_counters_are_labelled_by_result() {
-        let mut metrics = AgentMetrics::new().expect("registers");
-        metrics.record_packets(&Counters {
-            translated: 10,
-            ..Counters::default()
-        });
-        metrics.record_packets(&Counters {
-            translated: 25,
-            no_backend: 1,
-            ..Counters::default()
-        });
-        assert_eq!(
-            value(
-                &metrics,
-                "switchyard_agent_datapath_packets_total{result=\"translated\"}"
-            ),
-            "switchyard_agent_datapath_packets_total{result=\"translated\"} 25"
-        );
-    }
-}
+mod tests;
