@@ -99,13 +99,11 @@ pub struct IpInterface {
     pub addr_info: Vec<IpAddressInfo>,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(default)]
 pub struct IpAddressInfo {
-    #[serde(default)]
     pub family: String,
-    #[serde(default)]
     pub local: Option<String>,
-    #[serde(default)]
     pub scope: Option<String>,
 }
 
