@@ -1,11 +1,14 @@
-//! The image-to-binary table of the pod runner.
+//! The image table of the pod runner.
 //!
 //! Hollow kubelets run no containers. For pods whose container image is in this
-//! table, the pod runner runs the named local binary instead. The format is one
-//! entry a line, `IMAGE BINARY`, `#` starts a comment; an image ending in `*`
-//! matches every image that starts with the text before it. When several lines
-//! match, the last one wins, so a file appended after the built-in entries
-//! overrides them (an upgrade test can point one image at another build).
+//! table, the pod runner runs what the table names: a local binary (`IMAGE /path`, run
+//! as a plain process: kube-proxy, test probes), or an OCI image archive
+//! (`IMAGE oci-archive:/path.oci.tar`, run from its image with an OCI runtime and the
+//! container's securityContext and volumes, as a kubelet would: Switchyard's own pods).
+//! One entry a line, `#` starts a comment; an image ending in `*` matches every image
+//! that starts with the text before it. When several lines match, the last one wins, so
+//! a file appended after the built-in entries overrides them (an upgrade test can point
+//! one image at another build).
 
 use std::path::{Path, PathBuf};
 
@@ -26,10 +29,22 @@ impl ImagePattern {
     }
 }
 
+/// What the runner runs for a managed image.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ImageSource {
+    /// A local binary, run as a plain process.
+    Binary(PathBuf),
+    /// An OCI image layout archive (`make images`), run with an OCI runtime.
+    OciArchive(PathBuf),
+}
+
+/// The prefix of an OCI image archive in the table.
+pub const OCI_ARCHIVE_PREFIX: &str = "oci-archive:";
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct ImageEntry {
     pattern: ImagePattern,
-    binary: PathBuf,
+    source: ImageSource,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -46,18 +61,25 @@ impl ImageTable {
                 continue;
             }
             let fields: Vec<&str> = line.split_whitespace().collect();
-            let [image, binary] = fields.as_slice() else {
+            let [image, target] = fields.as_slice() else {
                 return Err(E2eError::ParseImageTable {
                     path: origin.to_path_buf(),
                     line: index + 1,
-                    message: format!("expected `IMAGE BINARY`, found {line:?}"),
+                    message: format!(
+                        "expected `IMAGE BINARY` or `IMAGE {OCI_ARCHIVE_PREFIX}ARCHIVE`, found {line:?}"
+                    ),
                 });
             };
-            if !binary.starts_with('/') {
+            let (path, source): (&str, fn(PathBuf) -> ImageSource) =
+                match target.strip_prefix(OCI_ARCHIVE_PREFIX) {
+                    Some(archive) => (archive, ImageSource::OciArchive),
+                    None => (target, ImageSource::Binary),
+                };
+            if !path.starts_with('/') {
                 return Err(E2eError::ParseImageTable {
                     path: origin.to_path_buf(),
                     line: index + 1,
-                    message: format!("the binary {binary:?} is not an absolute path"),
+                    message: format!("the binary or archive {path:?} is not an absolute path"),
                 });
             }
             let pattern = match image.strip_suffix('*') {
@@ -66,7 +88,7 @@ impl ImageTable {
             };
             entries.push(ImageEntry {
                 pattern,
-                binary: PathBuf::from(binary),
+                source: source(PathBuf::from(path)),
             });
         }
         Ok(Self { entries })
@@ -80,13 +102,21 @@ impl ImageTable {
         Self::parse(&text, path)
     }
 
-    /// The binary to run for a container image, if the image is managed.
-    pub fn binary_for(&self, image: &str) -> Option<&Path> {
+    /// What to run for a container image, if the image is managed.
+    pub fn source_for(&self, image: &str) -> Option<&ImageSource> {
         self.entries
             .iter()
             .rev()
             .find(|entry| entry.pattern.matches(image))
-            .map(|entry| entry.binary.as_path())
+            .map(|entry| &entry.source)
+    }
+
+    /// The binary to run for a container image, if the image is managed as a binary.
+    pub fn binary_for(&self, image: &str) -> Option<&Path> {
+        match self.source_for(image)? {
+            ImageSource::Binary(path) => Some(path.as_path()),
+            ImageSource::OciArchive(_) => None,
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -99,60 +129,4 @@ impl ImageTable {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn table(text: &str) -> ImageTable {
-        ImageTable::parse(text, Path::new("images.conf")).unwrap()
-    }
-
-    #[test]
-    fn an_exact_image_maps_to_its_binary_and_others_are_unmanaged() {
-        let table = table("# comment\n\nregistry.k8s.io/kube-proxy:v1.20.2 /cache/kube-proxy\n");
-        assert_eq!(
-            table.binary_for("registry.k8s.io/kube-proxy:v1.20.2"),
-            Some(Path::new("/cache/kube-proxy"))
-        );
-        assert_eq!(table.binary_for("registry.k8s.io/kube-proxy:v1.21.0"), None);
-        assert_eq!(table.binary_for("nginx"), None);
-    }
-
-    #[test]
-    fn a_trailing_star_matches_every_tag() {
-        let table = table("switchyard/agent:* /build/switchyard-agent  # any tag\n");
-        assert_eq!(
-            table.binary_for("switchyard/agent:0.2.0"),
-            Some(Path::new("/build/switchyard-agent"))
-        );
-        assert_eq!(table.binary_for("switchyard/operator:0.2.0"), None);
-    }
-
-    #[test]
-    fn a_later_line_overrides_an_earlier_one() {
-        let table = table("switchyard/agent:* /old/agent\nswitchyard/agent:v2 /new/agent\n");
-        assert_eq!(
-            table.binary_for("switchyard/agent:v2"),
-            Some(Path::new("/new/agent"))
-        );
-        assert_eq!(
-            table.binary_for("switchyard/agent:v1"),
-            Some(Path::new("/old/agent"))
-        );
-    }
-
-    #[test]
-    fn malformed_lines_are_rejected_with_their_line_number() {
-        let error = ImageTable::parse("a /b\nonly-one-field\n", Path::new("t.conf")).unwrap_err();
-        assert!(
-            error
-                .to_string()
-                .starts_with("failed to parse the image table t.conf, line 2"),
-            "{error}"
-        );
-        let error = ImageTable::parse("image relative/path\n", Path::new("t.conf")).unwrap_err();
-        assert!(
-            error.to_string().contains("not an absolute path"),
-            "{error}"
-        );
-    }
-}
+mod tests;
