@@ -10,8 +10,10 @@ CACHE_ROOT="${SWITCHYARD_CACHE:-$HOME/.cache/switchyard}"
 mkdir -p "$CACHE_ROOT"
 
 # Debian packages used by the tests: netns/veth tooling, iptables (both backends),
-# nftables, conntrack, bpftool for inspecting attachments, openssl for the e2e CA.
-DEBIAN_PACKAGES=(iproute2 iptables nftables conntrack bpftool openssl rsync curl unzip python3 util-linux procps psmisc jq)
+# nftables, conntrack, bpftool for inspecting attachments, openssl for the e2e CA, and the
+# OCI runtime (crun) and image unpacker (umoci) with which the e2e pod runner runs
+# Switchyard's pods from their images.
+DEBIAN_PACKAGES=(iproute2 iptables nftables conntrack bpftool openssl rsync curl unzip python3 util-linux procps psmisc jq crun umoci)
 missing=()
 for package in "${DEBIAN_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q 'install ok installed' || missing+=("$package")

@@ -15,8 +15,16 @@ source e2e/scripts/suite.sh
 
 bash e2e/scripts/build-kubernetes.sh
 step "kubernetes components"
-"$CARGO" build --locked --quiet -p switchyard-agent --bins
+"$CARGO" build --locked --quiet -p switchyard-agent -p switchyard-operator --bins
 "$CARGO" build --locked --quiet -p switchyard-e2e --bins --tests
 step "agent and e2e crate"
-echo "switchyard/agent:* $target_directory/debug/switchyard-agent" > "$images"
-run_scenarios agent_scenarios "agent scenarios" "${SWITCHYARD_E2E_AGENT_TESTS:-}"
+# The agent's pods run from its image (an OCI archive around the binary just built).
+: > "$images"
+bash e2e/scripts/images.sh "$images" switchyard/agent: ghcr.io/switchyard/switchyard-agent:
+step "images"
+cluster_up
+run_tests switchyard-e2e agent_scenarios "agent scenarios" "${SWITCHYARD_E2E_AGENT_TESTS:-}"
+# The agent's privileges (e2e/tests/agent_privileges.rs): what the kernel says of the running
+# agents, and an agent without NET_ADMIN failing as on a real node (then back).
+run_tests switchyard-e2e agent_privileges "agent privileges" agent
+cluster_down

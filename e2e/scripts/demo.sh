@@ -55,11 +55,11 @@ bash e2e/scripts/build-kubernetes.sh
 "$CARGO" build --locked --quiet -p switchyard-agent -p switchyard-operator --bins
 "$CARGO" build --locked --quiet -p switchyard-e2e --bins
 step "built or reused"
-# The chart's images, run by the pod runner as the binaries just built.
-cat > "$images" <<IMAGES
-ghcr.io/switchyard/switchyard-agent:* $target_directory/debug/switchyard-agent
-ghcr.io/switchyard/switchyard-operator:* $target_directory/debug/switchyard-operator
-IMAGES
+# The chart's pods, run by the pod runner from their images (OCI archives around the
+# binaries just built), with their securityContext and volumes.
+: > "$images"
+bash e2e/scripts/images.sh "$images" ghcr.io/switchyard/switchyard-agent: ghcr.io/switchyard/switchyard-operator:
+step "images"
 echo "==> starting the local cluster (3 nodes, real kube-proxy; a demo cluster left up before is removed)"
 e2e/cluster down >/dev/null 2>&1 || true
 SWITCHYARD_E2E_IMAGES=$images e2e/cluster up --nodes 3

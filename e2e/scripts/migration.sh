@@ -20,10 +20,10 @@ step "kubernetes components"
 "$CARGO" build --locked --quiet -p switchyard-e2e --bins --tests
 "$CARGO" test --locked --quiet --no-run -p switchyard-operator --test cluster
 step "agent, operator and tests"
-cat > "$images" <<IMAGES
-ghcr.io/switchyard/switchyard-agent:* $target_directory/debug/switchyard-agent
-ghcr.io/switchyard/switchyard-operator:* $target_directory/debug/switchyard-operator
-IMAGES
+# The chart's pods run from their images (OCI archives around the binaries just built).
+: > "$images"
+bash e2e/scripts/images.sh "$images" ghcr.io/switchyard/switchyard-agent: ghcr.io/switchyard/switchyard-operator:
+step "images"
 cluster_up
 # SWITCHYARD_E2E_MIGRATION_TESTS=<filter> runs only the migration scenarios matching it (and the
 # scenarios before them, which they start from).

@@ -2,11 +2,17 @@
 //!
 //! Started by `e2e/cluster up` inside the cluster's namespaces. It watches all
 //! pods bound to a node; for every container whose image is in the image
-//! table it runs the mapped binary inside that node's network and mount
-//! namespaces (entered through the node's holder process), in a mount
-//! namespace of its own where the pod's service-account credentials appear at
-//! the usual path. The decisions are `switchyard_e2e::pod_runner::plan`'s;
-//! this file only does the I/O.
+//! table it runs, inside that node's network and mount namespaces (entered
+//! through the node's holder process):
+//! - for an image mapped to a binary, the binary as a plain process, in a mount
+//!   namespace of its own where the pod's service-account credentials appear at
+//!   the usual path;
+//! - for an image mapped to an OCI archive, the container from its image with an
+//!   OCI runtime (crun), with its securityContext and volumes, as a kubelet would
+//!   (`switchyard_e2e::pod_runner::container`).
+//!
+//! The decisions are `switchyard_e2e::pod_runner::plan`'s; this file only does
+//! the I/O.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -23,11 +29,14 @@ use switchyard_e2e::cluster::{self, ClusterPaths};
 use switchyard_e2e::error::{E2eError, Result};
 use switchyard_e2e::images::ImageTable;
 use switchyard_e2e::netns::named_namespace_path;
+use switchyard_e2e::pod_runner::bundle::{held_capabilities, write_bundle, BundleInputs};
+use switchyard_e2e::pod_runner::container::ContainerRun;
 use switchyard_e2e::pod_runner::events::{append_event, now_unix_ms, EventKind, RunnerEvent};
+use switchyard_e2e::pod_runner::image_store;
 use switchyard_e2e::pod_runner::plan::{plan, Action, ProcessState, Tracked, Wanted};
 use switchyard_e2e::pod_runner::spec::{
     process_specs, references, service_environment, ObjectKeyReference, ProcessKey, ProcessSpec,
-    RunnerContext,
+    Program, RunnerContext,
 };
 use tracing::{info, warn};
 
@@ -40,9 +49,15 @@ struct Arguments {
     /// The administrator's kubeconfig.
     #[arg(long)]
     kubeconfig: PathBuf,
-    /// The image-to-binary table.
+    /// The image table.
     #[arg(long)]
     images: PathBuf,
+    /// Where images' root filesystems are unpacked, under their manifest digests.
+    #[arg(long)]
+    rootfs_cache: Option<PathBuf>,
+    /// The OCI runtime.
+    #[arg(long, default_value = "crun")]
+    runtime: String,
 }
 
 /// A process the runner started and what it knows of it.
@@ -57,6 +72,10 @@ struct Runner {
     client: Client,
     paths: ClusterPaths,
     images: ImageTable,
+    rootfs_cache: PathBuf,
+    runtime: String,
+    /// The capabilities this runner holds, the most a container can get.
+    held_capabilities: BTreeSet<String>,
     context: RunnerContext,
     processes: BTreeMap<ProcessKey, Managed>,
     started: tokio::time::Instant,
@@ -89,8 +108,21 @@ async fn run(arguments: Arguments) -> Result<()> {
         "image table loaded from {}",
         arguments.images.display()
     );
+    let held_capabilities = held_capabilities().map_err(|source| E2eError::ReadFile {
+        path: PathBuf::from("/proc/self/status"),
+        source,
+    })?;
+    let rootfs_cache = arguments.rootfs_cache.clone().unwrap_or_else(|| {
+        std::env::var_os("HOME")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("/root"))
+            .join(".cache/switchyard/e2e-rootfs")
+    });
     let mut runner = Runner {
         client: client.clone(),
+        rootfs_cache,
+        runtime: arguments.runtime.clone(),
+        held_capabilities,
         context: RunnerContext {
             kubernetes_service_environment: None,
             node_addresses: BTreeMap::new(),
@@ -200,6 +232,8 @@ impl Runner {
                             owner_key: spec.owner_key.clone(),
                             deleting: spec.deleting,
                             grace_period: spec.grace_period,
+                            run_to_completion: spec.run_to_completion,
+                            after: spec.after.clone(),
                         });
                         specs.insert(spec.key.clone(), spec);
                     }
@@ -285,7 +319,10 @@ impl Runner {
             match child.try_wait() {
                 Ok(Some(status)) => {
                     managed.child = None;
-                    managed.tracked.state = ProcessState::Exited { at: now };
+                    managed.tracked.state = ProcessState::Exited {
+                        at: now,
+                        succeeded: status.success(),
+                    };
                     exited.push((managed.spec.clone(), managed.pid, status.to_string()));
                 }
                 Ok(None) => {}
@@ -346,23 +383,25 @@ impl Runner {
             .get(&spec.key)
             .map(|managed| managed.tracked.restarts + 1)
             .unwrap_or(0);
-        let result = self.spawn(&spec).await;
+        let result = self.spawn(&spec, restarts).await;
         let (child, pid, state) = match result {
-            Ok(child) => {
-                let pid = child.id();
-                info!(pod = %spec.pod_name, node = %spec.node, ?pid, binary = %spec.binary.display(), "started");
-                self.event(
-                    &spec,
-                    EventKind::Started,
-                    pid,
-                    Some(spec.binary.display().to_string()),
-                );
+            Ok((child, pid)) => {
+                let program = spec.program.describe();
+                info!(pod = %spec.pod_name, node = %spec.node, ?pid, %program, "started");
+                self.event(&spec, EventKind::Started, pid, Some(program));
                 (Some(child), pid, ProcessState::Running)
             }
             Err(error) => {
                 warn!("{error}");
                 self.event(&spec, EventKind::StartFailed, None, Some(error.to_string()));
-                (None, None, ProcessState::Exited { at: now })
+                (
+                    None,
+                    None,
+                    ProcessState::Exited {
+                        at: now,
+                        succeeded: false,
+                    },
+                )
             }
         };
         self.processes.insert(
@@ -431,7 +470,13 @@ impl Runner {
         Ok(())
     }
 
-    async fn spawn(&self, spec: &ProcessSpec) -> Result<tokio::process::Child> {
+    /// Starts the container's process; gives its child (the binary, or the OCI runtime
+    /// that runs the container) and the PID of the container's own process.
+    async fn spawn(
+        &self,
+        spec: &ProcessSpec,
+        start_number: u32,
+    ) -> Result<(tokio::process::Child, Option<u32>)> {
         let pod = format!("{}/{}", spec.namespace, spec.pod_name);
         let holder = cluster_holder_pid(&self.paths, &spec.node)?;
         let directory = self.pod_directory(spec);
@@ -475,6 +520,30 @@ impl Runner {
             }
             None => "-n".to_string(),
         };
+        let (binary, arguments) = match &spec.program {
+            Program::Binary { binary, arguments } => (binary, arguments),
+            Program::Image { archive, container } => {
+                let log = (log, log_for_stderr);
+                return self
+                    .spawn_container(
+                        spec,
+                        archive,
+                        container,
+                        ContainerStart {
+                            holder,
+                            network: &network,
+                            directory: &directory,
+                            service_account: spec
+                                .service_account_secret
+                                .as_ref()
+                                .map(|_| PathBuf::from(&service_account_directory)),
+                            log,
+                            start_number,
+                        },
+                    )
+                    .await;
+            }
+        };
         // The node's mount namespace, then a mount namespace of the process's own in
         // which its service-account directory is bound at the usual path.
         let mut command = tokio::process::Command::new("nsenter");
@@ -490,8 +559,8 @@ impl Runner {
             ))
             .arg("switchyard-pod")
             .arg(&service_account_directory)
-            .arg(&spec.binary)
-            .args(&spec.arguments)
+            .arg(binary)
+            .args(arguments)
             .env_clear()
             .env("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
             .envs(spec.environment.iter().map(|(name, value)| (name, value)))
@@ -499,10 +568,149 @@ impl Runner {
             .stdout(Stdio::from(log))
             .stderr(Stdio::from(log_for_stderr))
             .kill_on_drop(false);
-        command
+        let child = command
             .spawn()
-            .map_err(|source| E2eError::StartProcess { pod, source })
+            .map_err(|source| E2eError::StartProcess { pod, source })?;
+        let pid = child.id();
+        Ok((child, pid))
     }
+
+    /// Runs a container from its image: unpacked (cached), its bundle written, the OCI
+    /// runtime started in the node's namespaces; waits for the container's process.
+    async fn spawn_container(
+        &self,
+        spec: &ProcessSpec,
+        archive: &Path,
+        container: &ContainerRun,
+        start: ContainerStart<'_>,
+    ) -> Result<(tokio::process::Child, Option<u32>)> {
+        let pod = format!("{}/{}", spec.namespace, spec.pod_name);
+        let failed = |message: String| E2eError::ResolvePodProcess {
+            pod: pod.clone(),
+            message,
+        };
+        let (mut log, log_for_stderr) = start.log;
+        let image = image_store::unpack(archive, &self.rootfs_cache)?;
+        let pod_volumes = start
+            .directory
+            .parent()
+            .unwrap_or(start.directory)
+            .join("volumes");
+        let nodes = self.paths.state.join("nodes");
+        let bundle = write_bundle(&BundleInputs {
+            holder: start.holder,
+            run: container,
+            image: &image,
+            environment: &spec.environment,
+            directory: start.directory,
+            pod_volumes: &pod_volumes,
+            service_account: start.service_account.as_deref(),
+            hosts_file: &nodes.join("hosts"),
+            resolv_conf: &nodes.join("resolv.conf"),
+            held_capabilities: &self.held_capabilities,
+            start_number: start.start_number,
+        });
+        let bundle = match bundle {
+            Ok(bundle) => bundle,
+            Err(message) => {
+                // Where a kubelet's would show: the container's log here.
+                use std::io::Write;
+                let _ = writeln!(log, "switchyard-e2e-pod-runner: {message}");
+                return Err(failed(message));
+            }
+        };
+        if !bundle.withheld_capabilities.is_empty() {
+            use std::io::Write;
+            let message = format!(
+                "this machine withholds {:?} from the runner, so the container runs without them",
+                bundle.withheld_capabilities
+            );
+            warn!(%pod, container = %spec.key.container, "{message}");
+            let _ = writeln!(log, "switchyard-e2e-pod-runner: {message}");
+        }
+        let container_id = container_id(spec, start.start_number);
+        let runtime_root = self.paths.state.join("runtime");
+        let mut command = tokio::process::Command::new("nsenter");
+        command
+            .arg("-t")
+            .arg(start.holder.to_string())
+            .arg(start.network)
+            .args(["-m", "--"])
+            .arg(&self.runtime)
+            .arg("--root")
+            .arg(&runtime_root)
+            // The hollow nodes have no resource accounting: no cgroups per container.
+            .arg("--cgroup-manager=disabled")
+            .arg("run")
+            .arg("--bundle")
+            .arg(&bundle.directory)
+            .arg(&container_id)
+            .env_clear()
+            .env(
+                "PATH",
+                "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            )
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(log))
+            .stderr(Stdio::from(log_for_stderr))
+            .kill_on_drop(false);
+        let mut child = command.spawn().map_err(|source| E2eError::StartProcess {
+            pod: pod.clone(),
+            source,
+        })?;
+        // The container's own process (its PID 1, seen from here), which the tests signal
+        // and inspect as they would a plain process.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(pid) = self.container_pid(&runtime_root, &container_id).await {
+                return Ok((child, Some(pid)));
+            }
+            if matches!(child.try_wait(), Ok(Some(_))) || tokio::time::Instant::now() > deadline {
+                // Exited at once (the reaper records it) or never seen running.
+                return Ok((child, None));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    async fn container_pid(&self, runtime_root: &Path, container_id: &str) -> Option<u32> {
+        let output = tokio::process::Command::new(&self.runtime)
+            .arg("--root")
+            .arg(runtime_root)
+            .arg("state")
+            .arg(container_id)
+            .stdin(Stdio::null())
+            .stderr(Stdio::null())
+            .output()
+            .await
+            .ok()?;
+        if !output.status.success() {
+            return None;
+        }
+        let state: serde_json::Value = serde_json::from_slice(&output.stdout).ok()?;
+        let running = matches!(
+            state.get("status").and_then(|status| status.as_str()),
+            Some("running")
+        );
+        let pid = state.get("pid").and_then(|pid| pid.as_u64())?;
+        (running && pid > 0).then_some(pid as u32)
+    }
+}
+
+/// What `spawn` prepared for a container's start.
+struct ContainerStart<'a> {
+    holder: u32,
+    network: &'a str,
+    directory: &'a Path,
+    service_account: Option<PathBuf>,
+    log: (std::fs::File, std::fs::File),
+    start_number: u32,
+}
+
+/// The OCI runtime's name of a container's start: unique per pod, container and start.
+fn container_id(spec: &ProcessSpec, start_number: u32) -> String {
+    let uid_prefix: String = spec.key.pod_uid.chars().take(8).collect();
+    format!("{uid_prefix}-{}-{start_number}", spec.key.container)
 }
 
 fn cluster_holder_pid(paths: &ClusterPaths, node: &str) -> Result<u32> {

@@ -53,3 +53,27 @@ fn malformed_lines_are_rejected_with_their_line_number() {
         "{error}"
     );
 }
+
+#[test]
+fn an_oci_archive_entry_names_the_archive_to_run_from() {
+    let table = table(
+        "ghcr.io/switchyard/switchyard-agent:* oci-archive:/images/switchyard-agent.oci.tar\n",
+    );
+    assert_eq!(
+        table.source_for("ghcr.io/switchyard/switchyard-agent:0.1.0"),
+        Some(&ImageSource::OciArchive(PathBuf::from(
+            "/images/switchyard-agent.oci.tar"
+        )))
+    );
+    assert_eq!(
+        table.binary_for("ghcr.io/switchyard/switchyard-agent:0.1.0"),
+        None,
+        "an archive is not a binary"
+    );
+    let error =
+        ImageTable::parse("image oci-archive:relative.tar\n", Path::new("t.conf")).unwrap_err();
+    assert!(
+        error.to_string().contains("not an absolute path"),
+        "{error}"
+    );
+}

@@ -11,6 +11,9 @@
 //!   alive: a replacement never overlaps the process it replaces.
 //! - A process that exited while its pod still wants it is restarted after a
 //!   back-off that doubles up to a limit (restartPolicy Always).
+//! - Init containers run in order, each to completion: a container starts only once every
+//!   init container before it has exited successfully, and an init container that has
+//!   succeeded is not run again (a failed one is restarted with the same back-off).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -24,6 +27,10 @@ pub struct Wanted {
     pub owner_key: String,
     pub deleting: bool,
     pub grace_period: Duration,
+    /// An init container.
+    pub run_to_completion: bool,
+    /// The init containers that must have succeeded first.
+    pub after: Vec<ProcessKey>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,6 +44,8 @@ pub enum ProcessState {
     Killed,
     Exited {
         at: Duration,
+        /// It exited with status 0.
+        succeeded: bool,
     },
 }
 
@@ -115,6 +124,17 @@ pub fn plan(wanted: &[Wanted], tracked: &[Tracked], now: Duration) -> Vec<Action
         }
     }
 
+    let succeeded = |key: &ProcessKey| {
+        tracked_by_key.get(key).is_some_and(|process| {
+            matches!(
+                process.state,
+                ProcessState::Exited {
+                    succeeded: true,
+                    ..
+                }
+            )
+        })
+    };
     // Start what is wanted, one process per owner key at a time.
     let mut busy_owners: BTreeSet<&str> = tracked
         .iter()
@@ -125,10 +145,16 @@ pub fn plan(wanted: &[Wanted], tracked: &[Tracked], now: Duration) -> Vec<Action
         let due = match tracked_by_key.get(&item.key) {
             None => true,
             Some(process) => match process.state {
-                ProcessState::Exited { at } => now >= at + restart_backoff(process.restarts),
+                ProcessState::Exited {
+                    succeeded: true, ..
+                } if item.run_to_completion => false,
+                ProcessState::Exited { at, .. } => now >= at + restart_backoff(process.restarts),
                 _ => false,
             },
         };
+        if !item.after.iter().all(succeeded) {
+            continue;
+        }
         if !due || busy_owners.contains(item.owner_key.as_str()) {
             continue;
         }
@@ -155,6 +181,8 @@ mod tests {
             owner_key: owner.to_string(),
             deleting: false,
             grace_period: Duration::from_secs(5),
+            run_to_completion: false,
+            after: Vec::new(),
         }
     }
 
@@ -274,7 +302,10 @@ mod tests {
             &[tracked(
                 "old",
                 "ds/node-2",
-                ProcessState::Exited { at: 2 * SECOND },
+                ProcessState::Exited {
+                    at: 2 * SECOND,
+                    succeeded: true,
+                },
             )],
             2 * SECOND,
         );
@@ -310,7 +341,14 @@ mod tests {
 
     #[test]
     fn a_crashed_process_is_restarted_after_a_growing_backoff() {
-        let mut crashed = tracked("a", "ds/node-1", ProcessState::Exited { at: 10 * SECOND });
+        let mut crashed = tracked(
+            "a",
+            "ds/node-1",
+            ProcessState::Exited {
+                at: 10 * SECOND,
+                succeeded: false,
+            },
+        );
         crashed.restarts = 3;
         let item = wanted("a", "ds/node-1");
         assert!(plan(
@@ -328,11 +366,112 @@ mod tests {
         assert_eq!(restart_backoff(40), RESTART_BACKOFF_LIMIT);
     }
 
+    fn container_key(uid: &str, container: &str) -> ProcessKey {
+        ProcessKey {
+            pod_uid: uid.to_string(),
+            container: container.to_string(),
+        }
+    }
+
+    /// An agent pod: the init container `mount-bpf-fs`, then `agent`.
+    fn agent_pod(uid: &str) -> [Wanted; 2] {
+        let init = Wanted {
+            key: container_key(uid, "mount-bpf-fs"),
+            owner_key: "ds/node-1/mount-bpf-fs".into(),
+            deleting: false,
+            grace_period: 5 * SECOND,
+            run_to_completion: true,
+            after: Vec::new(),
+        };
+        let agent = Wanted {
+            key: container_key(uid, "agent"),
+            owner_key: "ds/node-1/agent".into(),
+            after: vec![init.key.clone()],
+            run_to_completion: false,
+            ..init.clone()
+        };
+        [init, agent]
+    }
+
+    fn tracked_container(uid: &str, container: &str, state: ProcessState) -> Tracked {
+        Tracked {
+            key: container_key(uid, container),
+            owner_key: format!("ds/node-1/{container}"),
+            state,
+            grace_period: 5 * SECOND,
+            restarts: 0,
+        }
+    }
+
+    #[test]
+    fn a_container_starts_only_after_its_init_container_succeeded() {
+        let pod = agent_pod("a");
+        assert_eq!(
+            plan(&pod, &[], SECOND),
+            vec![Action::Start(container_key("a", "mount-bpf-fs"))],
+            "only the init container starts first"
+        );
+        for state in [
+            ProcessState::Running,
+            ProcessState::Exited {
+                at: SECOND,
+                succeeded: false,
+            },
+        ] {
+            let actions = plan(
+                &pod,
+                &[tracked_container("a", "mount-bpf-fs", state)],
+                SECOND,
+            );
+            assert!(
+                !actions.contains(&Action::Start(container_key("a", "agent"))),
+                "the agent started while its init container was {state:?}: {actions:?}"
+            );
+        }
+        let done = tracked_container(
+            "a",
+            "mount-bpf-fs",
+            ProcessState::Exited {
+                at: SECOND,
+                succeeded: true,
+            },
+        );
+        assert_eq!(
+            plan(&pod, std::slice::from_ref(&done), 20 * SECOND),
+            vec![Action::Start(container_key("a", "agent"))],
+            "the succeeded init container is not run again, the agent starts"
+        );
+    }
+
+    #[test]
+    fn a_failed_init_container_is_restarted_after_the_backoff() {
+        let pod = agent_pod("a");
+        let failed = tracked_container(
+            "a",
+            "mount-bpf-fs",
+            ProcessState::Exited {
+                at: SECOND,
+                succeeded: false,
+            },
+        );
+        assert_eq!(
+            plan(&pod, std::slice::from_ref(&failed), 2 * SECOND),
+            vec![Action::Start(container_key("a", "mount-bpf-fs"))]
+        );
+    }
+
     #[test]
     fn an_exited_process_of_a_deleted_pod_is_forgotten_only_once_the_pod_is_gone() {
         let mut deleting = wanted("a", "ds/node-1");
         deleting.deleting = true;
-        let exited = tracked("a", "ds/node-1", ProcessState::Exited { at: SECOND });
+        let exited = tracked(
+            "a",
+            "ds/node-1",
+            ProcessState::Exited {
+                at: SECOND,
+                succeeded: false,
+            },
+        );
         assert!(plan(&[deleting], std::slice::from_ref(&exited), 2 * SECOND).is_empty());
         assert_eq!(
             plan(&[], &[exited], 2 * SECOND),

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Container, EnvVar, Pod};
 
-use crate::images::ImageTable;
+use super::container::{volume_mounts, ContainerRun, Security};
+use crate::images::{ImageSource, ImageTable};
 
 /// The path at which processes find their service-account credentials, as in a
 /// real container.
@@ -42,6 +43,32 @@ pub enum ObjectKeyReference {
     Secret { name: String, key: String },
 }
 
+/// What runs for a container.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Program {
+    /// A local binary as a plain process (kube-proxy, test probes): `command`'s first word
+    /// is replaced by the binary, the rest and `args` are its arguments.
+    Binary {
+        binary: PathBuf,
+        arguments: Vec<String>,
+    },
+    /// The container's image (an OCI archive) run with an OCI runtime.
+    Image {
+        archive: PathBuf,
+        container: Box<ContainerRun>,
+    },
+}
+
+impl Program {
+    /// What the runner's events and logs name: the binary, or the image's archive.
+    pub fn describe(&self) -> String {
+        match self {
+            Program::Binary { binary, .. } => binary.display().to_string(),
+            Program::Image { archive, .. } => format!("image {}", archive.display()),
+        }
+    }
+}
+
 /// Everything needed to start the process of one container.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProcessSpec {
@@ -53,9 +80,12 @@ pub struct ProcessSpec {
     /// only after the old one has exited.
     pub owner_key: String,
     pub image: String,
-    pub binary: PathBuf,
-    pub arguments: Vec<String>,
+    pub program: Program,
     pub environment: Vec<(String, String)>,
+    /// An init container: it runs to completion, and is not run again once it succeeded.
+    pub run_to_completion: bool,
+    /// The init containers that must have succeeded before this one starts.
+    pub after: Vec<ProcessKey>,
     /// The secret holding the service-account token mounted at
     /// [`SERVICE_ACCOUNT_MOUNT_PATH`], if the container mounts one.
     pub service_account_secret: Option<String>,
@@ -78,6 +108,9 @@ pub enum SpecProblem {
     /// container an environment without it either).
     KubernetesServiceUnknown,
     InvalidNetworkNamespace(String),
+    /// Something of the pod the runner does not do (it would be wrong to start the
+    /// container without it).
+    Unsupported(String),
 }
 
 impl std::fmt::Display for SpecProblem {
@@ -100,6 +133,9 @@ impl std::fmt::Display for SpecProblem {
                 formatter,
                 "annotation {NETWORK_NAMESPACE_ANNOTATION}: {message}"
             ),
+            SpecProblem::Unsupported(what) => {
+                write!(formatter, "the e2e pod runner does not support {what}")
+            }
         }
     }
 }
@@ -150,7 +186,7 @@ pub fn owner_key(pod: &Pod, container: &str) -> String {
 /// The objects a pod's managed containers take environment values from.
 pub fn references(pod: &Pod, images: &ImageTable) -> Vec<ObjectKeyReference> {
     let mut found = Vec::new();
-    for container in managed_containers(pod, images) {
+    for (_, container) in managed_containers(pod, images) {
         for variable in container.env.iter().flatten() {
             if let Some(reference) = reference_of(variable) {
                 found.push(reference);
@@ -179,23 +215,30 @@ fn reference_of(variable: &EnvVar) -> Option<ObjectKeyReference> {
         })
 }
 
+/// The pod's init containers (each `true`) then its containers whose image is managed.
 fn managed_containers<'a>(
     pod: &'a Pod,
     images: &'a ImageTable,
-) -> impl Iterator<Item = &'a Container> + 'a {
+) -> impl Iterator<Item = (bool, &'a Container)> + 'a {
     pod.spec
         .iter()
-        .flat_map(|spec| spec.containers.iter())
-        .filter(move |container| {
+        .flat_map(|spec| {
+            spec.init_containers
+                .iter()
+                .flatten()
+                .map(|container| (true, container))
+                .chain(spec.containers.iter().map(|container| (false, container)))
+        })
+        .filter(move |(_, container)| {
             container
                 .image
                 .as_deref()
-                .is_some_and(|image| images.binary_for(image).is_some())
+                .is_some_and(|image| images.source_for(image).is_some())
         })
 }
 
-/// The processes to run for a pod: one per container whose image is in the
-/// table. Pods not bound to a node, finished pods and unmanaged images give none.
+/// The processes to run for a pod: one per container (init containers first) whose image
+/// is in the table. Pods not bound to a node, finished pods and unmanaged images give none.
 pub fn process_specs(
     pod: &Pod,
     images: &ImageTable,
@@ -216,13 +259,23 @@ pub fn process_specs(
         return Vec::new();
     }
     let uid = pod.metadata.uid.clone().unwrap_or_default();
+    let mut init_containers: Vec<ProcessKey> = Vec::new();
     managed_containers(pod, images)
-        .map(|container| {
+        .map(|(init, container)| {
             let key = ProcessKey {
                 pod_uid: uid.clone(),
                 container: container.name.clone(),
             };
+            let after = init_containers.clone();
+            if init {
+                init_containers.push(key.clone());
+            }
             container_spec(pod, container, &node, images, context, values)
+                .map(|spec| ProcessSpec {
+                    run_to_completion: init,
+                    after,
+                    ..spec
+                })
                 .map_err(|problem| (key, problem))
         })
         .collect()
@@ -255,10 +308,10 @@ fn container_spec(
         .image
         .clone()
         .ok_or(SpecProblem::MissingField("container image"))?;
-    let binary = images
-        .binary_for(&image)
+    let source = images
+        .source_for(&image)
         .ok_or(SpecProblem::MissingField("a binary for the image"))?
-        .to_path_buf();
+        .clone();
     let node_address = context
         .node_addresses
         .get(node)
@@ -324,16 +377,39 @@ fn container_spec(
         environment.push((variable.name.clone(), value));
     }
 
-    // As in a real container: `command` replaces the image's entrypoint (here
-    // the binary itself, so its first word is dropped), `args` follow it.
-    let arguments: Vec<String> = container
-        .command
-        .iter()
-        .flatten()
-        .skip(1)
-        .chain(container.args.iter().flatten())
-        .map(|argument| expand_references(argument, &environment))
-        .collect();
+    let expand = |words: &Vec<String>| -> Vec<String> {
+        words
+            .iter()
+            .map(|word| expand_references(word, &environment))
+            .collect()
+    };
+    let program = match source {
+        // As in a real container: `command` replaces the image's entrypoint (here
+        // the binary itself, so its first word is dropped), `args` follow it.
+        ImageSource::Binary(binary) => Program::Binary {
+            binary,
+            arguments: container
+                .command
+                .iter()
+                .flatten()
+                .skip(1)
+                .chain(container.args.iter().flatten())
+                .map(|argument| expand_references(argument, &environment))
+                .collect(),
+        },
+        ImageSource::OciArchive(archive) => Program::Image {
+            archive,
+            container: Box::new(ContainerRun {
+                command: container.command.as_ref().map(expand),
+                args: container.args.as_ref().map(expand),
+                working_dir: container.working_dir.clone(),
+                security: Security::of(pod, container)?,
+                mounts: volume_mounts(pod, container)?,
+                host_network,
+                hostname: pod_name.clone(),
+            }),
+        },
+    };
 
     let service_account_secret = if pod_spec.automount_service_account_token == Some(false) {
         None
@@ -375,9 +451,10 @@ fn container_spec(
         pod_name,
         node: node.to_string(),
         image,
-        binary,
-        arguments,
+        program,
         environment,
+        run_to_completion: false,
+        after: Vec::new(),
         service_account_secret,
         network_namespace,
         grace_period: grace_seconds,
@@ -652,10 +729,13 @@ mod tests {
         let specs = process_specs(&kube_proxy_pod(), &images(), &context(), &values());
         assert_eq!(specs.len(), 1, "only the managed container runs");
         let spec = specs[0].clone().unwrap();
-        assert_eq!(spec.binary, PathBuf::from("/cache/kube-proxy"));
+        let Program::Binary { binary, arguments } = &spec.program else {
+            panic!("kube-proxy's image is a binary: {:?}", spec.program);
+        };
+        assert_eq!(binary, &PathBuf::from("/cache/kube-proxy"));
         assert_eq!(
-            spec.arguments,
-            vec![
+            arguments,
+            &vec![
                 "--hostname-override=node-2",
                 "--bind-address=10.99.0.12",
                 "--literal=$(NODE_NAME)",
