@@ -261,29 +261,24 @@ pub fn table(
     );
     let largest_nodes = node_counts.iter().max().copied().unwrap_or(0) as u64;
     let smallest_nodes = node_counts.iter().min().copied().unwrap_or(0) as u64;
-    let p99s: Vec<f64> = node_counts
-        .iter()
-        .filter_map(|nodes| summary.find(operator, system, *nodes as u64, "reconcile-p99-max"))
-        .collect();
-    let (measured, met) = if p99s.is_empty() {
-        ("-".into(), None)
-    } else {
-        let worst = p99s.iter().copied().fold(f64::NAN, f64::max);
-        (format!("worst run {worst:.0} ms"), Some(worst < 200.0))
+    // The highest `metric` over every node count measured.
+    let worst_over_node_counts = |metric| {
+        node_counts
+            .iter()
+            .filter_map(|nodes| summary.find(operator, system, *nodes as u64, metric))
+            .reduce(f64::max)
+    };
+    let (measured, met) = match worst_over_node_counts("reconcile-p99-max") {
+        Some(worst) => (format!("worst run {worst:.0} ms"), Some(worst < 200.0)),
+        None => ("-".into(), None),
     };
     row("reconcile p99 < 200 ms", measured, verdict(met));
-    let peaks: Vec<f64> = node_counts
-        .iter()
-        .filter_map(|nodes| summary.find(operator, system, *nodes as u64, "peak-rss-max"))
-        .collect();
-    let (measured, met) = if peaks.is_empty() {
-        ("-".into(), None)
-    } else {
-        let worst = peaks.iter().copied().fold(f64::NAN, f64::max);
-        (
+    let (measured, met) = match worst_over_node_counts("peak-rss-max") {
+        Some(worst) => (
             format!("worst run {worst:.0} MiB peak"),
             Some(worst < 200.0),
-        )
+        ),
+        None => ("-".into(), None),
     };
     row("operator RSS < 200 MB", measured, verdict(met));
     let per_node = |nodes: u64| summary.find(operator, system, nodes, "api-requests-per-node");
