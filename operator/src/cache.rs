@@ -279,7 +279,8 @@ fn ready_condition<C>(
         .collect()
 }
 
-/// A Node reduced to what decisions read: name, UID, `resourceVersion` and its Ready condition.
+/// A Node reduced to what decisions read: name, UID, `resourceVersion`, labels (a canary
+/// `nodeSelector` matches them) and its Ready condition.
 pub fn trim_node(node: &mut Node) {
     let ready = ready_condition(
         node.status
@@ -297,6 +298,7 @@ pub fn trim_node(node: &mut Node) {
             name: node.metadata.name.take(),
             uid: node.metadata.uid.take(),
             resource_version: node.metadata.resource_version.take(),
+            labels: node.metadata.labels.take(),
             ..ObjectMeta::default()
         },
         spec: None,

@@ -398,8 +398,13 @@ pub(crate) mod tests {
 
     #[test]
     fn every_node_is_observed_with_its_dataplane_node_and_pods() {
+        let mut labelled = node("a", "True");
+        labelled.metadata.labels = Some(BTreeMap::from([(
+            "switchyard.dev/canary".to_owned(),
+            "true".to_owned(),
+        )]));
         let objects = ClusterObjects {
-            nodes: shared(vec![node("a", "True"), node("b", "False")]),
+            nodes: shared(vec![labelled, node("b", "False")]),
             dataplane_nodes: shared(vec![
                 DataplaneNode::new("a", DataplaneNodeSpec::new(DataplaneMode::Ebpf)),
                 DataplaneNode::new("gone", DataplaneNodeSpec::new(DataplaneMode::Ebpf)),
@@ -432,7 +437,13 @@ pub(crate) mod tests {
             Some("kube-proxy-1")
         );
         assert_eq!(a.agent_pod, None);
+        assert_eq!(
+            a.labels.get("switchyard.dev/canary").map(String::as_str),
+            Some("true"),
+            "the Node's labels, for a canary nodeSelector"
+        );
         let b = &observed.nodes[1];
+        assert!(b.labels.is_empty());
         assert!(!b.ready);
         assert_eq!(b.dataplane_node, None);
         assert_eq!(

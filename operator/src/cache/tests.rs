@@ -159,7 +159,7 @@ fn ready_condition(status: &str) -> NodeCondition {
 }
 
 #[test]
-fn a_trimmed_node_keeps_its_identity_and_readiness_only() {
+fn a_trimmed_node_keeps_its_identity_labels_and_readiness_only() {
     let mut node = Node {
         metadata: ObjectMeta {
             name: Some("a".into()),
@@ -186,7 +186,11 @@ fn a_trimmed_node_keeps_its_identity_and_readiness_only() {
     assert_eq!(node.metadata.name.as_deref(), Some("a"));
     assert_eq!(node.metadata.uid.as_deref(), Some("uid-a"));
     assert_eq!(node.metadata.resource_version.as_deref(), Some("5"));
-    assert_eq!(node.metadata.labels, None);
+    // Labels stay: a canary nodeSelector (spec.rollout.canary) matches them.
+    assert_eq!(
+        node.metadata.labels,
+        Some(BTreeMap::from([("zone".into(), "x".into())]))
+    );
     assert_eq!(node.metadata.managed_fields, None);
     let conditions = node.status.as_ref().unwrap().conditions.as_ref().unwrap();
     assert_eq!(conditions.len(), 1);
