@@ -89,6 +89,25 @@ pub mod map_names {
     /// untranslated. A map of its own, for the reason `SOURCE_RANGE_DROPS` is;
     /// not part of the schema either (a counter starts again from zero).
     pub const FRAGMENTS_WITHOUT_FIRST: &str = "SY_FRAG_ORPHANS";
+    /// Per-CPU counters of new flows (and the node's connects and sends) refused
+    /// for lack of a backend, by [`super::refusal`] index: whether the Service had
+    /// ready endpoints elsewhere, as the agent knew when it wrote the frontend
+    /// ([`super::FRONTEND_FLAG_ENDPOINTS_ELSEWHERE`]). A map of its own for the
+    /// reason `SOURCE_RANGE_DROPS` is, and not part of the schema either (a
+    /// counter starts again from zero).
+    pub const REFUSALS: &str = "SY_REFUSALS";
+}
+
+/// Indexes of the [`map_names::REFUSALS`] per-CPU counters.
+pub mod refusal {
+    /// The frontend had no backend and the Service no ready (or serving
+    /// terminating) endpoint anywhere: refused by design, as kube-proxy refuses.
+    pub const WITHOUT_READY_ENDPOINTS: u32 = 0;
+    /// The frontend had no backend while the Service had endpoints on other
+    /// nodes (a `Local` traffic policy without a local endpoint).
+    pub const WITH_ENDPOINTS_ELSEWHERE: u32 = 1;
+    /// Entries of the map.
+    pub const COUNT: u32 = 2;
 }
 
 /// A pre-filter in front of the conntrack lookups, in an array map of one byte per
@@ -201,6 +220,14 @@ pub const FRONTEND_FLAG_NO_POD_CONNECT_BALANCING: u32 = 1 << 5;
 /// not yet failed retries instead of giving up. Programs older than the bit
 /// refuse, as before.
 pub const FRONTEND_FLAG_DROP_WITHOUT_BACKENDS: u32 = 1 << 6;
+/// On an entry without backends of a Service that has ready (or serving
+/// terminating) endpoints on some node: what the programs' refusal counters
+/// ([`map_names::REFUSALS`]) attribute the refusals of its new flows by. Set by
+/// the agent from its desired state only on frontends without backends (so no
+/// other frontend changes value); counting only, no program acts on it.
+/// Frontends written before the bit existed count as without endpoints until
+/// the agent's next write of them.
+pub const FRONTEND_FLAG_ENDPOINTS_ELSEWHERE: u32 = 1 << 7;
 
 /// Value of the frontends map.
 #[repr(C)]
@@ -544,6 +571,7 @@ mod tests {
             map_names::SOURCE_RANGE_DROPS,
             map_names::FRAGMENTS,
             map_names::FRAGMENTS_WITHOUT_FIRST,
+            map_names::REFUSALS,
         ] {
             assert!(name.len() <= 15, "{name} is longer than 15 characters");
         }

@@ -29,12 +29,13 @@ use aya_ebpf::{
     programs::{SockAddrContext, SockContext, TcContext},
 };
 use switchyard_common::{
-    counter, port_filter, AffinityKey, AffinityValue, BackendSlotKey, BackendValue, ConntrackKey,
-    ConntrackValue, DatapathConfig, FrontendKey, FrontendValue, SocketReverseKey,
+    counter, port_filter, refusal, AffinityKey, AffinityValue, BackendSlotKey, BackendValue,
+    ConntrackKey, ConntrackValue, DatapathConfig, FrontendKey, FrontendValue, SocketReverseKey,
     SocketReverseValue, SourceRangeKey, BACKEND_FLAG_LOCAL, CONNTRACK_FLAG_MASQUERADE,
     CONNTRACK_FLAG_PORT_TRANSLATED, CONNTRACK_FLAG_REPLY, CONNTRACK_FLAG_REWRITE_DESTINATION,
     CONNTRACK_FLAG_REWRITE_SOURCE, DATAPATH_MODE_ACTIVE, FRAGMENT_SEEN_AT_EGRESS,
-    FRAGMENT_SEEN_AT_INGRESS, FRONTEND_FLAG_DROP_WITHOUT_BACKENDS, FRONTEND_FLAG_MASQUERADE_REMOTE,
+    FRAGMENT_SEEN_AT_INGRESS, FRONTEND_FLAG_DROP_WITHOUT_BACKENDS,
+    FRONTEND_FLAG_ENDPOINTS_ELSEWHERE, FRONTEND_FLAG_MASQUERADE_REMOTE,
     FRONTEND_FLAG_PRESERVE_CLIENT_ADDRESS, FRONTEND_FLAG_SESSION_AFFINITY,
     FRONTEND_FLAG_SOURCE_RANGES, PROTOCOL_TCP, PROTOCOL_UDP, SCOPE_EXTERNAL, SCOPE_INTERNAL,
     SOURCE_RANGE_FRONTEND_BITS,
@@ -118,6 +119,10 @@ static SOURCE_RANGES: LpmTrie<SourceRangeKey, u8> = LpmTrie::pinned(65_536, 0);
 #[map(name = "SY_SRC_DROPS")]
 static SOURCE_RANGE_DROPS: PerCpuArray<u64> = PerCpuArray::pinned(1, 0);
 
+/// New flows refused for lack of a backend, per CPU, by `refusal` index.
+#[map(name = "SY_REFUSALS")]
+static REFUSALS: PerCpuArray<u64> = PerCpuArray::pinned(refusal::COUNT, 0);
+
 #[map(name = "SY_SOCK_REVERSE")]
 static SOCKET_REVERSE: LruHashMap<SocketReverseKey, SocketReverseValue> =
     LruHashMap::pinned(65_536, 0);
@@ -176,6 +181,23 @@ fn count(index: u32) {
 #[inline(always)]
 fn count_source_range_drop() {
     if let Some(value) = SOURCE_RANGE_DROPS.get_ptr_mut(0) {
+        // SAFETY: as in `count`.
+        unsafe { *value += 1 };
+    }
+}
+
+/// Counts a new flow (TC) or a connect/send (socket hooks) refused because
+/// `frontend` has no backend, split by whether the Service has endpoints
+/// elsewhere (as the agent flagged the frontend). The rare path only.
+#[inline(always)]
+fn count_refusal(frontend: &FrontendValue) {
+    count(counter::NO_BACKEND);
+    let index = if frontend.flags & FRONTEND_FLAG_ENDPOINTS_ELSEWHERE != 0 {
+        refusal::WITH_ENDPOINTS_ELSEWHERE
+    } else {
+        refusal::WITHOUT_READY_ENDPOINTS
+    };
+    if let Some(value) = REFUSALS.get_ptr_mut(index) {
         // SAFETY: as in `count`.
         unsafe { *value += 1 };
     }
@@ -448,7 +470,7 @@ fn try_conntrack_miss(
         return Ok(TC_ACT_SHOT);
     }
     if flow.frontend.backend_count == 0 {
-        count(counter::NO_BACKEND);
+        count_refusal(&flow.frontend);
         if flow.frontend.flags & FRONTEND_FLAG_DROP_WITHOUT_BACKENDS != 0 {
             return Ok(TC_ACT_SHOT);
         }

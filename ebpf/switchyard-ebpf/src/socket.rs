@@ -43,8 +43,8 @@ use switchyard_common::{
 };
 
 use crate::{
-    choose_backend, config, count, count_source_range_drop, port_marked, BackendChoice, FRONTENDS,
-    SOCKET_REVERSE,
+    choose_backend, config, count, count_refusal, count_source_range_drop, port_marked,
+    BackendChoice, FRONTENDS, SOCKET_REVERSE,
 };
 
 const ALLOW: i32 = 1;
@@ -189,7 +189,7 @@ fn translate(ctx: &SockAddrContext) -> i32 {
         return REFUSE;
     }
     if frontend.backend_count == 0 {
-        count(counter::NO_BACKEND);
+        count_refusal(&frontend);
         return REFUSE;
     }
     // Host processes have no source address yet at connect time: for session

@@ -11,11 +11,13 @@
 //!   that say which Services changed, coalescing.
 //! - `gate`: the start-of-day gate (nothing is written before every input is in).
 //! - `follow`: following the DataplaneNode's mode (attach, drain, detach).
+//! - `disruption`: the disruption signals' windows and baseline from counter samples.
 //! - `error`: the map error, and [`error::chain`] for logging any error with
 //!   its causes.
 
 pub mod desired;
 pub mod diff;
+pub mod disruption;
 pub mod error;
 pub mod follow;
 pub mod gate;

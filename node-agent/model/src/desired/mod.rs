@@ -39,9 +39,9 @@ use std::collections::{btree_map::Entry, BTreeMap};
 use std::net::IpAddr;
 
 use switchyard_common::{
-    Address, BackendValue, FrontendKey, BACKEND_FLAG_LOCAL, FRONTEND_FLAG_MASQUERADE_REMOTE,
-    FRONTEND_FLAG_PRESERVE_CLIENT_ADDRESS, FRONTEND_FLAG_SESSION_AFFINITY, SCOPE_EXTERNAL,
-    SCOPE_INTERNAL,
+    Address, BackendValue, FrontendKey, BACKEND_FLAG_LOCAL, FRONTEND_FLAG_ENDPOINTS_ELSEWHERE,
+    FRONTEND_FLAG_MASQUERADE_REMOTE, FRONTEND_FLAG_PRESERVE_CLIENT_ADDRESS,
+    FRONTEND_FLAG_SESSION_AFFINITY, SCOPE_EXTERNAL, SCOPE_INTERNAL,
 };
 
 use crate::model::{
@@ -351,6 +351,13 @@ fn add_service(
         for port in &service.ports {
             let candidates = candidates(port, family, slices, &node.name);
             let policy_flags = traffic_policy::external_policy_flags(service, &candidates, node);
+            // Whether the Service has endpoints anywhere, as kube-proxy's "has endpoints" (ready
+            // or serving terminating): a frontend left without backends by its view is then
+            // flagged, so that the programs count its refusals apart (see
+            // `FRONTEND_FLAG_ENDPOINTS_ELSEWHERE`).
+            let endpoints_anywhere = candidates
+                .iter()
+                .any(|candidate| candidate.ready || candidate.serving_terminating);
             let group = |view: EndpointView| GroupKey {
                 service: service.name.clone(),
                 port_name: port.name.clone(),
@@ -366,9 +373,22 @@ fn add_service(
                        flags: u32,
                        filter: Option<&source_ranges::LoadBalancerFilter>| {
                 let key = frontend_key(address, number, port.protocol, scope);
+                // The group's backends, computed once per group (kept for the insert below).
+                let computed = (!desired.groups.contains_key(&group(view)))
+                    .then(|| backends_of_view(&candidates, view, node));
+                let without_backends = computed.as_ref().map_or_else(
+                    || desired.groups.get(&group(view)).is_some_and(Vec::is_empty),
+                    Vec::is_empty,
+                );
                 let frontend = DesiredFrontend {
                     group: group(view),
-                    flags: flags | filter.map_or(0, |filter| filter.flags),
+                    flags: flags
+                        | filter.map_or(0, |filter| filter.flags)
+                        | if without_backends && endpoints_anywhere {
+                            FRONTEND_FLAG_ENDPOINTS_ELSEWHERE
+                        } else {
+                            0
+                        },
                     affinity_timeout_seconds,
                     source_ranges: filter
                         .map(|filter| filter.prefixes.clone())
@@ -376,11 +396,8 @@ fn add_service(
                 };
                 match desired.frontends.entry(key) {
                     Entry::Vacant(vacant) => {
-                        if !desired.groups.contains_key(&frontend.group) {
-                            desired.groups.insert(
-                                frontend.group.clone(),
-                                backends_of_view(&candidates, view, node),
-                            );
+                        if let Some(backends) = computed {
+                            desired.groups.insert(frontend.group.clone(), backends);
                         }
                         vacant.insert(frontend);
                     }

@@ -461,6 +461,63 @@ fn external_traffic_policy_local_without_local_endpoints_drops_outside_traffic()
 }
 
 #[test]
+fn only_frontends_without_backends_of_a_service_with_endpoints_elsewhere_are_flagged_for_the_refusal_counters(
+) {
+    use switchyard_common::FRONTEND_FLAG_ENDPOINTS_ELSEWHERE as ELSEWHERE;
+    // internalTrafficPolicy: Local, the only endpoint on another node: the ClusterIP has no
+    // backend here while the Service has one elsewhere.
+    let mut local = http_service("itp", "10.96.0.4");
+    local.internal_traffic_policy = TrafficPolicy::Local;
+    let remote_only = http_slice(
+        "itp",
+        8080,
+        vec![endpoint("10.0.1.1", State::Ready, "node-b")],
+    );
+    // No endpoint anywhere (its only endpoint is not ready and not serving).
+    let nowhere = http_service("down", "10.96.0.5");
+    let not_ready = http_slice(
+        "down",
+        8080,
+        vec![endpoint("10.0.1.2", State::NotReady, "node-b")],
+    );
+    // Cluster policy with a remote endpoint: backends, no flag.
+    let served = http_service("web", "10.96.0.6");
+    let served_slice = http_slice(
+        "web",
+        8080,
+        vec![endpoint("10.0.1.3", State::Ready, "node-b")],
+    );
+    let entries = desired_entries(
+        &[local, nowhere, served],
+        &[remote_only, not_ready, served_slice],
+        &node(&[]),
+        &MapState::default(),
+    );
+    let flag_of =
+        |address: &str| entries.frontends[&tcp(address, 80, SCOPE_INTERNAL)].flags & ELSEWHERE;
+    assert_eq!(flag_of("10.96.0.4"), ELSEWHERE);
+    assert_eq!(flag_of("10.96.0.5"), 0);
+    assert_eq!(flag_of("10.96.0.6"), 0);
+
+    // externalTrafficPolicy: Local without a local endpoint: the outside entry carries both
+    // the drop and the counters' flag, its inside twin (backends) neither.
+    let entries = desired_entries(
+        &[node_port_service(TrafficPolicy::Local)],
+        &[http_slice(
+            "np",
+            8080,
+            vec![endpoint("10.0.1.1", State::Ready, "node-b")],
+        )],
+        &node(&["192.168.1.10"]),
+        &MapState::default(),
+    );
+    let outside = entries.frontends[&tcp("192.168.1.10", 30080, SCOPE_EXTERNAL)];
+    assert_eq!(outside.flags & ELSEWHERE, ELSEWHERE);
+    let inside = entries.frontends[&tcp("192.168.1.10", 30080, SCOPE_INTERNAL)];
+    assert_eq!(inside.flags & ELSEWHERE, 0);
+}
+
+#[test]
 fn internal_traffic_policy_local_restricts_the_cluster_ip_to_local_endpoints() {
     let mut model = http_service("itp", "10.96.0.4");
     model.internal_traffic_policy = TrafficPolicy::Local;
