@@ -226,7 +226,7 @@ fn send_a_later_fragment_alone(destination: Ipv4Addr) {
                 "raw socket: {}",
                 std::io::Error::last_os_error()
             );
-            let mut packet = vec![0u8; 20 + 64];
+            let mut packet = [0u8; 20 + 64];
             packet[0] = 0x45;
             let total_length = (packet.len() as u16).to_be_bytes();
             packet[2..4].copy_from_slice(&total_length);
