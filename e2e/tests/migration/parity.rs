@@ -341,7 +341,7 @@ async fn observe_mixed(
     served: &switchyard_e2e::traffic::TrafficGenerator,
     dropped: &switchyard_e2e::traffic::TrafficGenerator,
 ) -> Result<(Vec<String>, Vec<(Item, String)>), String> {
-    let settled = wait_for(
+    wait_for(
         "see node-1 and node-2 serving from eBPF and node-3 left on kube-proxy",
         WaitOptions::new(Duration::from_secs(60)).every(Duration::from_millis(200)),
         || async {
@@ -364,7 +364,6 @@ async fn observe_mixed(
     )
     .await
     .map_err(|error| error.to_string())?;
-    let () = settled;
     // kube-proxy still serves every node (node-3 by itself).
     for node in NODES {
         let rules = world
@@ -413,7 +412,7 @@ async fn set_paused(world: &World, paused: bool) -> Outcome<()> {
 fn condition_of(config: &DataplaneConfig, type_: &str) -> Option<(ConditionStatus, String)> {
     let status = config.status.as_ref()?;
     find_condition(&status.conditions, type_)
-        .map(|condition| (condition.status.clone(), condition.message.clone()))
+        .map(|condition| (condition.status, condition.message.clone()))
 }
 
 /// Waits (30 s) until the DataplaneConfig satisfies `holds`; its Degraded message, or the
