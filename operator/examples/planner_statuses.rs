@@ -1,6 +1,6 @@
 //! Prints, one JSON document per line, the DataplaneConfig status the planner publishes in a
 //! few typical situations (a transition under way, a halt, an ignored object, an invalid spec,
-//! a finished transition, an agent upgrade). `crds/tests/apiserver-1.20.sh` writes each one
+//! a finished transition, an agent upgrade, a canary over its disruption budget rolled back). `crds/tests/apiserver-1.20.sh` writes each one
 //! through the status subresource of a real 1.20 API server, proving the planner's output is
 //! valid for the CRD it publishes to.
 
@@ -8,7 +8,10 @@ mod support;
 
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use support::{at, dataplane_node, Report};
-use switchyard_crds::{DataplaneConfig, DataplaneConfigSpec, DataplaneMode, DataplaneNodeSpec};
+use switchyard_crds::{
+    ConnectionSignals, DataplaneConfig, DataplaneConfigSpec, DataplaneMode, DataplaneNodeSpec,
+    DisruptionReport, ServiceSignals, SignalWindow,
+};
 use switchyard_operator::planner::{
     plan, AgentDaemonSet, KubeProxyDaemonSet, ObservedCluster, ObservedNode, ObservedPod,
 };
@@ -46,6 +49,42 @@ fn node(name: &str, mode: DataplaneMode, reported: bool, kube_proxy: bool) -> Ob
         kube_proxy_pod: kube_proxy.then(|| pod(&format!("kube-proxy-{name}"), "kp")),
         agent_pod: Some(pod(&format!("agent-{name}"), "old")),
     }
+}
+
+/// A canary on eBPF since its agent's report (`at(-4_000)`) whose failed connects to one
+/// Service went from 5 in the ten minutes before to 900 in the minute after.
+fn over_budget_canary(name: &str) -> ObservedNode {
+    let mut canary = node(name, DataplaneMode::Ebpf, true, true);
+    let window = |start: i64, end: i64, failed_connects: i64| SignalWindow {
+        start: at(start),
+        end: at(end),
+        datapath: Default::default(),
+        expected: Default::default(),
+        connections: ConnectionSignals {
+            failed_connects: Some(failed_connects),
+            ..ConnectionSignals::default()
+        },
+        probes: Default::default(),
+        services: vec![ServiceSignals {
+            namespace: "shop".into(),
+            name: "cart".into(),
+            failed_connects: Some(failed_connects),
+            resets_by_peer: None,
+            probe_failures: None,
+        }],
+    };
+    if let Some(status) = canary
+        .dataplane_node
+        .as_mut()
+        .map(std::sync::Arc::make_mut)
+        .and_then(|node| node.status.as_mut())
+    {
+        status.disruption = Some(DisruptionReport {
+            baseline: Some(window(-4_600, -4_000, 5)),
+            current: Some(window(-3_940, -3_880, 900)),
+        });
+    }
+    canary
 }
 
 fn cluster(nodes: Vec<ObservedNode>, update_revision: &str) -> ObservedCluster {
@@ -94,8 +133,15 @@ fn main() {
     invalid.spec.rollout.max_unavailable = IntOrString::String("many".into());
     let mut halted_cluster = on_kube_proxy();
     halted_cluster.nodes[0] = node("node-1", Ebpf, false, true);
+    let mut over_budget_cluster = on_kube_proxy();
+    over_budget_cluster.nodes[0] = over_budget_canary("node-1");
     let situations = vec![
         ("activating", config("default", Ebpf), on_kube_proxy()),
+        (
+            "canary-over-budget",
+            config("default", Ebpf),
+            over_budget_cluster,
+        ),
         ("halted", config("default", Ebpf), halted_cluster),
         ("ignored", config("other", Ebpf), on_kube_proxy()),
         ("invalid", invalid, on_kube_proxy()),

@@ -15,6 +15,10 @@
 //! 2. `ActivatingNodes`: `mode: Ebpf` on at most `maxUnavailable` nodes at a time (nodes in
 //!    flight included); a node is done when it reports `ProgramsAttached` and `ServicesSynced`
 //!    on the spec that asked. Up to `maxFailedNodes` failed nodes let further batches go on.
+//!    The canaries go first, and while kube-proxy still serves the cluster every switched node
+//!    soaks and is judged against its own disruption baseline before the next batch (and before
+//!    kube-proxy is disabled); over `disruptionBudget` the transition rolls those nodes back or
+//!    halts (see `planner/canary.rs`).
 //! 3. `DisablingKubeProxy`, only when every node serves from eBPF: `Managed` disables the
 //!    DaemonSet, `External` waits. Done when no node has a kube-proxy pod.
 //! 4. `CleaningRules` (`iptablesCleanup: Auto`): `iptablesCleanup: true` on each node that

@@ -828,9 +828,12 @@ fn a_node_selector_that_matches_no_node_holds_the_transition_and_says_so() {
     );
 }
 
+/// Makes one field of a spec invalid.
+type BreakSpec = fn(&mut DataplaneConfig);
+
 #[test]
 fn invalid_canary_settings_change_nothing_and_say_which_field_is_wrong() {
-    let cases: [(&str, fn(&mut DataplaneConfig)); 5] = [
+    let cases: [(&str, BreakSpec); 5] = [
         ("rollout.canary.count", |config| {
             config.spec.rollout.canary.count = Some(0)
         }),
