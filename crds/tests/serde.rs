@@ -315,6 +315,9 @@ fn reasons_are_valid_condition_reasons() {
         reasons::NOT_DEFAULT,
         reasons::NODES_FAILED,
         reasons::DRAIN_TIMEOUT_EXPIRED,
+        reasons::DISRUPTION_BUDGET_EXCEEDED,
+        reasons::DISRUPTION_SIGNALS_MISSING,
+        reasons::CANARY_NODES_NOT_FOUND,
     ] {
         assert!(pattern_holds(reason), "{reason}");
     }
