@@ -21,6 +21,8 @@
 //!   - `standalone`: `switchyard-agent standalone`, the manifest files as an
 //!     input source; `cluster`: `switchyard-agent run`, the API watches, the
 //!     kube-proxy coexistence loop, metrics and status writes;
+//!   - `disruption`: the disruption signals (datapath counters sampled into the windows
+//!     the DataplaneNode status and the metrics report);
 //!   - `kube_proxy`: coexistence with kube-proxy (cleanup of its rules, chain
 //!     order, its health endpoints); `priority`: the CPU priority while the
 //!     agent catches up after a restart; `cli`, `error`.
@@ -29,6 +31,7 @@ pub mod cli;
 pub mod cluster;
 pub mod core;
 pub mod datapath;
+pub mod disruption;
 pub mod error;
 pub mod host;
 pub mod interfaces;

@@ -241,6 +241,15 @@ impl DisruptionTracker {
         }
     }
 
+    /// Keeps `baseline` (what an earlier process reported, read back once the agent has its
+    /// DataplaneNode) unless this tracker already keeps one of its own. Ignored once the node
+    /// switched in this process: the baseline frozen then is newer.
+    pub fn restore_baseline(&mut self, baseline: WindowCounts) {
+        if self.kept_baseline.is_none() && self.switches == 0 && baseline.length_ms() > 0 {
+            self.kept_baseline = Some(baseline);
+        }
+    }
+
     pub fn settings(&self) -> &Settings {
         &self.settings
     }

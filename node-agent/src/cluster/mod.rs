@@ -42,6 +42,7 @@ use crate::core::round::StatusTracker;
 use crate::core::status::{CoexistenceProgress, CoexistenceReport, WrittenStatus};
 use crate::core::{AgentSettings, NodeAgent};
 use crate::datapath::{Datapath, DatapathOptions, KernelDatapath};
+use crate::disruption::{dataplane_of, DisruptionMetrics, DisruptionSampler, PinnedCounters};
 use crate::error::Cause;
 use crate::kube_proxy::health::HealthzTarget;
 use crate::kube_proxy::metrics::{KubeProxyChanges, KubeProxyMetrics, SyncDone};
@@ -211,6 +212,10 @@ pub async fn run(options: ClusterOptions, shutdown: impl Future<Output = ()>) ->
     let started = Instant::now();
     let mut coexistence_report = reports.borrow().clone();
     let mut status_tracker = StatusTracker::default();
+    let mut disruption = DisruptionSampler::new(
+        PinnedCounters::new(&options.datapath.pin_directory),
+        Some(DisruptionMetrics::register(&metrics.registry)?),
+    );
     let mut counters_read_at: Option<Instant> = None;
     let mut status_writes_counted = 0_u64;
     tokio::pin!(shutdown);
@@ -245,11 +250,24 @@ pub async fn run(options: ClusterOptions, shutdown: impl Future<Output = ()>) ->
             _ = tokio::time::sleep_until(deadline.into()) => {}
         }
         let now = Instant::now();
-        let tick = agent.tick(now, Utc::now());
+        // One wall time for the tick, the disruption sample and the status: a switch's sample
+        // then carries the very time of `ProgramsAttached`'s transition, where the operator's
+        // soak starts and the window after the switch must not start earlier.
+        let wall = Utc::now();
+        let tick = agent.tick(now, wall);
+        if let Some(view) = agent.dataplane_node() {
+            disruption.restore_baseline(
+                view.status
+                    .as_ref()
+                    .and_then(|status| status.disruption.as_ref()),
+            );
+        }
+        disruption.after_round(dataplane_of(agent.attachment()), now, wall);
+        status_tracker.disruption = disruption.report().cloned();
         let round = agent.round_report(
             &tick,
             now,
-            Utc::now(),
+            wall,
             started,
             &coexistence_report,
             &mut status_tracker,

@@ -91,6 +91,10 @@ pub(crate) fn report_once(last: &mut Option<String>, error: &Error, what: &str) 
 }
 
 /// One input from the cluster or the host.
+// The DataplaneNode's status carries the disruption windows (a few hundred bytes): an input is
+// moved once from its watcher to the core, at the rate of API events, so its size costs nothing
+// a box would save.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq)]
 pub enum Input {
     Services(StoreChange<ServiceEntry>),
@@ -857,6 +861,8 @@ impl<D: Datapath> NodeAgent<D> {
             last_drain: self.last_drain,
             coexistence: coexistence.clone(),
             last_sync_time: self.last_sync_time,
+            // The shell's sampler measures these; `round_report` takes them from the tracker.
+            disruption: None,
         }
     }
 }

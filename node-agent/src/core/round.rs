@@ -73,6 +73,9 @@ pub struct RoundReport {
 /// The status as last handed to the writer, kept between rounds.
 #[derive(Clone, Debug, Default)]
 pub struct StatusTracker {
+    /// The disruption signals the shell's sampler last published (`crate::disruption`): the
+    /// next status carries them.
+    pub disruption: Option<switchyard_crds::DisruptionReport>,
     /// The conditions last handed over (their transition times carry on).
     last_conditions: Option<Vec<Condition>>,
     last_written: WrittenStatus,
@@ -120,6 +123,7 @@ impl<D: Datapath> NodeAgent<D> {
         status: &mut StatusTracker,
     ) -> RoundReport {
         let mut inputs = self.status_inputs(now, coexistence);
+        inputs.disruption = status.disruption.clone();
         let reported_before = self.dataplane_node().and_then(|view| {
             let written = status
                 .last_written

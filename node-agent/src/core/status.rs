@@ -6,7 +6,7 @@
 use chrono::{DateTime, Utc};
 use switchyard_crds::{
     condition_types, reasons, set_condition, Condition, ConditionStatus, DataplaneMode,
-    DataplaneNodeStatus,
+    DataplaneNodeStatus, DisruptionReport,
 };
 
 use crate::gate::GateStatus;
@@ -151,6 +151,8 @@ pub struct StatusInputs {
     pub last_drain: Option<DrainEnd>,
     pub coexistence: CoexistenceReport,
     pub last_sync_time: Option<DateTime<Utc>>,
+    /// The disruption signals last published by the sampler (`crate::disruption`), if any.
+    pub disruption: Option<DisruptionReport>,
 }
 
 /// Whether the status is worth reporting yet. While the gate waits within its
@@ -223,9 +225,9 @@ pub fn compute_status(
             _ => None,
         },
         last_sync_time: inputs.last_sync_time,
-        // The agent does not measure disruption signals yet (issue 28): it reports none, which
-        // the operator reads as "not measured".
-        disruption: None,
+        // Only what the sampler published: it changes at a bounded rate, so the status is not
+        // written again for every sample.
+        disruption: inputs.disruption.clone(),
     }
 }
 
@@ -426,11 +428,43 @@ mod tests {
             last_drain: None,
             coexistence: CoexistenceReport::default(),
             last_sync_time: Some(at(5)),
+            disruption: None,
         }
     }
 
     fn condition<'a>(status: &'a DataplaneNodeStatus, type_: &str) -> &'a Condition {
         find_condition(&status.conditions, type_).expect("the condition is reported")
+    }
+
+    #[test]
+    fn the_status_carries_the_disruption_signals_last_published_and_none_without() {
+        assert_eq!(
+            compute_status(&ready_inputs(), &[], at(10)).disruption,
+            None
+        );
+        let report = DisruptionReport {
+            baseline: None,
+            current: Some(switchyard_crds::SignalWindow {
+                start: at(0),
+                end: at(60),
+                datapath: Default::default(),
+                expected: switchyard_crds::ExpectedDrops {
+                    refused_without_ready_endpoints: Some(0),
+                    source_range_drops: Some(2),
+                },
+                connections: Default::default(),
+                probes: Default::default(),
+                services: Vec::new(),
+            }),
+        };
+        let inputs = StatusInputs {
+            disruption: Some(report.clone()),
+            ..ready_inputs()
+        };
+        assert_eq!(
+            compute_status(&inputs, &[], at(10)).disruption,
+            Some(report)
+        );
     }
 
     #[test]

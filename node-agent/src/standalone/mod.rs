@@ -10,7 +10,8 @@
 //!   in cluster mode ([`crate::host`]);
 //! - each round's report of the core ([`RoundReport`]) is written out as in
 //!   cluster mode, and nothing is decided here: the CPU priority, and the status
-//!   to the log (there is no API server to write it to);
+//!   to the log (there is no API server to write it to), the disruption signals
+//!   ([`crate::disruption`]) to the log at info as each report is published;
 //! - SIGTERM or SIGINT leaves programs, links and maps in place (the next process
 //!   takes over without a dropped connection); `--detach-on-exit` removes all.
 
@@ -32,6 +33,7 @@ use crate::core::status::{CoexistenceReport, WrittenStatus};
 use crate::core::store::StoreChange;
 use crate::core::{report_once, AgentSettings, DataplaneNodeView, Input, NodeAgent};
 use crate::datapath::{Datapath, DatapathOptions};
+use crate::disruption::{DisruptionSampler, PinnedCounters};
 use crate::priority::{self, CatchUpPriority};
 use crate::Error;
 
@@ -182,6 +184,9 @@ pub struct Standalone<D: Datapath> {
     started: Instant,
     /// The status the core last handed over, kept between rounds.
     status: StatusTracker,
+    /// The disruption signals' sampler, once `run` gives it one (tests of the core run
+    /// without: it reads the node's pins).
+    disruption: Option<DisruptionSampler<PinnedCounters>>,
 }
 
 impl<D: Datapath> Standalone<D> {
@@ -198,7 +203,13 @@ impl<D: Datapath> Standalone<D> {
             manage_masquerade_rule: options.datapath.manage_masquerade_rule,
             started: now,
             status: StatusTracker::default(),
+            disruption: None,
         })
+    }
+
+    /// Measures the disruption signals from now on, with `sampler`.
+    pub fn measure_disruption(&mut self, sampler: DisruptionSampler<PinnedCounters>) {
+        self.disruption = Some(sampler);
     }
 
     /// Reads the manifests and hands what changed to the core.
@@ -213,6 +224,20 @@ impl<D: Datapath> Standalone<D> {
     pub fn tick(&mut self, now: Instant) -> RoundReport {
         let wall = Utc::now();
         let tick = self.agent.tick(now, wall);
+        if let Some(sampler) = &mut self.disruption {
+            let dataplane = crate::disruption::dataplane_of(self.agent.attachment());
+            if let Some(published) = sampler.after_round(dataplane, now, wall) {
+                // No API server to write the status to: the log carries each published report,
+                // as JSON (what the status would hold).
+                match serde_json::to_string(published) {
+                    Ok(report) => tracing::info!(%report, "disruption signals"),
+                    Err(error) => {
+                        tracing::warn!(%error, "cannot encode the disruption signals")
+                    }
+                }
+            }
+            self.status.disruption = sampler.report().cloned();
+        }
         // Standalone mode runs no coexistence loop: kube-proxy's rules stay unchecked.
         self.agent.round_report(
             &tick,
@@ -256,7 +281,12 @@ pub async fn run<D: Datapath>(
         Instant::now(),
     );
     priority::apply(step, original_nice);
+    let pin_directory = options.datapath.pin_directory.clone();
     let mut standalone = Standalone::start(options, datapath, Instant::now())?;
+    standalone.measure_disruption(DisruptionSampler::new(
+        PinnedCounters::new(&pin_directory),
+        None,
+    ));
     // The first round has every input it needs at once (the watcher's first
     // view may come after a SIGTERM during start-up, which ends the loop after
     // that round): a round started must serve, with its programs pinned.

@@ -189,6 +189,30 @@ fn a_baseline_restored_from_an_earlier_process_is_kept_until_a_fresh_one_is_long
 }
 
 #[test]
+fn a_baseline_read_back_later_is_kept_unless_this_process_froze_its_own() {
+    let read_back = WindowCounts {
+        start_ms: START - 600 * S,
+        end_ms: START - 10 * S,
+        counts: [Some(4); SIGNAL_COUNT],
+    };
+    let mut tracker = tracker();
+    tracker.record(sample(0, Dataplane::Ebpf, 0));
+    tracker.record(sample(5, Dataplane::Ebpf, 0));
+    assert_eq!(tracker.report().baseline, None);
+    tracker.restore_baseline(read_back.clone());
+    assert_eq!(tracker.report().baseline, Some(read_back.clone()));
+    // A node that switched under this process keeps what it froze.
+    let mut tracker = DisruptionTracker::new(Settings::default(), None);
+    tracker.record(sample(0, Dataplane::KubeProxy, 0));
+    tracker.record(sample(5, Dataplane::KubeProxy, 0));
+    tracker.record(sample(6, Dataplane::Ebpf, 0));
+    let frozen = tracker.report().baseline;
+    tracker.restore_baseline(read_back);
+    assert_eq!(tracker.report().baseline, frozen);
+    assert_eq!(frozen.map(|window| window.end_ms), Some(START + 5 * S));
+}
+
+#[test]
 fn a_switch_before_a_minute_on_kube_proxy_keeps_the_short_baseline_when_there_is_no_other() {
     let mut tracker = tracker();
     tracker.record(sample(0, Dataplane::KubeProxy, 0));
