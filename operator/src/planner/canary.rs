@@ -282,7 +282,7 @@ impl<'a> Context<'a> {
         }) else {
             return Verdict::NotWatched;
         };
-        let soak_end = switched_at + Duration::seconds(soak_seconds);
+        let soak_end = seconds_after(switched_at, soak_seconds);
         let baseline = report
             .baseline
             .as_ref()
@@ -305,7 +305,7 @@ impl<'a> Context<'a> {
             (None, _) => "a baseline measured before the switch",
             (Some(_), _) => "a window of signals covering the soak",
         };
-        let bound = soak_end + Duration::seconds(self.settings.node_ready_timeout_seconds);
+        let bound = seconds_after(soak_end, self.settings.node_ready_timeout_seconds);
         if self.now >= bound {
             Verdict::SignalsMissing { missing }
         } else {
@@ -550,6 +550,15 @@ impl<'a> Context<'a> {
     }
 }
 
+/// `seconds` after `time`; the end of time when that is beyond what a time can hold (a spec
+/// written before the schema had its ranges may carry any number; waiting forever is then
+/// the safe reading, and the planner must not panic).
+fn seconds_after(time: DateTime<Utc>, seconds: i64) -> DateTime<Utc> {
+    Duration::try_seconds(seconds)
+        .and_then(|duration| time.checked_add_signed(duration))
+        .unwrap_or(DateTime::<Utc>::MAX_UTC)
+}
+
 /// One budgeted signal: where its counts are, and its allowances.
 struct BudgetRule {
     signal: BudgetedSignal,
@@ -664,12 +673,17 @@ impl Rate {
     fn exceeds(&self, before: &Rate, absolute: i64, relative_percent: Option<i64>) -> bool {
         // Both sides of `count × 60 / seconds` compared times `self.seconds × before.seconds`
         // (both positive).
+        // Saturating: allowances near i64::MAX (any number a spec may carry) allow everything
+        // rather than overflow.
         let after = self.count * 60 * before.seconds;
         let base = before.count * 60 * self.seconds;
-        let absolute = i128::from(absolute) * self.seconds * before.seconds;
-        let beyond_absolute = after > base + absolute;
-        let beyond_relative =
-            relative_percent.is_none_or(|percent| after * 100 > base * (100 + i128::from(percent)));
+        let absolute = i128::from(absolute)
+            .saturating_mul(self.seconds)
+            .saturating_mul(before.seconds);
+        let beyond_absolute = after > base.saturating_add(absolute);
+        let beyond_relative = relative_percent.is_none_or(|percent| {
+            after.saturating_mul(100) > base.saturating_mul(100 + i128::from(percent))
+        });
         beyond_absolute && beyond_relative
     }
 

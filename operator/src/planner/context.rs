@@ -339,9 +339,11 @@ impl<'a> Context<'a> {
             .iter()
             .map(|write| write.node_name.as_str())
             .collect();
-        let timeout = chrono::Duration::seconds(self.settings.node_ready_timeout_seconds);
+        // try_seconds: a timeout too long for a time (a spec from before the schema's ranges)
+        // has no deadline rather than a panic.
+        let timeout = chrono::Duration::try_seconds(self.settings.node_ready_timeout_seconds);
         let written_deadline = (!writes.is_empty())
-            .then(|| self.now.checked_add_signed(timeout))
+            .then(|| timeout.and_then(|timeout| self.now.checked_add_signed(timeout)))
             .flatten();
         let node_deadlines = self
             .facts

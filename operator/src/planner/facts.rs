@@ -187,9 +187,9 @@ impl<'a> NodeFacts<'a> {
         } else {
             0
         };
-        base.checked_add_signed(Duration::seconds(
-            settings.node_ready_timeout_seconds.saturating_add(drain),
-        ))
+        // try_seconds: a timeout too long for a time has no deadline rather than a panic.
+        Duration::try_seconds(settings.node_ready_timeout_seconds.saturating_add(drain))
+            .and_then(|timeout| base.checked_add_signed(timeout))
     }
 
     /// The node did not do what was asked within its timeout.

@@ -43,12 +43,13 @@ impl<'a> Context<'a> {
                         continue;
                     }
                     in_flight.push(node.name);
+                    // try_seconds: a timeout too long for a time has no deadline, no panic.
                     let timeout =
-                        chrono::Duration::seconds(self.settings.node_ready_timeout_seconds);
+                        chrono::Duration::try_seconds(self.settings.node_ready_timeout_seconds);
                     let deadline = pod
                         .filter(|pod| !pod.terminating)
                         .and_then(|pod| pod.created_at)
-                        .and_then(|created| created.checked_add_signed(timeout));
+                        .and_then(|created| created.checked_add_signed(timeout?));
                     match deadline {
                         Some(deadline) if self.now >= deadline => timed_out.push(node.name),
                         Some(deadline) => decision.upgrade_deadlines.push(deadline),

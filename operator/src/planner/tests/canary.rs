@@ -402,6 +402,30 @@ fn a_window_shorter_than_a_minute_counts_as_a_whole_minute() {
 }
 
 #[test]
+fn numbers_beyond_the_schemas_ranges_neither_panic_nor_trip() {
+    let huge = DisruptionBudget {
+        failed_connects_per_minute: i64::MAX,
+        failed_connects_percent: i64::MAX,
+        ..DisruptionBudget::default()
+    };
+    assert!(!failed_connects_over(0, i64::MAX / 60, &huge));
+    assert!(!failed_connects_over(i64::MAX / 600, i64::MAX / 600, &huge));
+    let mut config = canary_config();
+    config.spec.rollout.canary.soak_seconds = i64::MAX;
+    config.spec.rollout.node_ready_timeout_seconds = i64::MAX;
+    let plan = checked_plan(&config, &canary_measured(-61, 0));
+    assert!(
+        plan.dataplane_nodes.is_empty(),
+        "an endless soak holds the next batch"
+    );
+    assert!(
+        message(&plan).contains("soaking node-1"),
+        "{}",
+        message(&plan)
+    );
+}
+
+#[test]
 fn a_signal_missing_from_the_baseline_counts_from_zero() {
     let mut baseline = window(-660, -60, 0);
     baseline.connections.failed_connects = None;
