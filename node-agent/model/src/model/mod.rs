@@ -121,6 +121,48 @@ impl AddressFamily {
     }
 }
 
+/// The address families the datapath serves on this node, as kube-proxy runs one
+/// proxier per family: a Service is served in a family only through its cluster IP
+/// of that family, so a family left out here leaves its addresses, endpoints and
+/// maps entries out altogether ([`ServiceModel::restricted_to`]).
+///
+/// IPv4 only by default: the TC programs translate IPv4 packets only, so an IPv6
+/// frontend would serve the node's own sockets and nothing else (issue 25).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ServedFamilies {
+    pub ipv4: bool,
+    pub ipv6: bool,
+}
+
+impl ServedFamilies {
+    pub const IPV4_ONLY: Self = Self {
+        ipv4: true,
+        ipv6: false,
+    };
+    pub const DUAL_STACK: Self = Self {
+        ipv4: true,
+        ipv6: true,
+    };
+
+    pub fn contains(self, family: AddressFamily) -> bool {
+        match family {
+            AddressFamily::Ipv4 => self.ipv4,
+            AddressFamily::Ipv6 => self.ipv6,
+        }
+    }
+
+    /// Whether `address` is of a served family.
+    pub fn serves(self, address: &IpAddr) -> bool {
+        self.contains(AddressFamily::of(address))
+    }
+}
+
+impl Default for ServedFamilies {
+    fn default() -> Self {
+        Self::IPV4_ONLY
+    }
+}
+
 /// `externalTrafficPolicy` / `internalTrafficPolicy`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub enum TrafficPolicy {
@@ -176,6 +218,39 @@ impl ServiceModel {
         families.sort();
         families.dedup();
         families
+    }
+
+    /// The Service as the proxiers of the `served` families see it: only its
+    /// addresses of those families (kube-proxy's per-family proxier skips a
+    /// Service without a cluster IP of its family, and takes external and
+    /// load-balancer addresses of its family only). `None` when no cluster IP is
+    /// left: no family of the Service is served. A Service whose addresses are
+    /// all served is returned unchanged.
+    pub fn restricted_to(&self, served: ServedFamilies) -> Option<ServiceModel> {
+        let all_served = |addresses: &[IpAddr]| addresses.iter().all(|ip| served.serves(ip));
+        if all_served(&self.cluster_ips)
+            && all_served(&self.external_ips)
+            && all_served(&self.load_balancer_ips)
+        {
+            return Some(self.clone());
+        }
+        let keep = |addresses: &[IpAddr]| -> Vec<IpAddr> {
+            addresses
+                .iter()
+                .copied()
+                .filter(|ip| served.serves(ip))
+                .collect()
+        };
+        let cluster_ips = keep(&self.cluster_ips);
+        if cluster_ips.is_empty() {
+            return None;
+        }
+        Some(ServiceModel {
+            cluster_ips,
+            external_ips: keep(&self.external_ips),
+            load_balancer_ips: keep(&self.load_balancer_ips),
+            ..self.clone()
+        })
     }
 }
 

@@ -28,7 +28,9 @@ use crate::desired::no_local_endpoints::{no_local_endpoints, NoLocalEndpoints};
 use crate::desired::{masquerades_remote_backends, service_desired, NodeView, ServiceDesired};
 use crate::gate::GateOpen;
 use crate::maps::ServiceMaps;
-use crate::model::{AddressFamily, EndpointSliceModel, ServiceModel, ServiceName, TrafficPolicy};
+use crate::model::{
+    AddressFamily, EndpointSliceModel, ServedFamilies, ServiceModel, ServiceName, TrafficPolicy,
+};
 use crate::Error;
 
 use super::{ApplyReport, Syncer};
@@ -85,9 +87,25 @@ pub struct SyncInputs {
     /// with the Services a successful sync recomputed, so the total describes the
     /// synced state, as kube-proxy sets its gauge at the end of a sync.
     no_local: BTreeMap<ServiceName, NoLocalEndpoints>,
+    /// The families the datapath serves: Services are kept restricted to them
+    /// ([`ServiceModel::restricted_to`]), so nothing downstream sees the others.
+    served_families: ServedFamilies,
 }
 
 impl SyncInputs {
+    /// Inputs that keep only the `served` families of every Service; set once,
+    /// before any Service arrives (those kept are already restricted).
+    pub fn serving(served: ServedFamilies) -> Self {
+        Self {
+            served_families: served,
+            ..Self::default()
+        }
+    }
+
+    pub fn served_families(&self) -> ServedFamilies {
+        self.served_families
+    }
+
     /// Whether anything changed since the last successful sync.
     pub fn has_changes(&self) -> bool {
         self.node_changed || !self.dirty.is_empty()
@@ -142,6 +160,10 @@ impl SyncInputs {
 
     /// A Service was added or changed; returns whether it differs.
     pub fn upsert_service(&mut self, service: ServiceModel) -> bool {
+        // A Service of no served family is, for the datapath, one it does not use.
+        let Some(service) = service.restricted_to(self.served_families) else {
+            return self.remove_service(&service.name);
+        };
         if self.services.get(&service.name) == Some(&service) {
             return false;
         }

@@ -455,6 +455,8 @@ impl Drop for PartialSync<'_> {
 }
 
 #[cfg(test)]
+mod dual_stack_tests;
+#[cfg(test)]
 mod tests;
 #[cfg(test)]
 mod udp_flow_tests;
