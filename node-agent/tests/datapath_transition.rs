@@ -10,7 +10,10 @@ use std::{
 
 use datapath_support::*;
 use switchyard_agent::{loader, maps::ServiceMaps};
-use switchyard_common::{DATAPATH_MODE_DRAINING, PROTOCOL_TCP};
+use switchyard_common::{
+    ipv4_mapped, CONNTRACK_FLAG_RECORDS_REPLY, CONNTRACK_FLAG_REPLY, DATAPATH_MODE_DRAINING,
+    PROTOCOL_TCP, TCP_STATE_REPLY_SEEN,
+};
 
 const CLUSTER_IP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
 const NODE_PORT: u16 = 30080;
@@ -227,6 +230,126 @@ fn connections_opened_through_switchyard_survive_draining_while_new_ones_go_to_i
             drop(maps);
             loader::detach_everything(&node.pin_directory).expect("detach");
             new_connections_succeed(5);
+        },
+    );
+}
+
+/// A Service whose only backend drops every packet (pod2, behind an iptables DROP):
+/// nothing ever answers its SYNs.
+const SILENT_CLUSTER_IP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 20);
+
+#[test]
+#[ignore = "privileged netns test: run by make datapath-test"]
+fn a_drain_waits_for_an_idle_connection_but_not_for_syns_a_silent_backend_never_answered() {
+    run_isolated(
+        "a_drain_waits_for_an_idle_connection_but_not_for_syns_a_silent_backend_never_answered",
+        |node| {
+            let pods = standard_topology(3);
+            start_servers(&pods[0]);
+            sh(&format!(
+                "ip netns exec {} iptables -A INPUT -p tcp --dport {TCP_PORT} -j DROP",
+                pods[1].name
+            ));
+            let (_datapath, mut maps) = start_datapath(node, &pods);
+            write_service(
+                &mut maps,
+                &ServiceEntry::cluster_ip(1, CLUSTER_IP, 80, PROTOCOL_TCP)
+                    .with_backends(&[&pods[0]]),
+            );
+            write_service(
+                &mut maps,
+                &ServiceEntry::cluster_ip(2, SILENT_CLUSTER_IP, 80, PROTOCOL_TCP)
+                    .with_backends(&[&pods[1]]),
+            );
+
+            // The control: an established connection, idle since its handshake, whose
+            // last packet (the client's ACK) came after the backend's SYN-ACK.
+            let idle = in_namespace(Some("pod3"), || {
+                std::net::TcpStream::connect_timeout(
+                    &SocketAddrV4::new(CLUSTER_IP, 80).into(),
+                    Duration::from_secs(2),
+                )
+            })
+            .join()
+            .expect("client thread")
+            .expect("the idle connection is established");
+            // A client retrying its SYN to the silent backend (the kernel retransmits
+            // after 1 s, 3 s, 7 s, ...); it never connects.
+            let retrying = in_namespace(Some("pod3"), || {
+                std::net::TcpStream::connect_timeout(
+                    &SocketAddrV4::new(SILENT_CLUSTER_IP, 80).into(),
+                    Duration::from_secs(60),
+                )
+            });
+            let pod3 = ipv4_mapped(pods[2].ip.octets());
+            let flow_to = |maps: &loader::PinnedServiceMaps, backend: &Pod| {
+                let backend = ipv4_mapped(backend.ip.octets());
+                let entries = maps.conntrack_entries().expect("conntrack entries");
+                let forward = entries.iter().find(|(key, value)| {
+                    key.source_address == pod3
+                        && value.flags & CONNTRACK_FLAG_REPLY == 0
+                        && value.new_destination_address == backend
+                })?;
+                let reply = entries.iter().find(|(key, value)| {
+                    key.source_address == backend
+                        && value.flags & CONNTRACK_FLAG_REPLY != 0
+                        && value.new_destination_address == pod3
+                })?;
+                Some((forward.1, reply.1))
+            };
+            assert!(
+                wait_until(Duration::from_secs(5), || flow_to(&maps, &pods[1])
+                    .is_some()),
+                "the retried flow's entries: {}",
+                diagnostics()
+            );
+
+            // Rollback: the datapath drains; it still translates both flows.
+            let mut config = active_config();
+            config.mode = DATAPATH_MODE_DRAINING;
+            maps.write_config(&config).expect("drain");
+            let draining_since = loader::system::monotonic_nanoseconds();
+            // A SYN retransmitted while draining: the client's entry moves past the
+            // reply entry, which still holds the flow's start (the entries' shape of an
+            // idle connection whose client spoke last).
+            assert!(
+                wait_until(Duration::from_secs(10), || flow_to(&maps, &pods[1])
+                    .is_some_and(
+                        |(forward, _)| forward.last_seen_nanoseconds > draining_since
+                    )),
+                "no SYN retransmitted while draining: {:?}",
+                flow_to(&maps, &pods[1])
+            );
+            let (retried, retried_reply) = flow_to(&maps, &pods[1]).expect("the retried flow");
+            assert!(
+                retried.last_seen_nanoseconds > retried_reply.last_seen_nanoseconds,
+                "{retried:?} {retried_reply:?}"
+            );
+            assert_eq!(
+                retried.flags & CONNTRACK_FLAG_RECORDS_REPLY,
+                CONNTRACK_FLAG_RECORDS_REPLY,
+                "{retried:?}"
+            );
+            assert_eq!(retried.tcp_state & TCP_STATE_REPLY_SEEN, 0, "{retried:?}");
+            assert!(!retrying.is_finished(), "the silent backend answered");
+            let (answered, answered_reply) = flow_to(&maps, &pods[0]).expect("the idle flow");
+            assert!(
+                answered.last_seen_nanoseconds > answered_reply.last_seen_nanoseconds,
+                "the idle connection's client spoke last: {answered:?} {answered_reply:?}"
+            );
+            // Only the idle connection holds the drain.
+            assert_eq!(maps.live_tcp_flows().expect("live flows"), 1);
+
+            // Closing it ends the drain, though the client still retries.
+            drop(idle);
+            assert!(
+                wait_until(Duration::from_secs(5), || maps
+                    .live_tcp_flows()
+                    .is_ok_and(|count| count == 0)),
+                "live flows after closing the idle connection: {:?}",
+                maps.live_tcp_flows()
+            );
+            assert!(!retrying.is_finished(), "the silent backend answered");
         },
     );
 }

@@ -349,6 +349,12 @@ pub const CONNTRACK_FLAG_MASQUERADE: u8 = 1 << 3;
 /// hairpin flow sent straight back. Entries written before the bit existed never
 /// carry it, so their meaning is unchanged (no layout change).
 pub const CONNTRACK_FLAG_PORT_TRANSLATED: u8 = 1 << 4;
+/// A client-direction entry written by programs that record the backend's first
+/// packet in `TCP_STATE_REPLY_SEEN`: without the bit, its flow has never been
+/// answered. Entries written before the bit existed (pinned maps survive agent
+/// upgrades) never carry this flag, so a reader knows not to trust the missing bit
+/// there (no layout change: a spare bit of `flags`).
+pub const CONNTRACK_FLAG_RECORDS_REPLY: u8 = 1 << 5;
 
 /// TCP teardown seen in the client's direction.
 pub const TCP_STATE_FIN_FROM_CLIENT: u8 = 1 << 0;
@@ -356,6 +362,12 @@ pub const TCP_STATE_FIN_FROM_CLIENT: u8 = 1 << 0;
 pub const TCP_STATE_FIN_FROM_BACKEND: u8 = 1 << 1;
 /// A reset was seen in either direction.
 pub const TCP_STATE_RESET: u8 = 1 << 2;
+/// The reply entry of a TCP flow has seen a packet from the backend (set on both
+/// entries, once, by the first one): the flow was answered. A flow whose backend
+/// never answered (SYNs to a gone or silent endpoint, retried by the client) lacks
+/// it, which timestamps alone cannot tell from an idle connection whose client
+/// spoke last. Only meaningful on an entry with `CONNTRACK_FLAG_RECORDS_REPLY`.
+pub const TCP_STATE_REPLY_SEEN: u8 = 1 << 3;
 
 /// Value of the connection tracking map.
 #[repr(C)]

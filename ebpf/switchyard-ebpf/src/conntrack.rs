@@ -7,7 +7,7 @@ use switchyard_common::{
     CONNTRACK_FLAG_PORT_TRANSLATED, CONNTRACK_FLAG_REPLY, CONNTRACK_FLAG_REWRITE_DESTINATION,
     CONNTRACK_FLAG_REWRITE_SOURCE, DEFAULT_TCP_CLOSING_TIMEOUT_SECONDS,
     DEFAULT_TCP_IDLE_TIMEOUT_SECONDS, DEFAULT_UDP_IDLE_TIMEOUT_SECONDS, PROTOCOL_TCP,
-    TCP_STATE_FIN_FROM_BACKEND, TCP_STATE_FIN_FROM_CLIENT, TCP_STATE_RESET,
+    TCP_STATE_FIN_FROM_BACKEND, TCP_STATE_FIN_FROM_CLIENT, TCP_STATE_REPLY_SEEN, TCP_STATE_RESET,
 };
 
 use crate::{
@@ -240,21 +240,33 @@ fn paired_key(key: &ConntrackKey, entry: &ConntrackValue) -> ConntrackKey {
     }
 }
 
-/// Records that the flow is alive, and its TCP teardown. Teardown bits go to both
-/// entries of the connection, so each knows when both sides have closed.
+/// Records that the flow is alive, its TCP teardown, and the backend's first TCP
+/// packet. These bits go to both entries of the connection, so each knows when both
+/// sides have closed, and the client's entry whether the backend ever answered
+/// (`TCP_STATE_REPLY_SEEN`, read by the draining agent: a SYN retried to a silent
+/// backend refreshes the client's entry as an idle connection's last ACK does). The
+/// answer costs the other entry's lookup once per flow: after it, the reply entry
+/// has the bit.
 #[inline(always)]
 pub fn refresh(entry: &mut ConntrackValue, packet: &Packet, key: &ConntrackKey, now: u64) {
     entry.last_seen_nanoseconds = now;
     let mut state = 0;
+    let from_backend = entry.flags & CONNTRACK_FLAG_REPLY != 0;
     if packet.is_tcp_fin() {
-        state |= if entry.flags & CONNTRACK_FLAG_REPLY == 0 {
-            TCP_STATE_FIN_FROM_CLIENT
-        } else {
+        state |= if from_backend {
             TCP_STATE_FIN_FROM_BACKEND
+        } else {
+            TCP_STATE_FIN_FROM_CLIENT
         };
     }
     if packet.is_tcp_reset() {
         state |= TCP_STATE_RESET;
+    }
+    if from_backend
+        && packet.protocol == PROTOCOL_TCP
+        && entry.tcp_state & TCP_STATE_REPLY_SEEN == 0
+    {
+        state |= TCP_STATE_REPLY_SEEN;
     }
     if state != 0 {
         entry.tcp_state |= state;

@@ -3,26 +3,36 @@
 //! to an endpoint that is gone or drops everything, retried by a client that keeps trying)
 //! is no connection to keep: counting it held every drain open until its timeout.
 //!
-//! The programs write a flow's two entries with one timestamp: the client direction's,
-//! refreshed by each client packet, and the reply direction's, refreshed only by the
-//! backend's packets. So a reply entry still holding its client entry's timestamp has seen
-//! no packet since the flow began in either direction: no answer. A reply entry that is
-//! later than its client entry has seen an answer. One that is earlier is either (the client
-//! spoke after the backend's last packet, or retransmitted its SYN to a silent backend): the
-//! entries do not tell, so such a flow is kept, as before.
+//! The programs mark the backend's first packet of a TCP flow on both its entries
+//! (`TCP_STATE_REPLY_SEEN`), and every client-direction entry they write says so
+//! (`CONNTRACK_FLAG_RECORDS_REPLY`): such a flow is answered exactly when it has the bit,
+//! however its client retried or idled since.
+//!
+//! Entries an older build wrote (pinned maps survive agent upgrades) lack the flag, and
+//! their missing bit means nothing. For them, timestamps are all there is: the programs
+//! write a flow's two entries with one timestamp, the client direction's refreshed by
+//! each client packet, the reply direction's only by the backend's. So a reply entry
+//! still holding its client entry's timestamp has seen no packet since the flow began in
+//! either direction: no answer. A reply entry later than its client entry has seen an
+//! answer. One that is earlier is either (the client spoke after the backend's last
+//! packet, or retransmitted its SYN to a silent backend): the entries do not tell, so
+//! such a flow is kept. Once the backend answers under the new programs, the bit is set
+//! on an old entry too, and it counts as answered.
 
 use std::collections::HashMap;
 
 use switchyard_common::{
-    ConntrackKey, ConntrackValue, DatapathConfig, CONNTRACK_FLAG_REPLY,
-    CONNTRACK_FLAG_REWRITE_SOURCE, DEFAULT_TCP_IDLE_TIMEOUT_SECONDS, PROTOCOL_TCP,
-    TCP_STATE_FIN_FROM_BACKEND, TCP_STATE_FIN_FROM_CLIENT, TCP_STATE_RESET,
+    ConntrackKey, ConntrackValue, DatapathConfig, CONNTRACK_FLAG_RECORDS_REPLY,
+    CONNTRACK_FLAG_REPLY, CONNTRACK_FLAG_REWRITE_SOURCE, DEFAULT_TCP_IDLE_TIMEOUT_SECONDS,
+    PROTOCOL_TCP, TCP_STATE_FIN_FROM_BACKEND, TCP_STATE_FIN_FROM_CLIENT, TCP_STATE_REPLY_SEEN,
+    TCP_STATE_RESET,
 };
 
-/// How long a flow without an answer still counts: Linux's initial retransmission timeout
-/// (`TCP_TIMEOUT_INIT`), within which a backend's SYN-ACK may still be on its way. After it
-/// the client has either retransmitted (its entry moves on, and the flow is kept as
-/// undecided) or given up.
+/// How long after it began a flow without an answer still counts: Linux's initial
+/// retransmission timeout (`TCP_TIMEOUT_INIT`), within which a backend's SYN-ACK may still
+/// be on its way. After it the client has either retransmitted or given up (without
+/// `CONNTRACK_FLAG_RECORDS_REPLY`, a retransmission moves the client's entry on and the
+/// flow is kept as undecided).
 pub const UNANSWERED_GRACE_NANOSECONDS: u64 = 1_000_000_000;
 
 /// The key of the reply-direction entry of the client-direction entry `value` at `key`, as
@@ -57,11 +67,27 @@ fn answers(reply: &ConntrackValue, flow: &ConntrackKey) -> bool {
         && reply.new_destination_port_big_endian == flow.source_port_big_endian
 }
 
+/// Whether the flow of client-direction entry `flow`, whose own reply entry is `reply`,
+/// may be a connection rather than SYNs nobody answered (see the module's documentation):
+/// answered, not known to be unanswered (entries of an older build), or still within
+/// [`UNANSWERED_GRACE_NANOSECONDS`] of its beginning (the reply entry's timestamp while
+/// the backend has not spoken).
+fn may_be_answered(flow: &ConntrackValue, reply: &ConntrackValue, now_nanoseconds: u64) -> bool {
+    let answered = if flow.flags & CONNTRACK_FLAG_RECORDS_REPLY != 0 {
+        flow.tcp_state & TCP_STATE_REPLY_SEEN != 0
+    } else {
+        flow.tcp_state & TCP_STATE_REPLY_SEEN != 0
+            || reply.last_seen_nanoseconds != flow.last_seen_nanoseconds
+    };
+    answered
+        || now_nanoseconds.saturating_sub(reply.last_seen_nanoseconds)
+            < UNANSWERED_GRACE_NANOSECONDS
+}
+
 /// Counts connections (client-direction entries) that are TCP, not closing, seen within
-/// the idle timeout, as the programs judge liveness, and not known to be unanswered: their
-/// reply entry is theirs and has seen the backend, or cannot tell (see the module's
-/// documentation); a flow without its reply entry (evicted from the overflow LRU) cannot
-/// be translated back and is not counted either.
+/// the idle timeout, as the programs judge liveness, and not known to be unanswered
+/// ([`may_be_answered`]); a flow without its own reply entry (evicted from the overflow
+/// LRU, or taken over) cannot be translated back and is not counted either.
 pub fn live_tcp_flow_count(
     entries: &[(ConntrackKey, ConntrackValue)],
     config: &DatapathConfig,
@@ -91,16 +117,10 @@ pub fn live_tcp_flow_count(
                 && now_nanoseconds.saturating_sub(value.last_seen_nanoseconds) < idle_nanoseconds
         })
         .filter(|(key, value)| {
-            let Some(reply) = replies
+            replies
                 .get(&reply_key(key, value))
                 .filter(|reply| answers(reply, key))
-            else {
-                return false;
-            };
-            let unanswered = reply.last_seen_nanoseconds == value.last_seen_nanoseconds;
-            !unanswered
-                || now_nanoseconds.saturating_sub(value.last_seen_nanoseconds)
-                    < UNANSWERED_GRACE_NANOSECONDS
+                .is_some_and(|reply| may_be_answered(value, reply, now_nanoseconds))
         })
         .count()
 }

@@ -2,9 +2,9 @@
 
 use switchyard_common::{
     ipv4_mapped, ConntrackKey, ConntrackValue, DatapathConfig, CONNTRACK_FLAG_PORT_TRANSLATED,
-    CONNTRACK_FLAG_REPLY, CONNTRACK_FLAG_REWRITE_DESTINATION, CONNTRACK_FLAG_REWRITE_SOURCE,
-    PROTOCOL_TCP, PROTOCOL_UDP, TCP_STATE_FIN_FROM_BACKEND, TCP_STATE_FIN_FROM_CLIENT,
-    TCP_STATE_RESET,
+    CONNTRACK_FLAG_RECORDS_REPLY, CONNTRACK_FLAG_REPLY, CONNTRACK_FLAG_REWRITE_DESTINATION,
+    CONNTRACK_FLAG_REWRITE_SOURCE, PROTOCOL_TCP, PROTOCOL_UDP, TCP_STATE_FIN_FROM_BACKEND,
+    TCP_STATE_FIN_FROM_CLIENT, TCP_STATE_REPLY_SEEN, TCP_STATE_RESET,
 };
 
 use super::{live_tcp_flow_count, UNANSWERED_GRACE_NANOSECONDS};
@@ -32,6 +32,8 @@ fn config() -> DatapathConfig {
 /// One flow's two entries as the programs write them: from client `10.244.0.<host>` port
 /// `port` through the frontend to the backend; the client's side last seen at `client`,
 /// the backend's at `backend` (both written with the same time when the flow began).
+/// `Flow::tcp` is a flow an older build wrote (no `CONNTRACK_FLAG_RECORDS_REPLY`);
+/// `Flow::recorded` one of the current programs.
 struct Flow {
     host: u8,
     port: u16,
@@ -41,6 +43,8 @@ struct Flow {
     tcp_state: u8,
     /// The client's port as the backend sees it, when the programs translated it.
     translated_port: Option<u16>,
+    /// Written by programs that record the backend's first packet.
+    records_reply: bool,
 }
 
 impl Flow {
@@ -53,6 +57,17 @@ impl Flow {
             backend,
             tcp_state: 0,
             translated_port: None,
+            records_reply: false,
+        }
+    }
+
+    /// A flow of the current programs; `answered`: the backend's first packet came,
+    /// and set `TCP_STATE_REPLY_SEEN` on both entries.
+    fn recorded(host: u8, client: u64, backend: u64, answered: bool) -> Self {
+        Self {
+            records_reply: true,
+            tcp_state: if answered { TCP_STATE_REPLY_SEEN } else { 0 },
+            ..Self::tcp(host, client, backend)
         }
     }
 
@@ -61,6 +76,11 @@ impl Flow {
         let seen_port = self.translated_port.unwrap_or(self.port);
         let translated = if self.translated_port.is_some() {
             CONNTRACK_FLAG_REWRITE_SOURCE | CONNTRACK_FLAG_PORT_TRANSLATED
+        } else {
+            0
+        };
+        let records = if self.records_reply {
+            CONNTRACK_FLAG_RECORDS_REPLY
         } else {
             0
         };
@@ -77,7 +97,7 @@ impl Flow {
             new_destination_address: ipv4_mapped(BACKEND),
             new_source_port_big_endian: seen_port.to_be(),
             new_destination_port_big_endian: BACKEND_PORT.to_be(),
-            flags: CONNTRACK_FLAG_REWRITE_DESTINATION | translated,
+            flags: CONNTRACK_FLAG_REWRITE_DESTINATION | translated | records,
             tcp_state: self.tcp_state,
             reserved: [0; 2],
             last_seen_nanoseconds: self.client,
@@ -202,4 +222,73 @@ fn only_open_recent_tcp_connections_count_as_live_flows() {
         Flow::tcp(6, NOW - 61 * SECOND, NOW - 62 * SECOND),
     ];
     assert_eq!(live(&flows), 2);
+}
+
+#[test]
+fn a_recorded_flow_the_backend_answered_is_live_even_when_its_client_spoke_last() {
+    // An idle connection whose last packet was the client's acknowledgement: the
+    // timestamps alone look like a retried SYN, the bit says the backend answered.
+    let began = NOW - 30 * SECOND;
+    let idle = |host: u8| Flow::recorded(host, began + 20 * SECOND, began + 10 * SECOND, true);
+    assert_eq!(live(&[idle(1)]), 1);
+    // Answered once, long ago, silent since: still the backend's connection.
+    assert_eq!(live(&[Flow::recorded(2, NOW - 2 * SECOND, began, true)]), 1);
+}
+
+#[test]
+fn a_recorded_flow_without_an_answer_is_not_live_even_when_its_client_retransmitted() {
+    let began = NOW - 5 * SECOND;
+    // SYNs retransmitted to a silent backend: the client's entry moved on (the last
+    // retransmission half a second ago), the reply entry still holds the flow's start.
+    let retried = |host: u8| Flow::recorded(host, NOW - SECOND / 2, began, false);
+    assert_eq!(live(&[retried(1)]), 0);
+    // Never retransmitted either.
+    assert_eq!(live(&[Flow::recorded(2, began, began, false)]), 0);
+    // The control: the same retried flow with the bit its answer would have set.
+    assert_eq!(
+        live(&[Flow {
+            tcp_state: TCP_STATE_REPLY_SEEN,
+            ..retried(1)
+        }]),
+        1
+    );
+    // Port-translated flows are judged the same way.
+    let translated = |answered: bool| Flow {
+        translated_port: Some(61_000),
+        ..Flow::recorded(3, NOW - SECOND / 2, began, answered)
+    };
+    assert_eq!(live(&[translated(false)]), 0);
+    assert_eq!(live(&[translated(true)]), 1);
+}
+
+#[test]
+fn a_recorded_flow_without_an_answer_counts_within_one_retransmission_timeout_of_its_start() {
+    // Its SYN-ACK may still be on its way; the grace runs from the flow's start (the
+    // reply entry's timestamp), not from the client's last retransmission.
+    let just_now = NOW - UNANSWERED_GRACE_NANOSECONDS / 2;
+    assert_eq!(live(&[Flow::recorded(1, just_now, just_now, false)]), 1);
+    let a_timeout_ago = NOW - UNANSWERED_GRACE_NANOSECONDS;
+    assert_eq!(live(&[Flow::recorded(1, NOW - 1, a_timeout_ago, false)]), 0);
+}
+
+#[test]
+fn a_flow_of_an_older_build_keeps_the_timestamp_rule_and_counts_once_its_answer_is_recorded() {
+    // The retried SYN of a recorded flow is not live; the same entries without the flag
+    // (written before the programs recorded answers) cannot be told from an idle
+    // connection and are kept, as before the upgrade.
+    let began = NOW - 5 * SECOND;
+    let retried = Flow::tcp(1, NOW - SECOND / 2, began);
+    assert_eq!(live(&[retried]), 1);
+    assert_eq!(
+        live(&[Flow::recorded(1, NOW - SECOND / 2, began, false)]),
+        0
+    );
+    // An old flow the new programs saw answered: the bit counts without the flag, even
+    // where the timestamps alone would say "never answered".
+    let answered_since = Flow {
+        tcp_state: TCP_STATE_REPLY_SEEN,
+        ..Flow::tcp(2, began, began)
+    };
+    assert_eq!(live(&[answered_since]), 1);
+    assert_eq!(live(&[Flow::tcp(2, began, began)]), 0);
 }
