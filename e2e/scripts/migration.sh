@@ -31,4 +31,7 @@ if [ -z "${SWITCHYARD_E2E_MIGRATION_TESTS:-}" ]; then
   run_tests switchyard-operator cluster "operator cluster tests"
 fi
 run_tests switchyard-e2e migration_scenarios "migration scenarios (1-7)" "${SWITCHYARD_E2E_MIGRATION_TESTS:-}"
+# What the kernel says of the chart's running pods (e2e/tests/agent_privileges.rs): agents hold
+# exactly the capabilities the chart grants, the operator runs as its non-root user.
+run_tests switchyard-e2e agent_privileges "running pods' privileges" running_switchyard
 cluster_down

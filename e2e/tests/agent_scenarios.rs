@@ -336,7 +336,14 @@ async fn an_agent_restarted_five_times_twice_killed_drops_no_connection() {
             "{type_} is not False: {status:?}"
         );
     }
-    assert_eq!(attaches, 0.0, "a restarted agent re-attached programs");
+    // With the chart's capabilities (no SYS_ADMIN) the agent cannot look the attached
+    // program up by its id, so it updates each pinned link in place to its identical new
+    // program (an atomic replacement, loader/src/attach.rs: `is_attached_as`): at most one
+    // counted attach per served interface (eth0 and the client pod's), never a new link.
+    assert!(
+        attaches <= 2.0,
+        "a restarted agent attached {attaches} times on node-1's two interfaces"
+    );
     assert_eq!(writes, 0.0, "a restarted agent rewrote its maps");
     world.finish().await;
 }

@@ -98,6 +98,62 @@ const EVENT_WRITE_STEP_BOUND: Duration = Duration::from_secs(60);
 const HOUSEKEEPING: Duration = Duration::from_secs(1);
 const COUNTERS_PERIOD: Duration = Duration::from_secs(5);
 
+/// The reason of `ProgramsAttached` and `Ready` when the programs could not be loaded.
+const DATAPATH_LOAD_FAILED: &str = "DatapathLoadFailed";
+/// How long the agent tries to report a failed load before it exits anyway.
+const LOAD_FAILURE_REPORT_BOUND: Duration = Duration::from_secs(10);
+
+/// Writes a failure to load the programs and maps (a capability the pod lacks, a kernel
+/// without the BPF features) to the node's DataplaneNode before the agent exits:
+/// `ProgramsAttached` and `Ready` False with the error's chain, so the object says why the
+/// node's agent keeps restarting, not only its log. Best effort within a bound: the exit
+/// and its log line follow whether the write reached the API server or not.
+async fn report_load_failure(options: &ClusterOptions, error: &Error) {
+    use switchyard_crds::{condition_types, Condition, ConditionStatus, DataplaneNodeStatus};
+    let message = format!(
+        "failed to load the datapath: {}",
+        switchyard_model::error::chain(error)
+    );
+    let now = Utc::now();
+    let condition = |type_: &str| {
+        Condition::new(
+            type_,
+            ConditionStatus::False,
+            DATAPATH_LOAD_FAILED,
+            message.clone(),
+            None,
+            now,
+        )
+    };
+    let status = DataplaneNodeStatus {
+        agent_version: Some(env!("CARGO_PKG_VERSION").to_string()),
+        agent_revision: options.agent_revision.clone(),
+        conditions: vec![
+            condition(condition_types::PROGRAMS_ATTACHED),
+            condition(condition_types::READY),
+        ],
+        ..DataplaneNodeStatus::default()
+    };
+    let write = async {
+        let client = kube_client()
+            .await
+            .map_err(|error| switchyard_model::error::chain(&error))?;
+        let api = kube::Api::all(client);
+        watch::write_status(&api, &options.node_name, &status)
+            .await
+            .map_err(|error| error.to_string())
+    };
+    match tokio::time::timeout(LOAD_FAILURE_REPORT_BOUND, write).await {
+        Ok(Ok(())) => tracing::info!("the failed load is reported in the DataplaneNode"),
+        Ok(Err(problem)) => {
+            tracing::warn!(%problem, "cannot report the failed load in the DataplaneNode")
+        }
+        Err(_) => tracing::warn!(
+            "cannot report the failed load in the DataplaneNode within {LOAD_FAILURE_REPORT_BOUND:?}"
+        ),
+    }
+}
+
 async fn kube_client() -> Result<kube::Client, Error> {
     let config = kube::Config::infer()
         .await
@@ -133,7 +189,13 @@ pub async fn run(options: ClusterOptions, shutdown: impl Future<Output = ()>) ->
         Instant::now(),
     );
     priority::apply(step, original_nice);
-    let datapath = KernelDatapath::load(&options.datapath)?;
+    let datapath = match KernelDatapath::load(&options.datapath) {
+        Ok(datapath) => datapath,
+        Err(error) => {
+            report_load_failure(&options, &error).await;
+            return Err(error);
+        }
+    };
     let settings = AgentSettings {
         agent_revision: options.agent_revision.clone(),
         node_ports: options.node_ports.clone(),
