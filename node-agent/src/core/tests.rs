@@ -960,6 +960,43 @@ fn a_round_hands_over_the_status_only_when_it_must_be_written() {
     );
 }
 
+/// The disruption signals the sampler published go out with the next status, once: a round
+/// with the same report writes nothing, so the status is written at the sampler's rate.
+#[test]
+fn a_newly_published_disruption_report_is_written_once_with_the_status() {
+    let start = Instant::now();
+    let mut agent = running_agent(DataplaneMode::Ebpf, start);
+    let coexistence = CoexistenceReport::default();
+    let mut tracker = round::StatusTracker::default();
+    let tick = agent.tick(start, wall());
+    let first = agent.round_report(&tick, start, wall(), start, &coexistence, &mut tracker);
+    assert!(first.status.is_some());
+    let report = switchyard_crds::DisruptionReport {
+        baseline: None,
+        current: Some(switchyard_crds::SignalWindow {
+            start: wall(),
+            end: wall() + chrono::Duration::seconds(5),
+            datapath: Default::default(),
+            expected: Default::default(),
+            connections: Default::default(),
+            probes: Default::default(),
+            services: Vec::new(),
+        }),
+    };
+    tracker.disruption = Some(report.clone());
+    let later = start + Duration::from_secs(1);
+    let tick = agent.tick(later, wall());
+    let with_report = agent.round_report(&tick, later, wall(), start, &coexistence, &mut tracker);
+    let written = with_report
+        .status
+        .and_then(|written| written.status)
+        .expect("the new report is written");
+    assert_eq!(written.disruption, Some(report));
+    let tick = agent.tick(later, wall());
+    let same = agent.round_report(&tick, later, wall(), start, &coexistence, &mut tracker);
+    assert_eq!(same.status, None, "the same report is not written again");
+}
+
 /// An agent whose rounds report to `health` (as `cluster::run` wires it), every input given.
 fn agent_reporting_rounds_to(
     health: &switchyard_telemetry::Health,
