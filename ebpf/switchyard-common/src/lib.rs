@@ -159,6 +159,12 @@ pub mod program_names {
     pub const SENDMSG4: &str = "sy_sendmsg4";
     pub const RECVMSG4: &str = "sy_recvmsg4";
     pub const GETPEERNAME4: &str = "sy_getpeername4";
+    /// The same for IPv6 sockets (IPv6 Services, and IPv4 ones named by an
+    /// IPv4-mapped address), attached only when IPv6 is a served family.
+    pub const CONNECT6: &str = "sy_connect6";
+    pub const SENDMSG6: &str = "sy_sendmsg6";
+    pub const RECVMSG6: &str = "sy_recvmsg6";
+    pub const GETPEERNAME6: &str = "sy_getpeername6";
     /// On the same cgroup: removes a closing socket's reverse entry.
     pub const SOCK_RELEASE: &str = "sy_sock_release";
 }

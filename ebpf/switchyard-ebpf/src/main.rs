@@ -162,6 +162,26 @@ pub fn sy_getpeername4(ctx: SockAddrContext) -> i32 {
     socket::try_reverse_peer_name(&ctx)
 }
 
+#[cgroup_sock_addr(connect6)]
+pub fn sy_connect6(ctx: SockAddrContext) -> i32 {
+    socket::try_connect6(&ctx)
+}
+
+#[cgroup_sock_addr(sendmsg6)]
+pub fn sy_sendmsg6(ctx: SockAddrContext) -> i32 {
+    socket::try_sendmsg6(&ctx)
+}
+
+#[cgroup_sock_addr(recvmsg6)]
+pub fn sy_recvmsg6(ctx: SockAddrContext) -> i32 {
+    socket::try_reverse_datagram6(&ctx)
+}
+
+#[cgroup_sock_addr(getpeername6)]
+pub fn sy_getpeername6(ctx: SockAddrContext) -> i32 {
+    socket::try_reverse_peer_name6(&ctx)
+}
+
 #[cgroup_sock(sock_release)]
 pub fn sy_sock_release(ctx: SockContext) -> i32 {
     socket::try_forget_peer(&ctx)
