@@ -130,6 +130,10 @@ expect_equal "default rollout.maxUnavailable" 1 "$(spec rollout.maxUnavailable)"
 expect_equal "default rollout.nodeReadyTimeoutSeconds" 300 "$(spec rollout.nodeReadyTimeoutSeconds)"
 expect_equal "default rollout.maxFailedNodes" 0 "$(spec rollout.maxFailedNodes)"
 expect_equal "default rollout.drainTimeoutSeconds" 600 "$(spec rollout.drainTimeoutSeconds)"
+expect_equal "default rollout.canary.soakSeconds" 60 "$(spec rollout.canary.soakSeconds)"
+expect_equal "default rollout.onBudgetExceeded" Rollback "$(spec rollout.onBudgetExceeded)"
+expect_equal "default rollout.disruptionBudget.failedConnectsPerMinute" 30 "$(spec rollout.disruptionBudget.failedConnectsPerMinute)"
+expect_equal "default rollout.disruptionBudget.failedConnectsPercent" 100 "$(spec rollout.disruptionBudget.failedConnectsPercent)"
 kubectl get dpc default >/dev/null || fail "find the DataplaneConfig by its short name dpc"
 log "defaults applied by the server"
 
@@ -176,6 +180,22 @@ expect_rejected "a negative drain timeout" 'apiVersion: switchyard.dev/v1alpha1
 kind: DataplaneNode
 metadata: {name: bad-drain}
 spec: {mode: Ebpf, drainTimeoutSeconds: -1}'
+expect_rejected "a canary count of 0" 'apiVersion: switchyard.dev/v1alpha1
+kind: DataplaneConfig
+metadata: {name: bad-canary}
+spec: {mode: Ebpf, rollout: {canary: {count: 0}}}'
+expect_rejected "a negative soak" 'apiVersion: switchyard.dev/v1alpha1
+kind: DataplaneConfig
+metadata: {name: bad-soak}
+spec: {mode: Ebpf, rollout: {canary: {soakSeconds: -1}}}'
+expect_rejected "a negative relative budget" 'apiVersion: switchyard.dev/v1alpha1
+kind: DataplaneConfig
+metadata: {name: bad-budget}
+spec: {mode: Ebpf, rollout: {disruptionBudget: {failedConnectsPercent: -1}}}'
+expect_rejected "an unknown onBudgetExceeded" 'apiVersion: switchyard.dev/v1alpha1
+kind: DataplaneConfig
+metadata: {name: bad-action}
+spec: {mode: Ebpf, rollout: {onBudgetExceeded: Ignore}}'
 expect_rejected "maxUnavailable of the wrong type" 'apiVersion: switchyard.dev/v1alpha1
 kind: DataplaneConfig
 metadata: {name: bad-max-unavailable}
@@ -187,6 +207,14 @@ kubectl patch dpn node-1 --subresource=status --type=merge -p '{"status":{"obser
   || fail "write the DataplaneNode status through the status subresource"
 expect_equal "spec after a status write" KubeProxy "$(kubectl get dpn node-1 -o jsonpath='{.spec.mode}')"
 expect_equal "generation after a status write" "$generation" "$(kubectl get dpn node-1 -o jsonpath='{.metadata.generation}')"
+# The disruption signals an agent reports (issue 28): accepted, and a negative count is not.
+kubectl patch dpn node-1 --subresource=status --type=merge -p '{"status":{"disruption":{"baseline":{"start":"2026-01-01T00:00:00Z","end":"2026-01-01T00:10:00Z","connections":{"failedConnects":3,"resetsByPeer":0},"probes":{"sent":600,"failures":0}},"current":{"start":"2026-01-01T00:10:05Z","end":"2026-01-01T00:11:05Z","datapath":{"translationErrors":0},"expected":{"sourceRangeDrops":12},"connections":{"failedConnects":120},"services":[{"namespace":"shop","name":"cart","failedConnects":118}]}}}}' >/dev/null \
+  || fail "write a DataplaneNode status with disruption signals"
+expect_equal "a reported failed connects count" 120 "$(kubectl get dpn node-1 -o jsonpath='{.status.disruption.current.connections.failedConnects}')"
+if kubectl patch dpn node-1 --subresource=status --type=merge \
+  -p '{"status":{"disruption":{"current":{"start":"2026-01-01T00:10:05Z","end":"2026-01-01T00:11:05Z","connections":{"failedConnects":-1}}}}}' >/dev/null 2>&1; then
+  fail "reject a negative signal count"
+fi
 if kubectl patch dpn node-1 --subresource=status --type=merge \
   -p '{"status":{"conditions":[{"type":"Ready","status":"Maybe","reason":"AgentReady","lastTransitionTime":"2026-01-01T00:00:00Z"}]}}' >/dev/null 2>&1; then
   fail "reject a condition status other than True, False or Unknown"
@@ -221,7 +249,7 @@ while read -r line; do
     "$(kubectl get dpc default -o jsonpath='{.status.phase}')"
   situations=$((situations + 1))
 done <<<"$PLANNER_STATUSES"
-[ "$situations" -ge 6 ] || fail "find the planner's statuses (got $situations)"
+[ "$situations" -ge 7 ] || fail "find the planner's statuses (got $situations)"
 log "the planner's status accepted in $situations situations"
 
 # 7. `kubectl explain` reads the descriptions.
