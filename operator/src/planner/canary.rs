@@ -59,6 +59,10 @@ use super::{name_list, naming};
 /// The most affected Services named per signal in the evidence.
 const SERVICES_IN_EVIDENCE: usize = 5;
 
+/// How far (seconds) a window's edge may be from the `ProgramsAttached` condition's time and
+/// still be taken as the moment of the switch (see `verdict`).
+const SWITCH_TIME_TOLERANCE_SECONDS: i64 = 2;
+
 /// Windows shorter than this count as this long (see "Judging a node").
 const SHORTEST_WINDOW_SECONDS: i64 = 60;
 
@@ -283,14 +287,18 @@ impl<'a> Context<'a> {
             return Verdict::NotWatched;
         };
         let soak_end = seconds_after(switched_at, soak_seconds);
+        // The agent samples its counters at the switch and writes the condition right after,
+        // both in whole seconds: a window edge a second or two off the condition's time is the
+        // same moment.
+        let tolerance = Duration::seconds(SWITCH_TIME_TOLERANCE_SECONDS);
         let baseline = report
             .baseline
             .as_ref()
-            .filter(|window| window.end > window.start && window.end <= switched_at);
+            .filter(|window| window.end > window.start && window.end <= switched_at + tolerance);
         let current = report
             .current
             .as_ref()
-            .filter(|window| window.end > window.start && window.start >= switched_at);
+            .filter(|window| window.end > window.start && window.start + tolerance >= switched_at);
         if let (Some(baseline), Some(current)) = (baseline, current) {
             let evidence = over_budget(node.name, baseline, current, &self.settings.canary.budget);
             if !evidence.is_empty() {

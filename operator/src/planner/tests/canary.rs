@@ -746,6 +746,24 @@ fn signals_that_arrive_late_are_waited_for_and_a_window_covering_the_soak_then_p
 }
 
 #[test]
+fn windows_a_second_or_two_off_the_switch_time_are_taken_as_starting_and_ending_at_it() {
+    let mut cluster = four_kube_proxy_nodes();
+    switch(node_mut(&mut cluster, "node-1"), -90);
+    // The agent sampled at 2 s before its condition's time, and froze its baseline 2 s after.
+    measure(
+        node_mut(&mut cluster, "node-1"),
+        Some(baseline_before(-88, 0)),
+        Some(window(-92, 0, 500)),
+    );
+    let plan = checked_plan(&canary_config(), &cluster);
+    assert_eq!(
+        written_modes(&plan),
+        [("node-1", KubeProxy)],
+        "judged: over budget"
+    );
+}
+
+#[test]
 fn a_window_that_starts_before_the_switch_is_not_taken_as_evidence_about_ebpf() {
     let mut cluster = four_kube_proxy_nodes();
     switch(node_mut(&mut cluster, "node-1"), -90);
