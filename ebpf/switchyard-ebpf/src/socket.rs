@@ -444,11 +444,21 @@ pub fn try_forget_peer(ctx: &SockContext) -> i32 {
     // Not gated on the configuration: a socket translated before pods'
     // connect-time balancing was switched off must still lose its entry.
     let socket = ctx.sock;
-    // SAFETY: reads of fields every cgroup socket hook may read.
-    let (family, destination_port) = unsafe {
+    // SAFETY: reads of fields every cgroup socket hook may read. All read up
+    // front, unconditionally: a read inside a branch lets the compiler share an
+    // offset pointer into the context between the branches, which the verifier
+    // refuses ("dereference of modified ctx ptr").
+    let (family, destination_port, destination_ipv4, destination_ipv6) = unsafe {
         (
             core::ptr::read_volatile(&(*socket).family),
             core::ptr::read_volatile(&(*socket).dst_port),
+            core::ptr::read_volatile(&(*socket).dst_ip4),
+            [
+                core::ptr::read_volatile(&(*socket).dst_ip6[0]),
+                core::ptr::read_volatile(&(*socket).dst_ip6[1]),
+                core::ptr::read_volatile(&(*socket).dst_ip6[2]),
+                core::ptr::read_volatile(&(*socket).dst_ip6[3]),
+            ],
         )
     };
     // A translated socket's peer is a backend, whose port the port filter has
@@ -463,20 +473,12 @@ pub fn try_forget_peer(ctx: &SockContext) -> i32 {
     // the reverse entry's very key; IPv6 sockets are looked at whether or not
     // the IPv6 hooks are attached, as `sendmsg4` translates their datagrams to
     // IPv4-mapped Services too.
-    // SAFETY: 4-byte reads of fields every cgroup socket hook may read.
-    let backend_address = unsafe {
-        if family == ADDRESS_FAMILY_INET {
-            ipv4_mapped(core::ptr::read_volatile(&(*socket).dst_ip4).to_ne_bytes())
-        } else if family == ADDRESS_FAMILY_INET6 {
-            words_to_address([
-                core::ptr::read_volatile(&(*socket).dst_ip6[0]),
-                core::ptr::read_volatile(&(*socket).dst_ip6[1]),
-                core::ptr::read_volatile(&(*socket).dst_ip6[2]),
-                core::ptr::read_volatile(&(*socket).dst_ip6[3]),
-            ])
-        } else {
-            return ALLOW;
-        }
+    let backend_address = if family == ADDRESS_FAMILY_INET {
+        ipv4_mapped(destination_ipv4.to_ne_bytes())
+    } else if family == ADDRESS_FAMILY_INET6 {
+        words_to_address(destination_ipv6)
+    } else {
+        return ALLOW;
     };
     // No peer: nothing was translated.
     if backend_address == [0; 16] || backend_address == ipv4_mapped([0; 4]) {
