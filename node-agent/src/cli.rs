@@ -9,6 +9,7 @@ use clap::{Args, Parser, Subcommand};
 use crate::datapath::{DatapathOptions, PodConnectBalancing, SocketHookCgroup};
 use crate::desired::node_port_addresses::{NodePortAddresses, NodePortSettings};
 use crate::interfaces::{Globs, DEFAULT_POD_INTERFACE_GLOBS};
+use crate::model::ServedFamilies;
 use crate::standalone::StandaloneOptions;
 
 pub const DEFAULT_PIN_DIRECTORY: &str = "/sys/fs/bpf/switchyard";
@@ -114,6 +115,28 @@ impl NodePortArguments {
     }
 }
 
+/// `ipv4` or `ipv4,ipv6` (either order, case-insensitive). IPv4 is always
+/// served: the TC programs translate it whatever the setting.
+fn parse_served_families(text: &str) -> Result<ServedFamilies, String> {
+    let mut served = ServedFamilies {
+        ipv4: false,
+        ipv6: false,
+    };
+    for family in text.split(',').map(str::trim) {
+        match family.to_ascii_lowercase().as_str() {
+            "ipv4" => served.ipv4 = true,
+            "ipv6" => served.ipv6 = true,
+            _ => return Err(format!("{family:?} is not an address family (ipv4 or ipv6)")),
+        }
+    }
+    if !served.ipv4 {
+        return Err(format!(
+            "{text:?} leaves IPv4 out: IPv4 is always served (ipv4 or ipv4,ipv6)"
+        ));
+    }
+    Ok(served)
+}
+
 fn parse_node_port_addresses(text: &str) -> Result<NodePortAddresses, String> {
     NodePortAddresses::parse(&[text.to_string()])
 }
@@ -164,6 +187,15 @@ pub struct DatapathArguments {
     /// masquerading and Services without endpoints always use the TC programs.
     #[arg(long, value_enum, default_value_t = PodConnectBalancing::Tcp)]
     pub pod_connect_time_load_balancing: PodConnectBalancing,
+    /// Address families whose Services are served: `ipv4` (the default) or
+    /// `ipv4,ipv6`. Only `ipv4` is complete today: with `ipv4,ipv6` the maps
+    /// also hold dual-stack and IPv6 Services and the IPv6 socket hooks serve
+    /// them to the node's own processes, but the TC programs still pass every
+    /// IPv6 packet untranslated (pods, NodePorts and clients outside the node get
+    /// no IPv6 Service), so keep the default on clusters with IPv6 Services
+    /// (issue 25). IPv4-mapped addresses on IPv6 sockets are IPv4.
+    #[arg(long, default_value = "ipv4", value_parser = parse_served_families)]
+    pub served_families: ServedFamilies,
     #[command(flatten)]
     pub map_sizes: MapSizeArguments,
 }
@@ -179,6 +211,7 @@ impl DatapathArguments {
             manage_masquerade_rule: !self.no_masquerade_rule,
             socket_hook_cgroup: self.socket_hook_cgroup(),
             pod_connect_balancing: self.pod_connect_time_load_balancing,
+            served_families: self.served_families,
         }
     }
 

@@ -124,6 +124,38 @@ pub(crate) const SOCKET_HOOKS: [SocketHook; 4] = [
     },
 ];
 
+/// The IPv6 hooks: on the same cgroup, attached only when IPv6 is a served
+/// family (`LoaderSettings::ipv6_socket_hooks`), detached otherwise.
+pub(crate) const SOCKET_HOOKS_IPV6: [SocketHook; 4] = [
+    SocketHook {
+        program: program_names::CONNECT6,
+        hook: "connect6",
+    },
+    SocketHook {
+        program: program_names::SENDMSG6,
+        hook: "sendmsg6",
+    },
+    SocketHook {
+        program: program_names::RECVMSG6,
+        hook: "recvmsg6",
+    },
+    SocketHook {
+        program: program_names::GETPEERNAME6,
+        hook: "getpeername6",
+    },
+];
+
+/// The address hooks the settings ask for: the IPv4 ones always, the IPv6 ones
+/// when IPv6 is served.
+pub(crate) fn socket_hooks(settings: &LoaderSettings) -> impl Iterator<Item = &'static SocketHook> {
+    let ipv6: &'static [SocketHook] = if settings.ipv6_socket_hooks {
+        &SOCKET_HOOKS_IPV6
+    } else {
+        &[]
+    };
+    SOCKET_HOOKS.iter().chain(ipv6)
+}
+
 /// Removes a closing socket's reverse entry: on the same cgroup as the hooks
 /// above, but a `cgroup/sock_release` program, another program type.
 pub(crate) const RELEASE_HOOK: SocketHook = SocketHook {
@@ -317,7 +349,14 @@ pub(crate) fn attach_socket_hooks(
 ) -> Result<Vec<AttachOutcome>, Error> {
     let target = cgroup.display().to_string();
     let mut outcomes = Vec::new();
-    for hook in &SOCKET_HOOKS {
+    if !settings.ipv6_socket_hooks {
+        // An earlier process that served IPv6 left its IPv6 hooks: IPv6 is not
+        // served any more, so they go (their programs would keep translating).
+        for hook in &SOCKET_HOOKS_IPV6 {
+            detach_and_remove_pin(&cgroup_link_path(settings, hook))?;
+        }
+    }
+    for hook in socket_hooks(settings) {
         let program: &mut CgroupSockAddr = program_mut(ebpf, hook.program)?;
         let program_fd = owned_program_fd(program.fd(), hook, &target)?;
         outcomes.push(attach_cgroup_hook(
@@ -359,6 +398,10 @@ fn owned_program_fd(
         .map_err(|error| attach_error(hook.program, target, error))
 }
 
+fn cgroup_link_path(settings: &LoaderSettings, hook: &SocketHook) -> PathBuf {
+    links_directory(&settings.pin_directory).join(format!("cgroup-{}", hook.hook))
+}
+
 /// Attaches one cgroup hook through a link pinned as `links/cgroup-<hook>`: an
 /// existing link keeps its program if it is ours already, or is updated to it
 /// in place (the hook never runs zero or two of our programs); otherwise
@@ -371,7 +414,7 @@ fn attach_cgroup_hook(
     attach: impl FnOnce(&std::fs::File) -> Result<FdLink, Box<dyn std::error::Error + Send + Sync>>,
 ) -> Result<AttachOutcome, Error> {
     let target = cgroup.display().to_string();
-    let path = links_directory(&settings.pin_directory).join(format!("cgroup-{}", hook.hook));
+    let path = cgroup_link_path(settings, hook);
     let reused = reuse_pinned_link(
         &path,
         program_fd.as_fd(),

@@ -94,6 +94,9 @@ pub struct LoaderSettings {
     pub map_sizes: MapSizes,
     /// cgroup v2 directory the socket hooks attach to; `None` attaches none.
     pub cgroup_path: Option<PathBuf>,
+    /// Load and attach the IPv6 socket hooks too (IPv6 is a served family);
+    /// without, IPv6 hooks an earlier process attached are detached.
+    pub ipv6_socket_hooks: bool,
     pub attach_mode: AttachMode,
     /// The map layouts and the conversions between them: [`schema::SCHEMA`]
     /// except in tests that need another history (e.g. a previous version with
@@ -107,6 +110,7 @@ impl Default for LoaderSettings {
             pin_directory: PathBuf::from(DEFAULT_PIN_DIRECTORY),
             map_sizes: MapSizes::default(),
             cgroup_path: default_cgroup_path(),
+            ipv6_socket_hooks: false,
             attach_mode: AttachMode::Auto,
             schema: &schema::SCHEMA,
         }
@@ -312,7 +316,7 @@ impl Datapath {
             add_identity(program_identity(program.fd(), name)?);
             pin_program(program.fd(), &programs_directory, name)?;
         }
-        for name in attach::SOCKET_HOOKS.iter().map(|hook| hook.program) {
+        for name in attach::socket_hooks(&settings).map(|hook| hook.program) {
             let program: &mut CgroupSockAddr = program_mut(&mut ebpf, name)?;
             program.load().map_err(|error| load_error(name, error))?;
             add_identity(program_identity(program.fd(), name)?);

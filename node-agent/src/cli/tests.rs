@@ -225,3 +225,59 @@ fn pods_tcp_connects_go_straight_to_a_backend_unless_switched_off() {
         switchyard_common::POD_CONNECT_BALANCING_TCP
     );
 }
+
+#[test]
+fn only_ipv4_is_served_unless_ipv6_is_asked_for_and_ipv4_is_never_left_out() {
+    let parse = |command: &str, extra: &[&str]| {
+        let mut line = vec!["switchyard-agent", command];
+        line.extend_from_slice(if command == "run" {
+            &["--node-name", "node-1"][..]
+        } else {
+            &["--manifests", "/etc/switchyard"][..]
+        });
+        line.extend_from_slice(extra);
+        match Cli::try_parse_from(line).map(|cli| cli.command) {
+            Ok(Command::Run(arguments)) => Ok(arguments.options().datapath.served_families),
+            Ok(Command::Standalone(arguments)) => Ok(arguments.options().datapath.served_families),
+            Ok(_) => panic!("expected run or standalone"),
+            Err(error) => Err(error.to_string()),
+        }
+    };
+    for command in ["run", "standalone"] {
+        assert_eq!(parse(command, &[]), Ok(ServedFamilies::IPV4_ONLY), "{command}");
+        for both in ["ipv4,ipv6", "IPv6, IPv4"] {
+            assert_eq!(
+                parse(command, &["--served-families", both]),
+                Ok(ServedFamilies::DUAL_STACK),
+                "{command} {both}"
+            );
+        }
+        let refused = parse(command, &["--served-families", "ipv6"]).expect_err("refused");
+        assert!(refused.contains("IPv4 is always served"), "{refused}");
+        let refused = parse(command, &["--served-families", "ipv4,ipx"]).expect_err("refused");
+        assert!(refused.contains("\"ipx\" is not an address family"), "{refused}");
+    }
+    // The core keeps only the served families' addresses, the loader attaches the
+    // IPv6 hooks only when IPv6 is served.
+    let default = crate::standalone::agent_settings(&standalone_options(&[]));
+    assert_eq!(default.served_families, ServedFamilies::IPV4_ONLY);
+    let dual = crate::standalone::agent_settings(&standalone_options(&[
+        "--served-families",
+        "ipv4,ipv6",
+    ]));
+    assert_eq!(dual.served_families, ServedFamilies::DUAL_STACK);
+}
+
+fn standalone_options(extra: &[&str]) -> crate::standalone::StandaloneOptions {
+    let mut line = vec![
+        "switchyard-agent",
+        "standalone",
+        "--manifests",
+        "/etc/switchyard",
+    ];
+    line.extend_from_slice(extra);
+    match Cli::try_parse_from(line).expect("parses").command {
+        Command::Standalone(arguments) => arguments.options(),
+        _ => panic!("expected standalone"),
+    }
+}

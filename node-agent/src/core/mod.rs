@@ -123,6 +123,8 @@ pub struct AgentSettings {
     pub manage_masquerade_rule: bool,
     pub socket_hooks: bool,
     pub pod_connect_balancing: PodConnectBalancing,
+    /// The address families whose Services the maps hold (`--served-families`).
+    pub served_families: crate::model::ServedFamilies,
     pub agent_version: String,
     pub agent_revision: Option<String>,
     /// How often a full sync re-reads the maps and recomputes every Service
@@ -152,6 +154,7 @@ impl AgentSettings {
             manage_masquerade_rule: datapath.manage_masquerade_rule,
             socket_hooks: datapath.socket_hook_cgroup != SocketHookCgroup::None,
             pod_connect_balancing: datapath.pod_connect_balancing,
+            served_families: datapath.served_families,
             agent_version: env!("CARGO_PKG_VERSION").to_string(),
             agent_revision: None,
             full_resync_period: DEFAULT_FULL_RESYNC_PERIOD,
@@ -265,13 +268,14 @@ impl<D: Datapath> NodeAgent<D> {
             ?attachment,
             "restored the pinned maps"
         );
+        let served_families = settings.served_families;
         Ok(Self {
             coalescer: Coalescer::new(settings.min_sync_period),
             settings,
             datapath,
             syncer,
             gate,
-            inputs: SyncInputs::default(),
+            inputs: SyncInputs::serving(served_families),
             services_listed: false,
             slices_listed: false,
             health_check_ports: BTreeMap::new(),

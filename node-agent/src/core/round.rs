@@ -297,6 +297,7 @@ mod tests {
             manage_masquerade_rule: false,
             socket_hook_cgroup: SocketHookCgroup::None,
             pod_connect_balancing: PodConnectBalancing::Tcp,
+            served_families: Default::default(),
         };
         let settings = AgentSettings::new(
             "node-1".into(),

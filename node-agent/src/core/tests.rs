@@ -25,6 +25,7 @@ fn settings() -> AgentSettings {
         manage_masquerade_rule: false,
         socket_hooks: false,
         pod_connect_balancing: PodConnectBalancing::Tcp,
+        served_families: Default::default(),
         agent_version: "0.1.0".into(),
         agent_revision: None,
         full_resync_period: Duration::from_secs(300),

@@ -70,6 +70,9 @@ pub struct DatapathOptions {
     pub manage_masquerade_rule: bool,
     pub socket_hook_cgroup: SocketHookCgroup,
     pub pod_connect_balancing: PodConnectBalancing,
+    /// The address families served (`--served-families`): which Services'
+    /// addresses the maps hold, and whether the IPv6 socket hooks are attached.
+    pub served_families: switchyard_model::model::ServedFamilies,
 }
 
 /// The config entry for `mode` (a `DATAPATH_MODE_*`).
@@ -142,6 +145,7 @@ impl KernelDatapath {
                 SocketHookCgroup::Path(path) => Some(path.clone()),
                 SocketHookCgroup::None => None,
             },
+            ipv6_socket_hooks: options.served_families.ipv6,
             ..defaults
         };
         let datapath = loader::Datapath::load(settings)?;

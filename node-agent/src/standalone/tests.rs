@@ -125,6 +125,7 @@ fn options(manifests: &Path) -> StandaloneOptions {
             manage_masquerade_rule: false,
             socket_hook_cgroup: SocketHookCgroup::Root,
             pod_connect_balancing: PodConnectBalancing::Tcp,
+            served_families: Default::default(),
         },
         // Localhost NodePorts (on by default) would add an internal-scope
         // frontend per NodePort to the counts below; they have their own tests.

@@ -220,6 +220,7 @@ impl Node {
                 socket_reverse: 4096,
             },
             cgroup_path: self.cgroup.clone(),
+            ipv6_socket_hooks: false,
             attach_mode: loader::AttachMode::Auto,
             schema: &loader::schema::SCHEMA,
         }
