@@ -30,9 +30,11 @@
 //! - No `status.disruption` at all: the agent does not measure. There is nothing to compare, so
 //!   the node is not soaked; the status says it was not measured.
 //! - Baseline missing, or no window yet that covers the soak: wait, until
-//!   `nodeReadyTimeoutSeconds` after the soak's end. At that bound the transition halts
-//!   (`DisruptionSignalsMissing`, nothing rolled back: there is no evidence of harm) and resumes
-//!   by itself when the signals arrive.
+//!   `nodeReadyTimeoutSeconds` after the soak's end. At that bound a node with a window but no
+//!   baseline is judged against none (only the absolute allowances can pass it: a baseline is
+//!   measured under kube-proxy, so none will come for a switched node); a node without a window
+//!   halts the transition (`DisruptionSignalsMissing`, nothing rolled back: there is no evidence
+//!   of harm), which resumes by itself when the signals arrive.
 //!
 //! # Over budget
 //! The evidence (node, signal, baseline and observed rates, the allowance, the Services most
@@ -84,6 +86,9 @@ pub(crate) enum Verdict {
     SignalsMissing { missing: &'static str },
     /// Soaked, and within budget over a window covering the soak.
     Passed,
+    /// Soaked, no baseline by the bound, and within the absolute allowances over a window
+    /// covering the soak.
+    PassedWithoutBaseline,
     /// Over budget: one piece of evidence per signal.
     OverBudget(Vec<DisruptionEvidence>),
 }
@@ -96,7 +101,10 @@ impl Verdict {
 
     /// Done with: nothing more to wait for on this node.
     fn cleared(&self) -> bool {
-        matches!(self, Self::Passed | Self::Unmeasured)
+        matches!(
+            self,
+            Self::Passed | Self::PassedWithoutBaseline | Self::Unmeasured
+        )
     }
 }
 
@@ -308,12 +316,33 @@ impl<'a> Context<'a> {
         if self.now < soak_end {
             return Verdict::Soaking { until: soak_end };
         }
+        let bound = seconds_after(soak_end, self.settings.node_ready_timeout_seconds);
         let missing = match (baseline, current) {
             (Some(_), Some(current)) if current.end >= soak_end => return Verdict::Passed,
+            // No baseline will come for a node already switched (it is measured under
+            // kube-proxy), unless its agent finds one it wrote before: at the bound the node is
+            // judged against none, which only the absolute allowances can pass.
+            (None, Some(current)) if current.end >= soak_end && self.now >= bound => {
+                let nothing_before = SignalWindow {
+                    start: current.start - Duration::seconds(SHORTEST_WINDOW_SECONDS),
+                    end: current.start,
+                    datapath: Default::default(),
+                    expected: Default::default(),
+                    connections: Default::default(),
+                    probes: Default::default(),
+                    services: Vec::new(),
+                };
+                let budget = &self.settings.canary.budget;
+                let evidence = over_budget(node.name, &nothing_before, current, budget);
+                return if evidence.is_empty() {
+                    Verdict::PassedWithoutBaseline
+                } else {
+                    Verdict::OverBudget(evidence)
+                };
+            }
             (None, _) => "a baseline measured before the switch",
             (Some(_), _) => "a window of signals covering the soak",
         };
-        let bound = seconds_after(soak_end, self.settings.node_ready_timeout_seconds);
         if self.now >= bound {
             Verdict::SignalsMissing { missing }
         } else {
@@ -522,6 +551,7 @@ impl<'a> Context<'a> {
         };
         let soaking = names(|verdict| matches!(verdict, Verdict::Soaking { .. }));
         let waiting = names(|verdict| matches!(verdict, Verdict::WaitingForSignals { .. }));
+        let without_baseline = names(|verdict| *verdict == Verdict::PassedWithoutBaseline);
         let unmeasured_canaries = self.names_where(|index, _| {
             gate.canary[index] && gate.verdicts[index] == Verdict::Unmeasured
         });
@@ -536,6 +566,10 @@ impl<'a> Context<'a> {
             (
                 &waiting,
                 "waiting for disruption signals (a baseline and a window covering the soak) from {}",
+            ),
+            (
+                &without_baseline,
+                "{} judged without a baseline (none measured before the switch)",
             ),
             (
                 &unmeasured_canaries,

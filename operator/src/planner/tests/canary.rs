@@ -664,14 +664,13 @@ fn a_second_node_over_budget_during_a_rollback_goes_back_too_and_joins_the_evide
 // ---------------------------------------------------------------------------------------------
 
 #[test]
-fn a_missing_baseline_is_waited_for_until_the_bound_then_the_transition_halts_without_rolling_back()
-{
+fn a_missing_baseline_is_waited_for_until_the_bound_then_the_node_is_judged_against_none() {
     let mut cluster = four_kube_proxy_nodes();
     switch(node_mut(&mut cluster, "node-1"), -61);
     measure(
         node_mut(&mut cluster, "node-1"),
         None,
-        Some(window(-61, 0, 500)),
+        Some(window(-61, 0, 20)),
     );
     let waiting = checked_plan(&canary_config(), &cluster);
     assert!(waiting.dataplane_nodes.is_empty());
@@ -687,6 +686,52 @@ fn a_missing_baseline_is_waited_for_until_the_bound_then_the_transition_halts_wi
         Some(std::time::Duration::from_secs(299))
     );
 
+    // At the bound: 20 failed connects a minute against no baseline, within the 30 allowed.
+    cluster.now = at(299);
+    measure(
+        node_mut(&mut cluster, "node-1"),
+        None,
+        Some(window(239, 299, 20)),
+    );
+    let judged = checked_plan(&canary_config(), &cluster);
+    assert_eq!(activated(&judged), ["node-2", "node-3"]);
+    assert!(
+        message(&judged).contains("node-1 judged without a baseline"),
+        "{}",
+        message(&judged)
+    );
+
+    // Control: 31 a minute against no baseline is over budget.
+    measure(
+        node_mut(&mut cluster, "node-1"),
+        None,
+        Some(window(239, 299, 31)),
+    );
+    let over = checked_plan(&canary_config(), &cluster);
+    assert_eq!(written_modes(&over), [("node-1", KubeProxy)]);
+    assert_eq!(
+        budget_exceeded(&over).evidence[0].baseline_per_minute,
+        "0.0"
+    );
+}
+
+#[test]
+fn no_window_after_the_switch_is_waited_for_until_the_bound_then_the_transition_halts() {
+    let mut cluster = four_kube_proxy_nodes();
+    switch(node_mut(&mut cluster, "node-1"), -61);
+    measure(
+        node_mut(&mut cluster, "node-1"),
+        Some(baseline_before(-61, 0)),
+        None,
+    );
+    let waiting = checked_plan(&canary_config(), &cluster);
+    assert!(waiting.dataplane_nodes.is_empty());
+    assert!(
+        message(&waiting).contains("waiting for disruption signals"),
+        "{}",
+        message(&waiting)
+    );
+
     cluster.now = at(299);
     let halted = checked_plan(&canary_config(), &cluster);
     assert!(
@@ -700,7 +745,7 @@ fn a_missing_baseline_is_waited_for_until_the_bound_then_the_transition_halts_wi
     assert!(
         degraded
             .message
-            .contains("node-1 (a baseline measured before the switch)"),
+            .contains("node-1 (a window of signals covering the soak)"),
         "{}",
         degraded.message
     );
