@@ -23,6 +23,8 @@
 /// invisible to every shape check: only the version tells).
 pub const SCHEMA_VERSION: u32 = 2;
 
+pub mod connection;
+
 /// A 16-byte address: IPv6, or IPv4 mapped into IPv6 (`::ffff:a.b.c.d`), network byte order.
 pub type Address = [u8; 16];
 
@@ -96,6 +98,14 @@ pub mod map_names {
     /// reason `SOURCE_RANGE_DROPS` is, and not part of the schema either (a
     /// counter starts again from zero).
     pub const REFUSALS: &str = "SY_REFUSALS";
+    /// Per-CPU totals of the `sock_ops` connection signals, by
+    /// [`super::connection`] index (failed connects, SYN retransmissions,
+    /// resets). Additive and not part of the schema, like `REFUSALS`.
+    pub const CONNECTIONS: &str = "SY_CONNECTIONS";
+    /// The same signals by Service frontend ([`super::FrontendKey`] to
+    /// [`super::connection::ConnectionCounts`]), in a per-CPU LRU: the Services
+    /// most affected. Additive and not part of the schema either.
+    pub const CONNECTIONS_BY_FRONTEND: &str = "SY_CONN_BY_SVC";
 }
 
 /// Indexes of the [`map_names::REFUSALS`] per-CPU counters.
@@ -167,6 +177,9 @@ pub mod program_names {
     pub const GETPEERNAME6: &str = "sy_getpeername6";
     /// On the same cgroup: removes a closing socket's reverse entry.
     pub const SOCK_RELEASE: &str = "sy_sock_release";
+    /// On the same cgroup: counts failed connects, SYN retransmissions and
+    /// resets of TCP connections to Service addresses.
+    pub const SOCK_OPS: &str = "sy_sock_ops";
 }
 
 /// Timeouts the programs use when the config entry leaves them at zero.
@@ -524,6 +537,7 @@ mod user {
     unsafe impl aya::Pod for SourceRangeKey {}
     unsafe impl aya::Pod for FragmentKey {}
     unsafe impl aya::Pod for FragmentPorts {}
+    unsafe impl aya::Pod for super::connection::ConnectionCounts {}
 }
 
 // No hidden padding: each size is the sum of the field sizes.
@@ -543,6 +557,7 @@ const _: () = {
     assert!(size_of::<SourceRangeKey>() == 20 + 16);
     assert!(size_of::<FragmentKey>() == 16 + 16 + 2 + 1 + 1);
     assert!(size_of::<FragmentPorts>() == 2 + 2);
+    assert!(size_of::<connection::ConnectionCounts>() == 3 * 8);
 };
 
 #[cfg(test)]
@@ -590,6 +605,8 @@ mod tests {
             map_names::FRAGMENTS,
             map_names::FRAGMENTS_WITHOUT_FIRST,
             map_names::REFUSALS,
+            map_names::CONNECTIONS,
+            map_names::CONNECTIONS_BY_FRONTEND,
         ] {
             assert!(name.len() <= 15, "{name} is longer than 15 characters");
         }

@@ -16,6 +16,7 @@ mod conntrack;
 mod fragments;
 mod icmp;
 mod packet;
+mod sock_ops;
 mod socket;
 
 use aya_ebpf::{
