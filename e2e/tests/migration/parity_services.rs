@@ -774,3 +774,67 @@ pub async fn observe_phase(
     }
     PhaseOutcome { lines, violations }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use switchyard_e2e::traffic::Failure as TrafficFailure;
+
+    fn failure(cause: FailureCause, at: SystemTime) -> TrafficFailure {
+        TrafficFailure {
+            flow: "flow".into(),
+            after: Duration::ZERO,
+            at,
+            cause,
+        }
+    }
+
+    #[test]
+    fn a_phase_counts_only_what_came_after_its_start_and_settles_failures_after_the_connect_timeout(
+    ) {
+        let start = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
+        let before = FlowReport {
+            attempts: 4,
+            successes: 3,
+            failures: vec![failure(FailureCause::HostUnreachable, start)],
+            backends: BTreeMap::from([("backend-2".to_string(), 3)]),
+            connections_opened: 0,
+        };
+        let mut now = before.clone();
+        now.attempts = 9;
+        now.successes = 6;
+        now.backends.insert("backend-2".into(), 4);
+        now.backends.insert("backend-3".into(), 2);
+        // One attempt that began before the phase and ended in it, one made wholly within it.
+        now.failures.push(failure(
+            FailureCause::HostUnreachable,
+            start + Duration::from_millis(500),
+        ));
+        now.failures.push(failure(
+            FailureCause::ConnectTimeout,
+            start + Duration::from_secs(3),
+        ));
+        let flow = delta(&now, Some(&before), start + CONNECT_TIMEOUT);
+        assert_eq!((flow.attempts, flow.successes), (5, 3));
+        assert_eq!(
+            flow.backends,
+            BTreeMap::from([("backend-2".to_string(), 1), ("backend-3".to_string(), 2)])
+        );
+        assert_eq!(
+            flow.failures,
+            vec![FailureCause::HostUnreachable, FailureCause::ConnectTimeout]
+        );
+        assert_eq!(flow.settled_causes, vec![FailureCause::ConnectTimeout]);
+        // A flow not yet in the snapshot taken at the start counts from zero.
+        assert_eq!(delta(&now, None, start).attempts, 9);
+    }
+
+    #[test]
+    fn a_phase_names_the_dataplane_of_every_node() {
+        let mixed = Phase::new("mixed", &["node-1", "node-2"]);
+        assert_eq!(mixed.dataplanes["node-1"], Dataplane::Ebpf);
+        assert_eq!(mixed.dataplanes["node-2"], Dataplane::Ebpf);
+        assert_eq!(mixed.dataplanes["node-3"], Dataplane::KubeProxy);
+        assert_eq!(mixed.dataplanes.len(), NODES.len());
+    }
+}
