@@ -19,3 +19,7 @@ images-check: setup
 	bash images/test.sh --once --binaries $(or $(CARGO_TARGET_DIR),target)/debug
 
 TEST_SUITES += images-check
+
+# The e2e suites (e2e-agent, e2e-operator, demo) run Switchyard's pods from archives of
+# their own, around the debug binaries they build (e2e/scripts/images.sh): built once per
+# content under target/images/e2e/KEY, so the suites of one `make test` share one build.

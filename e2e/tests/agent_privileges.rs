@@ -345,8 +345,10 @@ async fn an_agent_without_net_admin_exits_with_the_reason_in_its_log_and_its_dat
         .find(|line| line.contains("ERROR"))
         .unwrap_or_else(|| panic!("no ERROR line in {}", log_path.display()));
     assert!(
-        error_line.contains("failed to") && error_line.contains("Operation not permitted"),
-        "the error says what failed and why: {error_line}"
+        error_line.contains("failed to load the datapath")
+            && error_line.contains("lacks CAP_NET_ADMIN")
+            && error_line.contains("Operation not permitted"),
+        "the error says what failed, why and what is missing: {error_line}"
     );
 
     // The DataplaneNode says it too.
@@ -369,9 +371,8 @@ async fn an_agent_without_net_admin_exits_with_the_reason_in_its_log_and_its_dat
         let condition = find_condition(&status.conditions, type_).expect("the condition");
         assert_eq!(condition.status, ConditionStatus::False, "{condition:?}");
         assert!(
-            condition
-                .message
-                .starts_with("failed to load the datapath: ")
+            condition.message.starts_with("failed to load the datapath")
+                && condition.message.contains("lacks CAP_NET_ADMIN")
                 && condition.message.contains("Operation not permitted"),
             "{condition:?}"
         );

@@ -110,10 +110,8 @@ const LOAD_FAILURE_REPORT_BOUND: Duration = Duration::from_secs(10);
 /// and its log line follow whether the write reached the API server or not.
 async fn report_load_failure(options: &ClusterOptions, error: &Error) {
     use switchyard_crds::{condition_types, Condition, ConditionStatus, DataplaneNodeStatus};
-    let message = format!(
-        "failed to load the datapath: {}",
-        switchyard_model::error::chain(error)
-    );
+    // The chain starts with what failed ("failed to load the datapath programs: ...").
+    let message = switchyard_model::error::chain(error);
     let now = Utc::now();
     let condition = |type_: &str| {
         Condition::new(
