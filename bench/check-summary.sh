@@ -13,7 +13,8 @@
 #   tables report, not a broken harness, so its `failed-to-measure` rows are accepted; the
 #   systems not tried after it have no row at all.
 # - Presence: each measurement the arguments ask for has at least one row that is not a
-#   `failed-to-measure`.
+#   `failed-to-measure` (with Switchyard in the data plane: `program-cpu`, the programs'
+#   CPU per connection, and `parity-cost`, what source ranges and fragments cost).
 # The bench's own arguments may follow the summary's path: a run limited with `--parts`
 # (dataplane, control, operator) is checked for those parts only.
 # bench/tests/check-summary-test.sh proves each rule on summaries made for it.
@@ -45,10 +46,17 @@ flatness=()
 if [[ ",$systems," == *,switchyard,* ]] && [ "$distinct_scales" -ge 2 ]; then
   flatness=(latency-flatness)
 fi
+# Switchyard's programs are measured (their CPU per connection from the kernel's
+# statistics, and the cost of source ranges and fragment tracking in rounds of
+# their own) whenever either Switchyard configuration is.
+programs=()
+if [[ ",$systems," == *,switchyard,* || ",$systems," == *,switchyard-tc-only,* ]]; then
+  programs=(program-cpu parity-cost)
+fi
 names=()
 for part in ${parts//,/ }; do
   case $part in
-    dataplane) names+=(dataplane ${flatness[@]+"${flatness[@]}"}) ;;
+    dataplane) names+=(dataplane ${flatness[@]+"${flatness[@]}"} ${programs[@]+"${programs[@]}"}) ;;
     control) names+=(programming-latency agent-cold-start restart-disruption) ;;
     operator) names+=(operator-transition) ;;
     *) echo "check-summary: failed: unknown part '$part' (dataplane, control, operator)" >&2; exit 1 ;;

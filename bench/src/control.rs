@@ -10,6 +10,8 @@ use crate::cold_start;
 use crate::dataplane::{self, BACKENDS};
 use crate::error::{Error, Result};
 use crate::flatness;
+use crate::parity_cost;
+use crate::program_stats;
 use crate::programming;
 use crate::report::{Summary, Table};
 use crate::restart;
@@ -88,6 +90,21 @@ pub async fn data_and_control_plane(
             let table = dataplane::table(scale, plan.dataplane.latency_rate, &rows);
             print!("{}", table.render());
             tables.push(table);
+            let measured_programs: Vec<(&str, &program_stats::Samples)> = rows
+                .iter()
+                .filter(|row| {
+                    row.error.is_none()
+                        && [System::Switchyard, System::SwitchyardTc]
+                            .iter()
+                            .any(|system| row.system == system.label())
+                })
+                .map(|row| (row.system.as_str(), &row.program_costs))
+                .collect();
+            if !measured_programs.is_empty() {
+                let table = program_stats::table(scale, &measured_programs);
+                print!("{}", table.render());
+                tables.push(table);
+            }
         }
         if parts.contains(&"control") && scale == plan.control_scale {
             let unservable: Vec<System> = failed_at.iter().map(|(system, _)| *system).collect();
@@ -118,6 +135,20 @@ pub async fn data_and_control_plane(
                 tables.push(table);
             }
         }
+    }
+    let parity_systems = parity_cost::CONFIGURATIONS;
+    if parts.contains(&"dataplane")
+        && parity_systems
+            .iter()
+            .any(|system| plan.systems.contains(system))
+    {
+        let settings = &plan.parity_cost;
+        let measured = tokio::task::block_in_place(|| {
+            parity_cost::measure_in_rounds(binaries, work, &plan.dataplane, settings, summary)
+        });
+        let table = parity_cost::table(settings, &measured);
+        print!("{}", table.render());
+        tables.push(table);
     }
     control_plane.stop();
     Ok(())

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::load::{LoadOptions, LoadReport, Workload};
+use crate::program_stats;
 use crate::report::{number, percentile, Spread, Summary, Table};
 use crate::systems::{probe_targets, Binaries, Running, System};
 use crate::topology::{
@@ -116,6 +117,8 @@ pub struct Row {
     pub tracked_flows: Vec<f64>,
     /// The programs' counters, summed over the rounds (each round's agent starts at zero).
     pub counters: Vec<(&'static str, u64)>,
+    /// The programs' CPU per connection and per UDP request, per round (Switchyard only).
+    pub program_costs: program_stats::Samples,
     /// Why this configuration could not be measured.
     pub error: Option<String>,
 }
@@ -225,6 +228,9 @@ pub fn measure_in_rounds(
             failed.push(*system);
         } else {
             record(row, services, summary);
+            if matches!(system, System::Switchyard | System::SwitchyardTc) {
+                program_stats::record(&row.system, services as u64, &row.program_costs, summary);
+            }
         }
     }
     Measured { rows, failed }
@@ -313,6 +319,7 @@ fn measure_round(
         rate: None,
         timeout: Duration::from_secs(2),
         timeline: false,
+        udp_payload_bytes: 0,
     };
     // Warm-up: caches, conntrack, the first connections' slow paths.
     run_load(
@@ -347,6 +354,36 @@ fn measure_round(
     if !udp.is_empty() {
         let datagrams = run("udp", for_a_run(Workload::Udp, &udp), row)?;
         row.udp.push(datagrams.rate());
+    }
+    if matches!(system, System::Switchyard | System::SwitchyardTc)
+        && row.program_costs.error.is_none()
+    {
+        // After the rates: the statistics cost every run two clock reads.
+        let pins = running.pin_directory.clone();
+        let mut with_statistics = |workload, targets: &[SocketAddrV4], row: &mut Row| {
+            program_stats::during(&pins, || {
+                let report = run("with BPF statistics on", for_a_run(workload, targets), row)?;
+                Ok(((), report.operations + report.failures))
+            })
+        };
+        let measured = with_statistics(Workload::Connect, &tcp, row).and_then(|(_, connection)| {
+            let udp = if udp.is_empty() {
+                None
+            } else {
+                with_statistics(Workload::Udp, &udp, row)?.1
+            };
+            Ok((connection, udp))
+        });
+        match measured {
+            Ok((Some(connection), udp)) => {
+                row.program_costs.connection.push(connection);
+                row.program_costs.udp.extend(udp);
+            }
+            Ok((None, _)) => {
+                row.program_costs.error = Some("no connection made with the statistics on".into())
+            }
+            Err(error) => row.program_costs.error = Some(error.first_line()),
+        }
     }
     let label = row.system.clone();
     if let (Some(before), Some(after)) = (cpu_before, system_pid.and_then(cpu_seconds)) {

@@ -197,6 +197,7 @@ fn measure_round(
         rate,
         timeout: Duration::from_secs(2),
         timeline: false,
+        udp_payload_bytes: 0,
     };
     let agent_pid = running.process.as_ref().and_then(|process| process.pid());
     let cpu_before = agent_pid.and_then(cpu_seconds);

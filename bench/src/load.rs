@@ -13,7 +13,7 @@ use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _, Buf
 use tokio::net::{TcpListener, TcpSocket, TcpStream, UdpSocket};
 
 use crate::error::Error;
-use crate::topology::{POD_NETWORK, SERVICE_NETWORK};
+use crate::topology::{LOAD_BALANCER_NETWORK, POD_NETWORK, SERVICE_NETWORK};
 
 /// The longest a single run may last, whatever it is asked.
 pub const MAX_DURATION: Duration = Duration::from_secs(120);
@@ -45,6 +45,10 @@ pub struct LoadOptions {
     pub timeout: Duration,
     /// Record every operation's start time and outcome (the restart test needs the timeline).
     pub timeline: bool,
+    /// Bytes of each UDP request (at most 65,507); 0: the 7 bytes of `request`.
+    /// Larger than the path's MTU, a request leaves the client in IP fragments.
+    #[serde(default)]
+    pub udp_payload_bytes: usize,
 }
 
 /// One operation on the timeline: start (µs since the run began), latency (µs), ok.
@@ -81,18 +85,19 @@ impl LoadReport {
     }
 }
 
-/// Only addresses of the bench's own Services and pods may be targets.
+/// Only addresses of the bench's own Services (cluster and load-balancer
+/// addresses) and pods may be targets.
 pub fn check_targets(targets: &[SocketAddrV4]) -> Result<(), Error> {
     if targets.is_empty() {
         return Err(Error::Load("failed to start: no targets".into()));
     }
     for target in targets {
-        let inside = [SERVICE_NETWORK, POD_NETWORK]
+        let inside = [SERVICE_NETWORK, POD_NETWORK, LOAD_BALANCER_NETWORK]
             .iter()
             .any(|(network, prefix)| in_network(*target.ip(), *network, *prefix));
         if !inside {
             return Err(Error::Load(format!(
-                "failed to accept target {target}: outside the bench's Service and pod ranges"
+                "failed to accept target {target}: outside the bench's Service, pod and load-balancer ranges"
             )));
         }
     }
@@ -258,12 +263,14 @@ pub fn unix_micros() -> u64 {
 async fn closed_loop(shared: Arc<Shared>, worker: u64) {
     let mut picker = Picker::new(0x9e37_79b9_7f4a_7c15 ^ (worker + 1).wrapping_mul(0x1000_0001));
     let targets = shared.options.targets.clone();
+    let payload = udp_payload(shared.options.udp_payload_bytes);
     match shared.options.workload {
         workload @ (Workload::Connect | Workload::Udp) => {
             while shared.claim().is_some() {
                 let target = targets[picker.below(targets.len())];
                 let start = Instant::now();
-                let outcome = request_once(workload, target, shared.options.timeout).await;
+                let outcome =
+                    request_once(workload, target, shared.options.timeout, &payload).await;
                 shared.finish(start, outcome);
             }
         }
@@ -325,8 +332,14 @@ async fn open_loop(shared: Arc<Shared>, rate: f64) {
         let shared = shared.clone();
         tasks.spawn(async move {
             let start = Instant::now();
-            let outcome =
-                request_once(shared.options.workload, target, shared.options.timeout).await;
+            let payload = udp_payload(shared.options.udp_payload_bytes);
+            let outcome = request_once(
+                shared.options.workload,
+                target,
+                shared.options.timeout,
+                &payload,
+            )
+            .await;
             shared.finish(start, outcome);
             drop(permit);
         });
@@ -341,11 +354,22 @@ async fn request_once(
     workload: Workload,
     target: SocketAddrV4,
     timeout: Duration,
+    payload: &[u8],
 ) -> Result<(u32, String), String> {
     match workload {
-        Workload::Udp => udp_once(target, timeout).await,
+        Workload::Udp => udp_once(target, timeout, payload).await,
         _ => connect_once(target, timeout).await,
     }
+}
+
+/// A UDP request of `bytes` bytes (`request` padded with dots), the 7 bytes
+/// of `request` for 0, never more than one datagram holds.
+pub fn udp_payload(bytes: usize) -> Vec<u8> {
+    let mut payload = b"request".to_vec();
+    if bytes > 0 {
+        payload.resize(bytes.min(65_507), b'.');
+    }
+    payload
 }
 
 fn elapsed_us(start: Instant) -> u32 {
@@ -392,7 +416,11 @@ async fn connect_once(target: SocketAddrV4, timeout: Duration) -> Result<(u32, S
     }
 }
 
-async fn udp_once(target: SocketAddrV4, timeout: Duration) -> Result<(u32, String), String> {
+async fn udp_once(
+    target: SocketAddrV4,
+    timeout: Duration,
+    payload: &[u8],
+) -> Result<(u32, String), String> {
     let start = Instant::now();
     let socket = UdpSocket::bind("0.0.0.0:0")
         .await
@@ -402,7 +430,7 @@ async fn udp_once(target: SocketAddrV4, timeout: Duration) -> Result<(u32, Strin
         .await
         .map_err(|error| format!("connect {target}: {error}"))?;
     let exchange = async {
-        socket.send(b"request").await?;
+        socket.send(payload).await?;
         let mut buffer = [0u8; 256];
         let length = socket.recv(&mut buffer).await?;
         Ok::<_, std::io::Error>(
@@ -487,6 +515,22 @@ mod tests {
     }
 
     #[test]
+    fn a_udp_request_has_the_size_asked_for_within_one_datagram() {
+        assert_eq!(udp_payload(0), b"request");
+        assert_eq!(udp_payload(4_000).len(), 4_000);
+        assert!(udp_payload(4_000).starts_with(b"request..."));
+        assert_eq!(udp_payload(100_000).len(), 65_507);
+    }
+
+    #[test]
+    fn load_balancer_addresses_of_the_bench_are_targets() {
+        let load_balancer = SocketAddrV4::new(Ipv4Addr::new(10, 97, 0, 1), 80);
+        assert!(check_targets(&[load_balancer]).is_ok());
+        let outside = SocketAddrV4::new(Ipv4Addr::new(10, 98, 0, 1), 80);
+        assert!(check_targets(&[outside]).is_err());
+    }
+
+    #[test]
     fn the_picker_spreads_over_every_target() {
         let mut picker = Picker::new(7);
         let mut seen = [0u32; 10];
@@ -518,6 +562,7 @@ mod tests {
         let answer = udp_once(
             SocketAddrV4::new(Ipv4Addr::LOCALHOST, udp_port),
             Duration::from_secs(2),
+            &udp_payload(4_000),
         )
         .await
         .expect("udp answer");

@@ -13,6 +13,8 @@ mod flatness;
 mod goals;
 mod load;
 mod operator_scale;
+mod parity_cost;
+mod program_stats;
 mod programming;
 mod report;
 mod restart;
@@ -313,6 +315,9 @@ pub struct Plan {
     /// with `--quick`, 100 and 1,000 Services whatever the scales, so the rounds
     /// run end to end (the goal, at 100 and 30,000, is not judged then).
     pub flatness: Option<flatness::FlatnessSettings>,
+    /// The cost of source ranges and fragment tracking (`parity_cost`), in
+    /// rounds of its own at the control scale.
+    pub parity_cost: parity_cost::ParityCostSettings,
     /// Services present during the control-plane measurements.
     pub control_scale: u32,
     pub changes: usize,
@@ -416,6 +421,17 @@ impl Plan {
                     latency_rate: 2_000.0,
                     serve_timeout: Duration::from_secs(180),
                 }
+            },
+            parity_cost: parity_cost::ParityCostSettings {
+                services: control_scale,
+                load_balancers: if quick { 10 } else { 50 },
+                rounds: if quick { 2 } else { 5 },
+                slices: if quick { 1 } else { 2 },
+                slice_duration: if quick {
+                    Duration::from_millis(300)
+                } else {
+                    Duration::from_secs(1)
+                },
             },
             control_scale,
             changes: arguments.changes.unwrap_or(if quick { 3 } else { 200 }),
@@ -538,6 +554,9 @@ fn inside(arguments: RunArguments) -> Result<()> {
             plan.dataplane.latency_rate,
             &plan.node_counts,
         ));
+    }
+    if parts.contains(&"dataplane") {
+        tables.push(goals::cost::table(&summary));
     }
     println!(
         "\n## Summary ({machine}, {})",

@@ -233,6 +233,7 @@ fn restart_disruption(
         rate: Some(plan.restart_rate),
         timeout: Duration::from_secs(3),
         timeline: true,
+        udp_payload_bytes: 0,
     };
     let bench = binaries.bench.clone();
     let load_work = work.to_path_buf();

@@ -87,8 +87,19 @@ impl Running {
     /// holds (Services, EndpointSlices and this node's DataplaneNode): a node with
     /// a Service count of its own while the API server holds another.
     pub fn start_standalone(binaries: &Binaries, work: &Path, manifests: &Path) -> Result<Self> {
+        Self::start_standalone_as(System::Switchyard, binaries, work, manifests)
+    }
+
+    /// [`start_standalone`](Self::start_standalone) as `system` (`switchyard`
+    /// or `switchyard-tc-only`: with or without the socket hooks).
+    pub fn start_standalone_as(
+        system: System,
+        binaries: &Binaries,
+        work: &Path,
+        manifests: &Path,
+    ) -> Result<Self> {
         Self::start_with(
-            System::Switchyard,
+            system,
             binaries,
             work,
             // kube-proxy's sync period: unused by the agent.

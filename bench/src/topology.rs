@@ -16,6 +16,9 @@ use crate::error::{Error, Result};
 
 /// The Services' ClusterIPs are taken from here (the API server's service range).
 pub const SERVICE_NETWORK: (Ipv4Addr, u32) = (Ipv4Addr::new(10, 96, 0, 0), 16);
+/// Load-balancer ingress addresses of the bench's LoadBalancer Services
+/// (`parity_cost`): the bench's own, routed nowhere but to the node.
+pub const LOAD_BALANCER_NETWORK: (Ipv4Addr, u32) = (Ipv4Addr::new(10, 97, 0, 0), 16);
 /// Pods' addresses.
 pub const POD_NETWORK: (Ipv4Addr, u32) = (Ipv4Addr::new(10, 244, 0, 0), 16);
 /// The outer namespace's end of the node's uplink (the API server's address).

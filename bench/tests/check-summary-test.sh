@@ -33,6 +33,12 @@ measured() {
     measured dataplane "$system" 100 new-connections-per-second 1/s
     row dataplane "$system" 100 failed-operations 0 operations
   done
+  for system in switchyard switchyard-tc-only; do
+    measured program-cpu "$system" 100 ns-per-connection ns
+    row program-cpu "$system" 100 sy_ingress_pod-verified-instructions 4242 instructions
+    measured parity-cost "$system" 100 with-source-ranges-over-without-same-round percent
+    row parity-cost "$system" 100 failed-operations 0 operations
+  done
   for scale in 100 1000; do
     measured latency-flatness switchyard "$scale" fixed-rate-connect-latency-p99 us
     row latency-flatness switchyard "$scale" failed-connections 0 connections
@@ -85,6 +91,12 @@ derive restart-only-failed-kube-proxy \
   '[.[] | select(.name != "restart-disruption")] + [{name: "restart-disruption", system: "kube-proxy-iptables-legacy", scale: 100, metric: "failed-to-measure", value: 3, unit: "runs"}]'
 derive operator-missing '[.[] | select(.name != "operator-transition")]'
 derive value-is-text '.[0].value = "fast"'
+derive program-cpu-missing '[.[] | select(.name != "program-cpu")]'
+derive program-cpu-failed \
+  '. + [{name: "program-cpu", system: "switchyard", scale: 100, metric: "failed-to-measure", value: 1, unit: "rounds"}]'
+derive parity-cost-missing '[.[] | select(.name != "parity-cost")]'
+derive parity-cost-failed \
+  '. + [{name: "parity-cost", system: "switchyard-tc-only", scale: 100, metric: "failed-to-measure", value: 1, unit: "configurations"}]'
 
 accepts "a summary whose every measurement was taken is accepted" well-formed
 accepts "a summary in which kube-proxy with iptables-nft could not serve is accepted" nft-could-not-serve
@@ -106,5 +118,19 @@ accepts "a summary without the operator transition is accepted when the run left
   operator-missing --parts dataplane,control
 refuses "a summary with a value that is not a number is refused" \
   value-is-text "is not a flat list"
+refuses "a summary without the programs' CPU per connection is refused" \
+  program-cpu-missing "failed to find any measured 'program-cpu'"
+accepts "a summary without the programs' CPU is accepted when the run measured no Switchyard configuration" \
+  program-cpu-missing --systems direct,kube-proxy-iptables-legacy
+refuses "a summary without the programs' CPU is refused when only switchyard-tc-only was measured" \
+  program-cpu-missing "failed to find any measured 'program-cpu'" --systems switchyard-tc-only,direct
+refuses "a summary whose programs' CPU could not be read is refused" \
+  program-cpu-failed "program-cpu of switchyard at scale 100: 1 rounds failed"
+refuses "a summary without the cost of source ranges and fragments is refused" \
+  parity-cost-missing "failed to find any measured 'parity-cost'"
+refuses "a summary whose parity cost could not be measured in one configuration is refused" \
+  parity-cost-failed "parity-cost of switchyard-tc-only at scale 100: 1 configurations failed"
+accepts "a summary without the parity cost is accepted when the run left the data plane out" \
+  parity-cost-missing --parts control,operator
 
 expect_summary check-summary-test

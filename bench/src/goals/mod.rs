@@ -1,6 +1,8 @@
 //! The goals, checked against what was measured: met, missed, or not
 //! measured at this size. Pure.
 
+pub mod cost;
+
 use crate::cold_start;
 use crate::flatness;
 use crate::operator_scale;
