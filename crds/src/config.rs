@@ -202,18 +202,24 @@ pub struct RolloutSpec {
     #[schemars(range(min = 0, max = 86400))]
     pub drain_timeout_seconds: i64,
 
-    /// Which nodes switch to eBPF first and how long switched nodes are watched (their
-    /// disruption signals compared with their own baseline) before more nodes switch.
-    #[serde(default)]
-    pub canary: CanarySpec,
+    /// Opt-in canary: which nodes switch to eBPF first and how long switched nodes are watched
+    /// (their disruption signals compared with their own baseline) before more nodes switch.
+    /// Absent: no canary, no soak and no wait for disruption signals; nodes switch in batches
+    /// of `maxUnavailable`. Given, even as `{}`: one canary node soaking 60 s. Opt-in until the
+    /// canary path is proven end to end (`make e2e-canary`); then one canary of 60 s becomes
+    /// the default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canary: Option<CanarySpec>,
 
-    /// How much worse than its own baseline under kube-proxy a switched node may get.
+    /// How much worse than its own baseline under kube-proxy a switched node may get. Read
+    /// only when `canary` is set.
     #[serde(default)]
     pub disruption_budget: DisruptionBudget,
 
     /// What happens when a switched node exceeds the disruption budget: `Rollback` (the nodes
     /// over budget go back to kube-proxy, and the transition does not start again until the
     /// spec changes) or `Halt` (the transition holds until the node is back within budget).
+    /// Read only when `canary` is set.
     #[serde(default)]
     pub on_budget_exceeded: BudgetExceededAction,
 }
@@ -225,7 +231,7 @@ impl Default for RolloutSpec {
             node_ready_timeout_seconds: default_node_ready_timeout_seconds(),
             max_failed_nodes: 0,
             drain_timeout_seconds: default_drain_timeout_seconds(),
-            canary: CanarySpec::default(),
+            canary: None,
             disruption_budget: DisruptionBudget::default(),
             on_budget_exceeded: BudgetExceededAction::default(),
         }

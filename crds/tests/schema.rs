@@ -268,10 +268,31 @@ fn spec_defaults_are_in_the_schema_so_the_api_server_applies_them() {
 }
 
 #[test]
-fn canary_defaults_and_ranges_are_in_the_schema_so_older_objects_get_them() {
+fn the_canary_is_opt_in_and_its_fields_default_only_inside_a_given_canary() {
     let schema = schema_of("DataplaneConfig");
     let rollout_default = &at(&schema, &["spec", "rollout"])["default"];
-    assert_eq!(rollout_default["canary"]["soakSeconds"], 60);
+    // Opt-in: the server must not add a canary to a spec that has none.
+    assert!(
+        rollout_default.get("canary").is_none(),
+        "the rollout default has no canary: {rollout_default}"
+    );
+    assert!(
+        at(&schema, &["spec", "rollout", "canary"])
+            .get("default")
+            .is_none(),
+        "rollout.canary has no default of its own"
+    );
+    // Control: a canary given as `{}` gets its soak from the schema.
+    assert_eq!(
+        at(&schema, &["spec", "rollout", "canary", "soakSeconds"])["default"],
+        60
+    );
+}
+
+#[test]
+fn canary_budget_defaults_and_ranges_are_in_the_schema_so_older_objects_get_them() {
+    let schema = schema_of("DataplaneConfig");
+    let rollout_default = &at(&schema, &["spec", "rollout"])["default"];
     assert_eq!(rollout_default["onBudgetExceeded"], "Rollback");
     assert_eq!(
         rollout_default["disruptionBudget"]["failedConnectsPerMinute"],

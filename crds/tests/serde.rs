@@ -40,8 +40,7 @@ fn a_minimal_dataplane_config_gets_every_default() {
 }
 
 #[test]
-fn a_dataplane_config_written_before_canaries_existed_gets_a_one_node_canary_a_minute_of_soak_and_rollback(
-) {
+fn a_dataplane_config_written_before_canaries_existed_gets_no_canary_and_the_budget_defaults() {
     let config: DataplaneConfig = serde_json::from_value(json!({
         "apiVersion": "switchyard.dev/v1alpha1",
         "kind": "DataplaneConfig",
@@ -50,14 +49,7 @@ fn a_dataplane_config_written_before_canaries_existed_gets_a_one_node_canary_a_m
     }))
     .expect("an older DataplaneConfig deserializes");
     let rollout = &config.spec.rollout;
-    assert_eq!(rollout.canary, CanarySpec::default());
-    assert_eq!(rollout.canary.count, None, "absent: one node");
-    assert_eq!(rollout.canary.node_selector, None);
-    assert_eq!(rollout.canary.soak_seconds, 60);
-    assert_eq!(
-        rollout.canary.batch_soak_seconds, None,
-        "absent: a third of the soak"
-    );
+    assert_eq!(rollout.canary, None, "the canary is opt-in");
     assert_eq!(rollout.disruption_budget, DisruptionBudget::default());
     assert_eq!(rollout.disruption_budget.failed_connects_per_minute, 30);
     assert_eq!(rollout.disruption_budget.failed_connects_percent, 100);
@@ -70,6 +62,51 @@ fn a_dataplane_config_written_before_canaries_existed_gets_a_one_node_canary_a_m
         IntOrString::Int(2),
         "the fields it had are kept"
     );
+}
+
+#[test]
+fn a_canary_given_as_an_empty_object_is_one_node_soaking_a_minute() {
+    let config: DataplaneConfig = serde_json::from_value(json!({
+        "apiVersion": "switchyard.dev/v1alpha1",
+        "kind": "DataplaneConfig",
+        "metadata": { "name": "default" },
+        "spec": { "mode": "Ebpf", "rollout": { "canary": {} } }
+    }))
+    .expect("a DataplaneConfig with an empty canary deserializes");
+    let canary = config
+        .spec
+        .rollout
+        .canary
+        .expect("an empty canary is a canary");
+    assert_eq!(canary, CanarySpec::default());
+    assert_eq!(canary.count, None, "absent: one node");
+    assert_eq!(canary.node_selector, None);
+    assert_eq!(canary.soak_seconds, 60);
+    assert_eq!(
+        canary.batch_soak_seconds, None,
+        "absent: a third of the soak"
+    );
+}
+
+#[test]
+fn a_spec_without_a_canary_is_written_without_one() {
+    let config: DataplaneConfig = serde_json::from_value(json!({
+        "apiVersion": "switchyard.dev/v1alpha1",
+        "kind": "DataplaneConfig",
+        "metadata": { "name": "default" },
+        "spec": { "mode": "Ebpf" }
+    }))
+    .expect("a minimal DataplaneConfig deserializes");
+    let written = serde_json::to_value(&config).expect("serializes");
+    assert!(
+        written["spec"]["rollout"].get("canary").is_none(),
+        "no canary written: {written}"
+    );
+    // Control: a canary given is written back.
+    let mut with_canary = config;
+    with_canary.spec.rollout.canary = Some(CanarySpec::default());
+    let written = serde_json::to_value(&with_canary).expect("serializes");
+    assert_eq!(written["spec"]["rollout"]["canary"]["soakSeconds"], 60);
 }
 
 #[test]
@@ -89,17 +126,17 @@ fn canary_budget_and_action_fields_are_read_as_written_and_an_unknown_action_is_
     }))
     .expect("deserializes");
     let rollout = &config.spec.rollout;
+    let canary = rollout.canary.as_ref().expect("the canary given");
     assert_eq!(
-        rollout
-            .canary
+        canary
             .node_selector
             .as_ref()
             .and_then(|labels| labels.get("switchyard.dev/canary"))
             .map(String::as_str),
         Some("true")
     );
-    assert_eq!(rollout.canary.soak_seconds, 300);
-    assert_eq!(rollout.canary.batch_soak_seconds, Some(30));
+    assert_eq!(canary.soak_seconds, 300);
+    assert_eq!(canary.batch_soak_seconds, Some(30));
     assert_eq!(rollout.disruption_budget.failed_connects_per_minute, 5);
     assert_eq!(
         rollout.disruption_budget.resets_per_minute, 30,

@@ -9,8 +9,8 @@ mod support;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use support::{at, dataplane_node, Report};
 use switchyard_crds::{
-    ConnectionSignals, DataplaneConfig, DataplaneConfigSpec, DataplaneMode, DataplaneNodeSpec,
-    DisruptionReport, ServiceSignals, SignalWindow,
+    CanarySpec, ConnectionSignals, DataplaneConfig, DataplaneConfigSpec, DataplaneMode,
+    DataplaneNodeSpec, DisruptionReport, ServiceSignals, SignalWindow,
 };
 use switchyard_operator::planner::{
     plan, AgentDaemonSet, KubeProxyDaemonSet, ObservedCluster, ObservedNode, ObservedPod,
@@ -135,13 +135,12 @@ fn main() {
     halted_cluster.nodes[0] = node("node-1", Ebpf, false, true);
     let mut over_budget_cluster = on_kube_proxy();
     over_budget_cluster.nodes[0] = over_budget_canary("node-1");
+    // The canary is opt-in: `canary: {}`, its defaults.
+    let mut with_canary = config("default", Ebpf);
+    with_canary.spec.rollout.canary = Some(CanarySpec::default());
     let situations = vec![
         ("activating", config("default", Ebpf), on_kube_proxy()),
-        (
-            "canary-over-budget",
-            config("default", Ebpf),
-            over_budget_cluster,
-        ),
+        ("canary-over-budget", with_canary, over_budget_cluster),
         ("halted", config("default", Ebpf), halted_cluster),
         ("ignored", config("other", Ebpf), on_kube_proxy()),
         ("invalid", invalid, on_kube_proxy()),

@@ -176,10 +176,12 @@ impl CanaryGate {
 }
 
 impl<'a> Context<'a> {
-    /// Whether switched nodes are watched now: toward `Ebpf`, while kube-proxy still serves the
-    /// cluster (a node over budget can go back to it) and has not come back after leaving.
+    /// Whether switched nodes are watched now: the spec asks for a canary (it is opt-in), toward
+    /// `Ebpf`, while kube-proxy still serves the cluster (a node over budget can go back to it)
+    /// and has not come back after leaving.
     fn canary_applies(&self) -> bool {
-        self.settings.mode == DataplaneMode::Ebpf
+        self.settings.canary.is_some()
+            && self.settings.mode == DataplaneMode::Ebpf
             && !self.kube_proxy_gone
             && !self
                 .observed
@@ -191,10 +193,16 @@ impl<'a> Context<'a> {
 
     /// The canary rules on this snapshot.
     pub(super) fn canary_gate(&self) -> CanaryGate {
-        if !self.canary_applies() {
+        // Without `rollout.canary` the gate stays open: batches of maxUnavailable, no soak, no
+        // wait for disruption signals, as before canaries existed.
+        let Some(canary_settings) = self
+            .settings
+            .canary
+            .as_ref()
+            .filter(|_| self.canary_applies())
+        else {
             return CanaryGate::open(self.facts.len());
-        }
-        let canary_settings = &self.settings.canary;
+        };
         let told: Vec<bool> = self
             .facts
             .iter()
@@ -233,7 +241,7 @@ impl<'a> Context<'a> {
                 } else {
                     canary_settings.batch_soak_seconds
                 };
-                self.verdict(node, soak)
+                self.verdict(node, soak, &canary_settings.budget)
             })
             .collect();
         let watched = verdicts.iter().any(Verdict::watched);
@@ -280,8 +288,8 @@ impl<'a> Context<'a> {
         }
     }
 
-    /// One node's verdict, with `soak_seconds` of soak.
-    fn verdict(&self, node: &NodeFacts, soak_seconds: i64) -> Verdict {
+    /// One node's verdict, with `soak_seconds` of soak, judged against `budget`.
+    fn verdict(&self, node: &NodeFacts, soak_seconds: i64, budget: &DisruptionBudget) -> Verdict {
         if !node.serving_from_ebpf() {
             return Verdict::NotWatched;
         }
@@ -308,7 +316,7 @@ impl<'a> Context<'a> {
             .as_ref()
             .filter(|window| window.end > window.start && window.start + tolerance >= switched_at);
         if let (Some(baseline), Some(current)) = (baseline, current) {
-            let evidence = over_budget(node.name, baseline, current, &self.settings.canary.budget);
+            let evidence = over_budget(node.name, baseline, current, budget);
             if !evidence.is_empty() {
                 return Verdict::OverBudget(evidence);
             }
@@ -332,7 +340,6 @@ impl<'a> Context<'a> {
                     probes: Default::default(),
                     services: Vec::new(),
                 };
-                let budget = &self.settings.canary.budget;
                 let evidence = over_budget(node.name, &nothing_before, current, budget);
                 return if evidence.is_empty() {
                     Verdict::PassedWithoutBaseline
@@ -371,7 +378,9 @@ impl<'a> Context<'a> {
         let rolling_back = recorded
             .is_some_and(|recorded| recorded.action == BudgetExceededAction::Rollback)
             || (!new_evidence.is_empty()
-                && self.settings.canary.on_budget_exceeded == BudgetExceededAction::Rollback);
+                && self.settings.canary.as_ref().is_some_and(|canary| {
+                    canary.on_budget_exceeded == BudgetExceededAction::Rollback
+                }));
         if rolling_back {
             let record = self.record(BudgetExceededAction::Rollback, new_evidence);
             return Some(self.roll_back(desired, record));
@@ -414,7 +423,9 @@ impl<'a> Context<'a> {
             decision.degraded = Some((reasons::DISRUPTION_SIGNALS_MISSING, message));
             return Some(decision);
         }
-        if let CanaryNodes::Selector(selector) = &self.settings.canary.canaries {
+        if let Some(CanaryNodes::Selector(selector)) =
+            self.settings.canary.as_ref().map(|canary| &canary.canaries)
+        {
             if self.canary_applies() && !gate.canary.iter().any(|canary| *canary) {
                 let labels: Vec<String> = selector
                     .iter()
@@ -577,13 +588,15 @@ impl<'a> Context<'a> {
             ),
             (&untold_canaries, "canary node(s) {} go first"),
         ]);
-        if let (Admission::Only { limit: Some(_), .. }, CanaryNodes::Count(count)) =
-            (&gate.admission, &self.settings.canary.canaries)
+        if let (Admission::Only { limit: Some(_), .. }, Some(canary)) =
+            (&gate.admission, self.settings.canary.as_ref())
         {
-            parts.push(format!(
-                "canaries go first (rollout.canary.count {count}, soak {}s)",
-                self.settings.canary.soak_seconds
-            ));
+            if let CanaryNodes::Count(count) = canary.canaries {
+                parts.push(format!(
+                    "canaries go first (rollout.canary.count {count}, soak {}s)",
+                    canary.soak_seconds
+                ));
+            }
         }
         if gate.admission == Admission::Nothing && soaking.is_empty() && waiting.is_empty() {
             parts.push("the next batch waits for every canary to serve and pass its soak".into());

@@ -22,7 +22,9 @@ pub(crate) struct Settings {
     pub(crate) node_ready_timeout_seconds: i64,
     pub(crate) max_failed_nodes: usize,
     pub(crate) drain_timeout_seconds: i64,
-    pub(crate) canary: CanarySettings,
+    /// `None`: no canary (`rollout.canary` absent; it is opt-in), the transition as before
+    /// canaries existed.
+    pub(crate) canary: Option<CanarySettings>,
 }
 
 /// Which nodes go first, how long switched nodes soak, and the disruption budget.
@@ -64,11 +66,17 @@ impl Settings {
         }
         let max_failed_nodes = usize::try_from(rollout.max_failed_nodes)
             .map_err(|_| invalid("rollout.maxFailedNodes", "must not be negative"))?;
-        let canary = CanarySettings::from_spec(
-            &rollout.canary,
-            &rollout.disruption_budget,
-            rollout.on_budget_exceeded,
-        )?;
+        let canary = rollout
+            .canary
+            .as_ref()
+            .map(|canary| {
+                CanarySettings::from_spec(
+                    canary,
+                    &rollout.disruption_budget,
+                    rollout.on_budget_exceeded,
+                )
+            })
+            .transpose()?;
         Ok(Self {
             mode: spec.mode,
             paused: spec.paused,

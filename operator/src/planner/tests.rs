@@ -251,10 +251,7 @@ fn an_already_absent_kube_proxy_daemon_set_is_said_and_does_not_block_activation
 
 #[test]
 fn activation_switches_at_most_max_unavailable_nodes_at_a_time() {
-    let mut config = with_max_unavailable(ebpf_config(), IntOrString::Int(2));
-    // Three canaries: only maxUnavailable limits the first batch (the default canary of one
-    // node would; see tests/canary.rs).
-    config.spec.rollout.canary.count = Some(3);
+    let config = with_max_unavailable(ebpf_config(), IntOrString::Int(2));
     let plan = plan(Some(&config), &three_kube_proxy_nodes());
     assert_eq!(
         written_modes(&plan),
@@ -269,9 +266,7 @@ fn activation_switches_at_most_max_unavailable_nodes_at_a_time() {
 
 #[test]
 fn max_unavailable_as_a_percentage_rounds_up() {
-    let mut config = with_max_unavailable(ebpf_config(), IntOrString::String("34%".into()));
-    // Three canaries: only maxUnavailable limits the first batch.
-    config.spec.rollout.canary.count = Some(3);
+    let config = with_max_unavailable(ebpf_config(), IntOrString::String("34%".into()));
     let plan = plan(Some(&config), &three_kube_proxy_nodes());
     // 34% of 3 nodes is 1.02: two nodes.
     assert_eq!(plan.dataplane_nodes.len(), 2);

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use proptest::prelude::*;
 use switchyard_crds::{
-    condition_types as types, reasons, BudgetExceededAction, BudgetedSignal, ConditionStatus,
-    DataplaneConfig,
+    condition_types as types, reasons, BudgetExceededAction, BudgetedSignal, CanarySpec,
+    ConditionStatus, DataplaneConfig,
     DataplaneMode::{Ebpf, KubeProxy},
     DataplanePhase, DisruptionBudget, DisruptionReport, ServiceSignals, SignalWindow,
 };
@@ -70,9 +70,21 @@ fn four_kube_proxy_nodes() -> ObservedCluster {
     )
 }
 
-/// Toward Ebpf, two nodes at a time, the default canary of one node and a minute of soak.
+/// Toward Ebpf, two nodes at a time, with `canary: {}`: the canary's defaults, one node and a
+/// minute of soak (the canary is opt-in).
 fn canary_config() -> DataplaneConfig {
-    with_max_unavailable(config(Ebpf), IntOrString::Int(2))
+    let mut config = with_max_unavailable(config(Ebpf), IntOrString::Int(2));
+    config.spec.rollout.canary = Some(CanarySpec::default());
+    config
+}
+
+/// The spec's canary, given as `{}` first if it had none.
+fn canary_mut(config: &mut DataplaneConfig) -> &mut CanarySpec {
+    config
+        .spec
+        .rollout
+        .canary
+        .get_or_insert_with(CanarySpec::default)
 }
 
 /// node-1, the canary, switched at `switched` and measured: `failed_connects` failed connects
@@ -112,6 +124,126 @@ fn activated(plan: &Plan) -> Vec<&str> {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Opt-in: no canary, the transition as before canaries existed
+// ---------------------------------------------------------------------------------------------
+
+/// Four nodes toward Ebpf, two at a time; node-1 told `Ebpf` and serving since `switched`,
+/// its agent reporting a baseline but no window after the switch (signals the canary would
+/// wait for).
+fn one_switched_node_with_a_baseline_only(switched: i64) -> ObservedCluster {
+    let mut cluster = four_kube_proxy_nodes();
+    let node = node_mut(&mut cluster, "node-1");
+    switch(node, switched);
+    measure(node, Some(baseline_before(switched, 0)), None);
+    cluster
+}
+
+/// Every node told `Ebpf` and serving since 10 s ago, measured, within budget.
+fn every_node_switched_just_now() -> ObservedCluster {
+    let mut cluster = four_kube_proxy_nodes();
+    for index in 1..=4 {
+        let node = node_mut(&mut cluster, &format!("node-{index}"));
+        switch(node, -10);
+        measure(node, Some(baseline_before(-10, 0)), Some(window(-10, 0, 0)));
+    }
+    cluster
+}
+
+#[test]
+fn a_transition_without_a_canary_never_waits_for_disruption_signals() {
+    let without_canary = with_max_unavailable(config(Ebpf), IntOrString::Int(2));
+    assert_eq!(without_canary.spec.rollout.canary, None);
+    let with_empty_canary = canary_config();
+    assert_eq!(
+        with_empty_canary.spec.rollout.canary,
+        Some(CanarySpec::default()),
+        "control: `canary: {{}}`"
+    );
+
+    // The first batch: maxUnavailable nodes, not one canary.
+    let first = checked_plan(&without_canary, &four_kube_proxy_nodes());
+    assert_eq!(activated(&first), ["node-1", "node-2"]);
+    let first_with_canary = checked_plan(&with_empty_canary, &four_kube_proxy_nodes());
+    assert_eq!(activated(&first_with_canary), ["node-1"], "control");
+
+    // Right after the switch (a canary would soak) and long after it, past the signals' bound
+    // (a canary would halt with DisruptionSignalsMissing): the next batch goes.
+    for switched in [-10, -10_000] {
+        let cluster = one_switched_node_with_a_baseline_only(switched);
+        let plan = checked_plan(&without_canary, &cluster);
+        assert_eq!(
+            activated(&plan),
+            ["node-2", "node-3"],
+            "switched at {switched}: {}",
+            message(&plan)
+        );
+        assert_eq!(phase(&plan), DataplanePhase::ActivatingNodes);
+        for canary_word in ["soak", "disruption signals", "canar"] {
+            assert!(
+                !message(&plan).contains(canary_word),
+                "switched at {switched}: {}",
+                message(&plan)
+            );
+        }
+        // The only deadline: nodeReadyTimeoutSeconds of the nodes just told (no soak's end).
+        assert_eq!(
+            plan.requeue_after,
+            Some(std::time::Duration::from_secs(300)),
+            "switched at {switched}"
+        );
+
+        let control = checked_plan(&with_empty_canary, &cluster);
+        assert!(
+            activated(&control).is_empty(),
+            "control, switched at {switched}: {}",
+            message(&control)
+        );
+        assert!(
+            message(&control).contains("soaking node-1")
+                || message(&control).contains("disruption signals"),
+            "control, switched at {switched}: {}",
+            message(&control)
+        );
+    }
+
+    // Every node serves from eBPF: kube-proxy goes at once, no last soak.
+    let cluster = every_node_switched_just_now();
+    let plan = checked_plan(&without_canary, &cluster);
+    assert_eq!(phase(&plan), DataplanePhase::DisablingKubeProxy);
+    assert_ne!(plan.kube_proxy, KubeProxyAction::None);
+    let control = checked_plan(&with_empty_canary, &cluster);
+    assert_eq!(phase(&control), DataplanePhase::ActivatingNodes, "control");
+    assert_eq!(control.kube_proxy, KubeProxyAction::None, "control");
+}
+
+#[test]
+fn budget_fields_without_a_canary_are_not_read() {
+    let mut config = with_max_unavailable(config(Ebpf), IntOrString::Int(2));
+    // Never judged without a canary, so not refused either.
+    config
+        .spec
+        .rollout
+        .disruption_budget
+        .failed_connects_percent = -1;
+    let plan = checked_plan(&config, &four_kube_proxy_nodes());
+    assert_eq!(activated(&plan), ["node-1", "node-2"], "{}", message(&plan));
+
+    canary_mut(&mut config);
+    let control = checked_plan(&config, &four_kube_proxy_nodes());
+    assert!(
+        activated(&control).is_empty(),
+        "control: refused with a canary"
+    );
+    assert!(
+        condition_of(&control, types::DEGRADED)
+            .message
+            .contains("rollout.disruptionBudget.failedConnectsPercent"),
+        "{}",
+        condition_of(&control, types::DEGRADED).message
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
 // Canaries first
 // ---------------------------------------------------------------------------------------------
 
@@ -129,7 +261,7 @@ fn the_first_plan_switches_only_the_one_canary_although_max_unavailable_allows_t
 #[test]
 fn a_canary_count_of_three_switches_three_nodes_first_within_max_unavailable() {
     let mut config = canary_config();
-    config.spec.rollout.canary.count = Some(3);
+    canary_mut(&mut config).count = Some(3);
     let plan = checked_plan(&config, &four_kube_proxy_nodes());
     assert_eq!(
         activated(&plan),
@@ -198,7 +330,7 @@ fn later_batches_soak_a_third_of_the_canary_soak_by_default_or_batch_soak_second
     assert_eq!(plan.requeue_after, Some(std::time::Duration::from_secs(5)));
 
     let mut config = canary_config();
-    config.spec.rollout.canary.batch_soak_seconds = Some(10);
+    canary_mut(&mut config).batch_soak_seconds = Some(10);
     let plan = checked_plan(&config, &cluster);
     assert_eq!(
         activated(&plan),
@@ -411,7 +543,7 @@ fn numbers_beyond_the_schemas_ranges_neither_panic_nor_trip() {
     assert!(!failed_connects_over(0, i64::MAX / 60, &huge));
     assert!(!failed_connects_over(i64::MAX / 600, i64::MAX / 600, &huge));
     let mut config = canary_config();
-    config.spec.rollout.canary.soak_seconds = i64::MAX;
+    canary_mut(&mut config).soak_seconds = i64::MAX;
     config.spec.rollout.node_ready_timeout_seconds = i64::MAX;
     let plan = checked_plan(&config, &canary_measured(-61, 0));
     assert!(
@@ -839,7 +971,7 @@ fn a_shorter_soak_set_during_the_soak_applies_at_once() {
     let soaking = checked_plan(&canary_config(), &cluster);
     assert!(soaking.dataplane_nodes.is_empty());
     let mut changed = canary_config();
-    changed.spec.rollout.canary.soak_seconds = 30;
+    canary_mut(&mut changed).soak_seconds = 30;
     changed.metadata.generation = Some(2);
     let plan = checked_plan(&changed, &cluster);
     assert_eq!(activated(&plan), ["node-2", "node-3"]);
@@ -872,7 +1004,7 @@ fn labelled(mut cluster: ObservedCluster, names: &[&str]) -> ObservedCluster {
 
 fn selector_config() -> DataplaneConfig {
     let mut config = canary_config();
-    config.spec.rollout.canary.node_selector = Some(BTreeMap::from([(
+    canary_mut(&mut config).node_selector = Some(BTreeMap::from([(
         "switchyard.dev/canary".to_owned(),
         "true".to_owned(),
     )]));
@@ -922,13 +1054,13 @@ type BreakSpec = fn(&mut DataplaneConfig);
 fn invalid_canary_settings_change_nothing_and_say_which_field_is_wrong() {
     let cases: [(&str, BreakSpec); 5] = [
         ("rollout.canary.count", |config| {
-            config.spec.rollout.canary.count = Some(0)
+            canary_mut(config).count = Some(0)
         }),
         ("rollout.canary.soakSeconds", |config| {
-            config.spec.rollout.canary.soak_seconds = -1
+            canary_mut(config).soak_seconds = -1
         }),
         ("rollout.canary.batchSoakSeconds", |config| {
-            config.spec.rollout.canary.batch_soak_seconds = Some(-5)
+            canary_mut(config).batch_soak_seconds = Some(-5)
         }),
         ("rollout.disruptionBudget.failedConnectsPercent", |config| {
             config
@@ -938,8 +1070,8 @@ fn invalid_canary_settings_change_nothing_and_say_which_field_is_wrong() {
                 .failed_connects_percent = -1
         }),
         ("rollout.canary", |config| {
-            config.spec.rollout.canary.count = Some(1);
-            config.spec.rollout.canary.node_selector =
+            canary_mut(config).count = Some(1);
+            canary_mut(config).node_selector =
                 Some(BTreeMap::from([("a".to_owned(), "b".to_owned())]));
         }),
     ];
@@ -1111,8 +1243,8 @@ proptest! {
             }
         }
         let mut config = with_max_unavailable(config(Ebpf), IntOrString::Int(max_unavailable));
-        config.spec.rollout.canary.count = Some(canaries);
-        config.spec.rollout.canary.soak_seconds = soak;
+        canary_mut(&mut config).count = Some(canaries);
+        canary_mut(&mut config).soak_seconds = soak;
         config.spec.rollout.disruption_budget.failed_connects_per_minute = absolute;
         config.spec.rollout.disruption_budget.failed_connects_percent = percent;
         config.spec.rollout.on_budget_exceeded =
