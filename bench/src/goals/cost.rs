@@ -66,10 +66,23 @@ pub fn table(summary: &Summary) -> Table {
     table
 }
 
+/// The rounds' pairs, and whether they spread wider than the cost judged (on
+/// a busy machine they do: the verdict then rests on the median alone).
 fn pairs(spread: &Spread) -> String {
+    let wide = spread.max - spread.min > 2.0 * ALLOWED_COST_PERCENT;
     format!(
-        "same-round pairs median {:.1}% ({:.1}-{:.1}%)",
-        spread.median, spread.min, spread.max
+        "same-round pairs median {:.1}% ({:.1}-{:.1}%){}",
+        spread.median,
+        spread.min,
+        spread.max,
+        if wide {
+            format!(
+                " [pairs spread over {:.0} points, wider than the {ALLOWED_COST_PERCENT:.0}% judged: not conclusive]",
+                spread.max - spread.min
+            )
+        } else {
+            String::new()
+        }
     )
 }
 

@@ -41,8 +41,14 @@ fn source_ranges_are_judged_on_the_median_of_the_same_round_pairs() {
         tc_only.ends_with("| met |") || tc_only.contains("| met "),
         "{text}"
     );
+    // Pairs within 3 points of each other settle it; 11 points apart they do not.
+    assert!(!tc_only.contains("not conclusive"), "{text}");
     let installed = goal_line(&text, "as installed: the connect hook");
     assert!(installed.contains("MISSED"), "{text}");
+    assert!(
+        installed.contains("pairs spread over 11 points, wider than the 3% judged: not conclusive"),
+        "{text}"
+    );
 }
 
 #[test]
