@@ -21,7 +21,7 @@ use aya::{
     programs::{
         links::{CgroupAttachMode, FdLink},
         tc::{self, NlOptions, SchedClassifierLink, TcAttachOptions, TcHandle},
-        CgroupSock, CgroupSockAddr, LinkOrder, ProgramError, ProgramFd, SchedClassifier,
+        CgroupSock, CgroupSockAddr, LinkOrder, ProgramError, ProgramFd, SchedClassifier, SockOps,
         TcAttachType,
     },
     Ebpf,
@@ -383,6 +383,35 @@ pub(crate) fn attach_socket_hooks(
         },
     )?);
     Ok(outcomes)
+}
+
+/// The `sock_ops` program counting the connection signals: on the same cgroup
+/// as the socket hooks, but attached at load, whatever the node's dataplane
+/// (it counts and translates nothing).
+pub(crate) const CONNECTION_SIGNALS_HOOK: SocketHook = SocketHook {
+    program: program_names::SOCK_OPS,
+    hook: "sock_ops",
+};
+
+/// Attaches (or keeps) the `sock_ops` program on `cgroup`, like a socket hook.
+pub(crate) fn attach_connection_signals(
+    ebpf: &mut Ebpf,
+    settings: &LoaderSettings,
+    cgroup: &Path,
+) -> Result<AttachOutcome, Error> {
+    let target = cgroup.display().to_string();
+    let program: &mut SockOps = program_mut(ebpf, CONNECTION_SIGNALS_HOOK.program)?;
+    let program_fd = owned_program_fd(program.fd(), &CONNECTION_SIGNALS_HOOK, &target)?;
+    attach_cgroup_hook(
+        settings,
+        cgroup,
+        &CONNECTION_SIGNALS_HOOK,
+        program_fd,
+        |cgroup_file| {
+            let link_id = program.attach(cgroup_file, CgroupAttachMode::Single)?;
+            Ok(FdLink::try_from(program.take_link(link_id)?)?)
+        },
+    )
 }
 
 /// A descriptor of the program's own: `attach_cgroup_hook` needs it while its

@@ -32,7 +32,7 @@ pub mod udp_sockets;
 use std::path::{Path, PathBuf};
 
 use aya::{
-    programs::{CgroupSock, CgroupSockAddr, SchedClassifier},
+    programs::{CgroupSock, CgroupSockAddr, SchedClassifier, SockOps},
     Ebpf, EbpfLoader,
 };
 use switchyard_common::{map_names, program_names, SCHEMA_VERSION};
@@ -327,6 +327,24 @@ impl Datapath {
         program.load().map_err(|error| load_error(name, error))?;
         add_identity(program_identity(program.fd(), name)?);
         pin_program(program.fd(), &programs_directory, name)?;
+        let name = attach::CONNECTION_SIGNALS_HOOK.program;
+        let program: &mut SockOps = program_mut(&mut ebpf, name)?;
+        program.load().map_err(|error| load_error(name, error))?;
+        add_identity(program_identity(program.fd(), name)?);
+        pin_program(program.fd(), &programs_directory, name)?;
+        // Counting only, so attached at once, whatever the node's dataplane: a
+        // node still on kube-proxy measures its baseline with it.
+        if let Some(cgroup) = &settings.cgroup_path {
+            match attach::attach_connection_signals(&mut ebpf, &settings, cgroup) {
+                Ok(outcome) => tracing::debug!(?outcome, "connection signals attached"),
+                // The datapath works without it; the agent reports the
+                // connection signals as not measured.
+                Err(error) => tracing::warn!(
+                    error = %error_chain(&error),
+                    "cannot attach the sock_ops program: the connection signals are not measured"
+                ),
+            }
+        }
         let conntrack_expiry = expiry::ConntrackExpiry::start(&version_directory)?;
         Ok(Self {
             conntrack_expiry,
@@ -479,6 +497,15 @@ pub fn programs_attached_under(pin_directory: &Path) -> bool {
         .is_ok_and(|interfaces| !interfaces.is_empty())
 }
 
+/// Whether the `sock_ops` program counting the connection signals is attached
+/// (its link pinned) under `pin_directory`: without it their counters count
+/// nothing, and must not be read as zero events.
+pub fn connection_signals_attached(pin_directory: &Path) -> bool {
+    links_directory(pin_directory)
+        .join(format!("cgroup-{}", attach::CONNECTION_SIGNALS_HOOK.hook))
+        .exists()
+}
+
 /// Removes everything the agent attached and pinned under `pin_directory`:
 /// every TCX link, clsact filter, cgroup link, program and map pin.
 pub fn detach_everything(pin_directory: &Path) -> Result<(), Error> {
@@ -487,6 +514,18 @@ pub fn detach_everything(pin_directory: &Path) -> Result<(), Error> {
         std::fs::remove_dir_all(pin_directory).map_err(io_error("remove", pin_directory))?;
     }
     Ok(())
+}
+
+/// An error with its sources, for a log line.
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 fn program_mut<'a, T>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut T, Error>

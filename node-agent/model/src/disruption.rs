@@ -23,7 +23,8 @@
 //! Each sample holds, per signal, the counter's value and the identity of the map it was read
 //! from (the kernel's map id), or nothing when the signal is not measured at that moment (the
 //! datapath's counters while the programs are detached: they count nothing then, and a zero
-//! would claim kube-proxy refused nothing). Between two samples a counter increased by
+//! would claim kube-proxy refused nothing; the connection signals of the `sock_ops` program,
+//! which counts whatever the dataplane, are measured on kube-proxy too). Between two samples a counter increased by
 //! `after − before`; if it went down, or the map is another one (re-created, the agent's pins
 //! removed), it started again from zero in between and increased by `after` (at least: events
 //! before the reset are lost, never counted negative). An agent restart starts with no sample
@@ -47,7 +48,7 @@
 use std::collections::VecDeque;
 
 /// How many signals a sample holds.
-pub const SIGNAL_COUNT: usize = 6;
+pub const SIGNAL_COUNT: usize = 9;
 
 /// One measured signal.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -64,6 +65,12 @@ pub enum Signal {
     RefusedWithoutReadyEndpoints,
     /// Packets dropped by `loadBalancerSourceRanges` (by design).
     SourceRangeDrops,
+    /// TCP connects to Service addresses that closed before they were established.
+    FailedConnects,
+    /// SYNs of connects to Service addresses sent again.
+    SynRetransmits,
+    /// Established connections to Service addresses reset.
+    ResetsByPeer,
 }
 
 impl Signal {
@@ -74,6 +81,9 @@ impl Signal {
         Signal::FragmentsWithoutFirst,
         Signal::RefusedWithoutReadyEndpoints,
         Signal::SourceRangeDrops,
+        Signal::FailedConnects,
+        Signal::SynRetransmits,
+        Signal::ResetsByPeer,
     ];
 
     /// Its place in a sample's readings and a window's counts.
@@ -90,7 +100,20 @@ impl Signal {
             Signal::FragmentsWithoutFirst => "fragments_without_first",
             Signal::RefusedWithoutReadyEndpoints => "refused_without_ready_endpoints",
             Signal::SourceRangeDrops => "source_range_drops",
+            Signal::FailedConnects => "failed_connects",
+            Signal::SynRetransmits => "syn_retransmits",
+            Signal::ResetsByPeer => "resets_by_peer",
         }
+    }
+
+    /// Counted by the kernel's view of the node's connections (the `sock_ops` program),
+    /// which runs whatever the dataplane: measured under kube-proxy too, unlike the
+    /// datapath's own counters.
+    pub fn measured_on_kube_proxy(self) -> bool {
+        matches!(
+            self,
+            Signal::FailedConnects | Signal::SynRetransmits | Signal::ResetsByPeer
+        )
     }
 
     /// Dropped or refused by design: shown apart from what points at a problem.

@@ -22,11 +22,16 @@
 //!   a second). Counting per frontend instead would cost a hash update on the refusal path and
 //!   an unbounded map; the split is exact as soon as the maps are in sync;
 //! - fragments without their first: `SY_FRAG_ORPHANS`;
-//! - source-range drops: `SY_SRC_DROPS`.
+//! - source-range drops: `SY_SRC_DROPS`;
+//! - failed connects, SYN retransmissions and resets of TCP connections to Service addresses:
+//!   `SY_CONNECTIONS`, counted by the `sock_ops` program (see `switchyard_common::connection`
+//!   for what each state change counts), read only while its link is pinned (attached).
 //!
 //! The datapath's signals are measured only while the programs are attached: detached (the
 //! node on kube-proxy) they count nothing, and a zero would claim kube-proxy refused and
-//! dropped nothing, so they are reported as not measured in the baseline.
+//! dropped nothing, so they are reported as not measured in the baseline. The connection
+//! signals are measured whatever the dataplane: the `sock_ops` program is attached at load,
+//! counts and translates nothing, so the baseline under kube-proxy carries them.
 
 use std::os::fd::AsFd as _;
 use std::path::{Path, PathBuf};
@@ -34,8 +39,10 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, TimeZone as _, Utc};
 use prometheus::{GaugeVec, IntCounterVec, IntGaugeVec, Opts, Registry};
-use switchyard_common::{counter, map_names, refusal, SCHEMA_VERSION};
-use switchyard_crds::{DatapathSignals, DisruptionReport, ExpectedDrops, SignalWindow};
+use switchyard_common::{connection, counter, map_names, refusal, SCHEMA_VERSION};
+use switchyard_crds::{
+    ConnectionSignals, DatapathSignals, DisruptionReport, ExpectedDrops, SignalWindow,
+};
 use switchyard_loader::system;
 use switchyard_model::disruption::{
     increase, Dataplane, DisruptionTracker, Reading, Sample, Settings, Signal, WindowCounts,
@@ -69,6 +76,8 @@ pub trait CounterSource {
 /// The per-CPU counters of the pinned maps of the current schema version.
 pub struct PinnedCounters {
     directory: PathBuf,
+    /// The agent's pin directory: whether the `sock_ops` link is pinned.
+    pin_directory: PathBuf,
     /// The kernel's possible CPUs: a per-CPU value holds one 8-byte slot for each.
     possible_cpus: Option<usize>,
 }
@@ -86,6 +95,9 @@ fn counter_of(signal: Signal) -> (&'static str, u32) {
         }
         Signal::FragmentsWithoutFirst => (map_names::FRAGMENTS_WITHOUT_FIRST, 0),
         Signal::SourceRangeDrops => (map_names::SOURCE_RANGE_DROPS, 0),
+        Signal::FailedConnects => (map_names::CONNECTIONS, connection::FAILED_CONNECTS),
+        Signal::SynRetransmits => (map_names::CONNECTIONS, connection::SYN_RETRANSMITS),
+        Signal::ResetsByPeer => (map_names::CONNECTIONS, connection::RESETS_BY_PEER),
     }
 }
 
@@ -121,6 +133,7 @@ impl PinnedCounters {
     pub fn new(pin_directory: &Path) -> Self {
         Self {
             directory: switchyard_loader::version_directory(pin_directory, SCHEMA_VERSION),
+            pin_directory: pin_directory.to_path_buf(),
             possible_cpus: std::fs::read_to_string("/sys/devices/system/cpu/possible")
                 .ok()
                 .and_then(|list| possible_cpu_count(&list)),
@@ -147,7 +160,13 @@ impl PinnedCounters {
 impl CounterSource for PinnedCounters {
     fn read(&mut self) -> [Option<Reading>; SIGNAL_COUNT] {
         let mut readings = [None; SIGNAL_COUNT];
+        // Without its program attached, the connection counters count nothing.
+        let connections_counted =
+            switchyard_loader::connection_signals_attached(&self.pin_directory);
         for signal in Signal::ALL {
+            if signal.measured_on_kube_proxy() && !connections_counted {
+                continue;
+            }
             let (map, index) = counter_of(signal);
             match self.read_one(map, index) {
                 Ok(reading) => readings[signal.index()] = Some(reading),
@@ -178,7 +197,8 @@ impl DisruptionMetrics {
                 "switchyard_agent_disruption_events_total",
                 "Disruption signal events counted by the datapath, by signal (expected drops \
                  included: refused_without_ready_endpoints, source_range_drops), while the \
-                 programs are attached.",
+                 programs are attached; the connection signals (failed_connects, \
+                 syn_retransmits, resets_by_peer) whatever the dataplane.",
             ),
             &["signal"],
         )
@@ -306,8 +326,12 @@ impl<C: CounterSource> DisruptionSampler<C> {
         self.last_sample = Some((now, dataplane));
         let mut readings = self.counters.read();
         if dataplane == Dataplane::KubeProxy {
-            // The programs are detached: their counters measure nothing.
-            readings = [None; SIGNAL_COUNT];
+            // The translating programs are detached: their counters measure nothing.
+            for signal in Signal::ALL {
+                if !signal.measured_on_kube_proxy() {
+                    readings[signal.index()] = None;
+                }
+            }
         }
         let mut increases = [None; SIGNAL_COUNT];
         for (index, increase_of) in increases.iter_mut().enumerate() {
@@ -370,7 +394,11 @@ pub fn signal_window(window: &WindowCounts) -> SignalWindow {
             ),
             source_range_drops: as_count(window.count(Signal::SourceRangeDrops)),
         },
-        connections: Default::default(),
+        connections: ConnectionSignals {
+            failed_connects: as_count(window.count(Signal::FailedConnects)),
+            syn_retransmits: as_count(window.count(Signal::SynRetransmits)),
+            resets_by_peer: as_count(window.count(Signal::ResetsByPeer)),
+        },
         probes: Default::default(),
         services: Vec::new(),
     }
@@ -388,6 +416,9 @@ pub fn window_counts(window: &SignalWindow) -> Option<WindowCounts> {
     counts[Signal::RefusedWithoutReadyEndpoints.index()] =
         count(window.expected.refused_without_ready_endpoints);
     counts[Signal::SourceRangeDrops.index()] = count(window.expected.source_range_drops);
+    counts[Signal::FailedConnects.index()] = count(window.connections.failed_connects);
+    counts[Signal::SynRetransmits.index()] = count(window.connections.syn_retransmits);
+    counts[Signal::ResetsByPeer.index()] = count(window.connections.resets_by_peer);
     let (start_ms, end_ms) = (
         window.start.timestamp_millis(),
         window.end.timestamp_millis(),

@@ -68,6 +68,9 @@ fn each_signal_lands_in_its_field_of_the_status_window_and_reads_back_the_same()
     assert_eq!(status.datapath.fragments_without_first, Some(4));
     assert_eq!(status.expected.refused_without_ready_endpoints, Some(5));
     assert_eq!(status.expected.source_range_drops, Some(6));
+    assert_eq!(status.connections.failed_connects, Some(7));
+    assert_eq!(status.connections.syn_retransmits, Some(8));
+    assert_eq!(status.connections.resets_by_peer, Some(9));
     assert_eq!((status.start, status.end), (wall(0), wall(60)));
     assert_eq!(window_counts(&status), Some(window));
 }
@@ -87,6 +90,42 @@ fn each_signal_reads_its_own_counter() {
         counter_of(Signal::FragmentsWithoutFirst),
         (map_names::FRAGMENTS_WITHOUT_FIRST, 0)
     );
+    assert_eq!(
+        counter_of(Signal::FailedConnects),
+        (map_names::CONNECTIONS, connection::FAILED_CONNECTS)
+    );
+    assert_eq!(
+        counter_of(Signal::SynRetransmits),
+        (map_names::CONNECTIONS, connection::SYN_RETRANSMITS)
+    );
+    assert_eq!(
+        counter_of(Signal::ResetsByPeer),
+        (map_names::CONNECTIONS, connection::RESETS_BY_PEER)
+    );
+}
+
+#[test]
+fn the_connection_signals_are_measured_while_the_node_is_on_kube_proxy() {
+    let script = Script(VecDeque::from([
+        readings(0, Signal::FailedConnects, 1),
+        readings(0, Signal::FailedConnects, 4),
+    ]));
+    let mut sampler = DisruptionSampler::new(script, None);
+    let start = Instant::now();
+    assert!(sampler
+        .after_round(Dataplane::KubeProxy, start, wall(0))
+        .is_none());
+    let report = sampler
+        .after_round(Dataplane::KubeProxy, start + SAMPLE_PERIOD, wall(5))
+        .expect("the first window is published");
+    let current = report.current.as_ref().expect("a window");
+    assert_eq!(current.connections.failed_connects, Some(3));
+    assert_eq!(current.connections.resets_by_peer, Some(0));
+    assert_eq!(current.connections.syn_retransmits, Some(0));
+    // The baseline under kube-proxy carries them too; the datapath's signals not.
+    let baseline = report.baseline.as_ref().expect("a baseline");
+    assert_eq!(baseline.connections.failed_connects, Some(3));
+    assert_eq!(baseline.datapath.translation_errors, None);
 }
 
 #[test]

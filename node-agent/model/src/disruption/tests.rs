@@ -520,3 +520,30 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn only_the_connection_signals_are_measured_on_kube_proxy() {
+    let on_kube_proxy: Vec<_> = Signal::ALL
+        .into_iter()
+        .filter(|signal| signal.measured_on_kube_proxy())
+        .collect();
+    assert_eq!(
+        on_kube_proxy,
+        [
+            Signal::FailedConnects,
+            Signal::SynRetransmits,
+            Signal::ResetsByPeer
+        ]
+    );
+}
+
+#[test]
+fn every_signal_has_its_own_place_and_name() {
+    let mut places: Vec<_> = Signal::ALL.into_iter().map(Signal::index).collect();
+    places.sort();
+    assert_eq!(places, (0..SIGNAL_COUNT).collect::<Vec<_>>());
+    let mut names: Vec<_> = Signal::ALL.into_iter().map(Signal::name).collect();
+    names.sort();
+    names.dedup();
+    assert_eq!(names.len(), SIGNAL_COUNT);
+}
