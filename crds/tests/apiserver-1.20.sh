@@ -130,11 +130,28 @@ expect_equal "default rollout.maxUnavailable" 1 "$(spec rollout.maxUnavailable)"
 expect_equal "default rollout.nodeReadyTimeoutSeconds" 300 "$(spec rollout.nodeReadyTimeoutSeconds)"
 expect_equal "default rollout.maxFailedNodes" 0 "$(spec rollout.maxFailedNodes)"
 expect_equal "default rollout.drainTimeoutSeconds" 600 "$(spec rollout.drainTimeoutSeconds)"
-expect_equal "default rollout.canary.soakSeconds" 60 "$(spec rollout.canary.soakSeconds)"
+# The canary is opt-in: a spec without one gets none (no soak, batches of maxUnavailable).
+expect_equal "no default rollout.canary" "" "$(spec rollout.canary)"
 expect_equal "default rollout.onBudgetExceeded" Rollback "$(spec rollout.onBudgetExceeded)"
 expect_equal "default rollout.disruptionBudget.failedConnectsPerMinute" 30 "$(spec rollout.disruptionBudget.failedConnectsPerMinute)"
 expect_equal "default rollout.disruptionBudget.failedConnectsPercent" 100 "$(spec rollout.disruptionBudget.failedConnectsPercent)"
 kubectl get dpc default >/dev/null || fail "find the DataplaneConfig by its short name dpc"
+# Control: a canary given as {} gets its own defaults: a soak of 60 s, and no count (absent:
+# one node; a defaulted count would clash with a nodeSelector given alone).
+kubectl apply -f - >/dev/null <<'YAML' || fail "create a DataplaneConfig with canary: {}"
+apiVersion: switchyard.dev/v1alpha1
+kind: DataplaneConfig
+metadata:
+  name: empty-canary
+spec:
+  mode: Ebpf
+  rollout:
+    canary: {}
+YAML
+empty_canary() { kubectl get dpc empty-canary -o jsonpath="{.spec.rollout.canary.$1}"; }
+expect_equal "canary {} soakSeconds" 60 "$(empty_canary soakSeconds)"
+expect_equal "canary {} count (absent: one node)" "" "$(empty_canary count)"
+expect_equal "canary {} nodeSelector" "" "$(empty_canary nodeSelector)"
 log "defaults applied by the server"
 
 kubectl apply -f - >/dev/null <<'YAML' || fail "create a minimal DataplaneNode"
