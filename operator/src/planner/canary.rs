@@ -2,6 +2,12 @@
 //! switched nodes are watched before more nodes switch, and a node showing more disruption than
 //! `spec.rollout.disruptionBudget` allows stops the transition.
 //!
+//! Opt-in: only with `spec.rollout.canary` set (even `{}`). Without it the gate stays open
+//! ([`CanaryGate::open`]): batches of `maxUnavailable`, no soak, no wait for disruption signals,
+//! the budget not read, as before canaries existed. Not all the budgeted signals are measured
+//! yet and no end-to-end suite proves this path; once `make e2e-canary` does, one canary of 60 s
+//! becomes the default.
+//!
 //! # Which nodes go first
 //! `canary.count` (default one): the first nodes the activation picks (node-name order among
 //! the eligible ones); once that many are told `Ebpf`, the first ones told (by `requestedAt`,

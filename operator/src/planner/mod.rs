@@ -15,8 +15,9 @@
 //! 2. `ActivatingNodes`: `mode: Ebpf` on at most `maxUnavailable` nodes at a time (nodes in
 //!    flight included); a node is done when it reports `ProgramsAttached` and `ServicesSynced`
 //!    on the spec that asked. Up to `maxFailedNodes` failed nodes let further batches go on.
-//!    The canaries go first, and while kube-proxy still serves the cluster every switched node
-//!    soaks and is judged against its own disruption baseline before the next batch (and before
+//!    With `rollout.canary` set (opt-in until `make e2e-canary` proves it; without it, none of
+//!    the rest of this step), the canaries go first, and while kube-proxy still serves the
+//!    cluster every switched node soaks and is judged against its own disruption baseline before the next batch (and before
 //!    kube-proxy is disabled); over `disruptionBudget` the transition rolls those nodes back or
 //!    halts (see `planner/canary.rs`).
 //! 3. `DisablingKubeProxy`, only when every node serves from eBPF: `Managed` disables the
