@@ -109,7 +109,7 @@ const LOAD_FAILURE_REPORT_BOUND: Duration = Duration::from_secs(10);
 /// node's agent keeps restarting, not only its log. Best effort within a bound: the exit
 /// and its log line follow whether the write reached the API server or not.
 async fn report_load_failure(options: &ClusterOptions, error: &Error) {
-    use switchyard_crds::{condition_types, Condition, ConditionStatus, DataplaneNodeStatus};
+    use switchyard_crds::{condition_types, Condition, ConditionStatus, DataplaneNode};
     // The chain starts with what failed ("failed to load the datapath programs: ...").
     let message = switchyard_model::error::chain(error);
     let now = Utc::now();
@@ -123,22 +123,30 @@ async fn report_load_failure(options: &ClusterOptions, error: &Error) {
             now,
         )
     };
-    let status = DataplaneNodeStatus {
-        agent_version: Some(env!("CARGO_PKG_VERSION").to_string()),
-        agent_revision: options.agent_revision.clone(),
-        conditions: vec![
+    // A merge patch of these fields only: the conditions list is replaced (the running
+    // agent's others described a process that is gone), and the rest of the status (the
+    // disruption report, counts) stays as the last agent wrote it. A server-side apply
+    // under the agent's own field manager would drop that rest and could leave it invalid.
+    let patch = serde_json::json!({"status": {
+        "agentVersion": env!("CARGO_PKG_VERSION"),
+        "agentRevision": options.agent_revision,
+        "conditions": [
             condition(condition_types::PROGRAMS_ATTACHED),
             condition(condition_types::READY),
         ],
-        ..DataplaneNodeStatus::default()
-    };
+    }});
     let write = async {
         let client = kube_client()
             .await
             .map_err(|error| switchyard_model::error::chain(&error))?;
-        let api = kube::Api::all(client);
-        watch::write_status(&api, &options.node_name, &status)
+        kube::Api::<DataplaneNode>::all(client)
+            .patch_status(
+                &options.node_name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&patch),
+            )
             .await
+            .map(|_| ())
             .map_err(|error| error.to_string())
     };
     match tokio::time::timeout(LOAD_FAILURE_REPORT_BOUND, write).await {

@@ -440,7 +440,7 @@ pub async fn run_status_writer(
     }
 }
 
-pub(super) async fn write_status(
+async fn write_status(
     api: &Api<DataplaneNode>,
     node_name: &str,
     status: &DataplaneNodeStatus,
