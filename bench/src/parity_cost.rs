@@ -17,7 +17,7 @@
 //! alone), each on a fresh node running `switchyard-agent standalone` fed a
 //! manifest: the data plane's Services plus the LoadBalancer ones. Within a
 //! configuration the kinds alternate in short slices, in the other order every
-//! slice, so the VM's drift falls on both; the rates come from slices with the
+//! slice and every round, so the VM's drift falls on both; the rates come from slices with the
 //! kernel's BPF statistics off, the programs' nanoseconds from one slice of
 //! each kind with them on (`program_stats`).
 
@@ -268,6 +268,7 @@ pub fn measure_in_rounds(
             let mut failures = 0;
             let result = measure_round(
                 system,
+                round,
                 binaries,
                 work,
                 &manifest,
@@ -293,8 +294,10 @@ pub fn measure_in_rounds(
     measured
 }
 
+#[allow(clippy::too_many_arguments)]
 fn measure_round(
     system: System,
+    round: usize,
     binaries: &Binaries,
     work: &Path,
     manifest: &Path,
@@ -347,8 +350,7 @@ fn measure_round(
     let mut kinds: [KindRound; 4] = Default::default();
     for slice in 0..settings.slices {
         for position in 0..KINDS.len() {
-            // Each pair (with/without, whole/fragmented) in the other order every slice.
-            let kind = KINDS[position ^ (slice % 2)];
+            let kind = KINDS[slice_order(round, slice)[position]];
             let report = run(kind, settings.slice_duration)?;
             let totals = &mut kinds[index_of(kind)];
             totals.operations += report.operations;
@@ -367,6 +369,14 @@ fn measure_round(
     running.stop();
     drop(topology);
     Ok(kinds)
+}
+
+/// The order of `KINDS` in slice `slice` of round `round`: each pair (with and
+/// without ranges, whole and fragmented) in the other order every slice and
+/// every round, so that neither is always the first after the warm-up.
+pub fn slice_order(round: usize, slice: usize) -> [usize; 4] {
+    let swap = (round + slice) % 2;
+    [0, 1, 2, 3].map(|position| position ^ swap)
 }
 
 /// The summary's figures of each configuration: the same-round ratios, the

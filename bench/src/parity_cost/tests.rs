@@ -178,3 +178,12 @@ fn the_table_shows_both_ratios_and_a_failed_configuration() {
     );
     assert!(line("switchyard-tc-only").contains("FAILED: no"), "{text}");
 }
+
+#[test]
+fn each_pair_comes_first_as_often_as_the_other_over_rounds_and_slices() {
+    assert_eq!(slice_order(0, 0), [0, 1, 2, 3]);
+    assert_eq!(slice_order(0, 1), [1, 0, 3, 2]);
+    // One slice per round (quick runs): the order still alternates by round.
+    assert_eq!(slice_order(1, 0), [1, 0, 3, 2]);
+    assert_eq!(slice_order(2, 0), [0, 1, 2, 3]);
+}
