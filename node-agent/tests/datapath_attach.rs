@@ -135,18 +135,19 @@ fn starting_the_agent_five_times_leaves_exactly_one_program_per_hook_and_directi
                 );
                 assert_eq!(tcx_programs("ext0", TcAttachType::Egress), ["sy_egress"]);
                 // bpftool agrees: 3 interfaces x 2 directions + 4 socket
-                // address hooks + the release hook.
+                // address hooks + the release hook + the sock_ops program
+                // (attached at every load, kept as the others).
                 let link_ids = pinned_link_ids(node);
-                assert_eq!(link_ids.len(), 11, "{link_ids:?}");
+                assert_eq!(link_ids.len(), 12, "{link_ids:?}");
                 let names = bpftool_link_program_names(&link_ids);
-                assert_eq!(names.len(), 11, "{names:?}");
-                assert_eq!(
-                    names
-                        .iter()
-                        .filter(|name| *name == "sy_sock_release")
-                        .count(),
-                    1
-                );
+                assert_eq!(names.len(), 12, "{names:?}");
+                for hook in ["sy_sock_release", "sy_sock_ops"] {
+                    assert_eq!(
+                        names.iter().filter(|name| *name == hook).count(),
+                        1,
+                        "{names:?}"
+                    );
+                }
                 assert_eq!(names.iter().filter(|name| *name == "sy_egress").count(), 3);
                 assert_eq!(
                     names
