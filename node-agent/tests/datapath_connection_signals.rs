@@ -34,6 +34,8 @@ const SILENT_PORT: u16 = 9002;
 /// Its endpoint accepts, reads a line and resets the connection.
 const RESETTING_CLUSTER_IP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 53);
 const RESETTING_PORT: u16 = 9003;
+/// No endpoint at all: refused by design (the datapath's refusal), not a failed connect.
+const EMPTY_CLUSTER_IP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 54);
 /// How long a published report may take: a sample every 5 s, a change published at most every
 /// 10 s, unchanged figures every 30 s, with room for a busy machine.
 const REPORT_DEADLINE: Duration = Duration::from_secs(60);
@@ -69,6 +71,15 @@ endpoints:
         service("refusing", REFUSING_CLUSTER_IP, REFUSING_PORT),
         service("silent", SILENT_CLUSTER_IP, SILENT_PORT),
         service("resetting", RESETTING_CLUSTER_IP, RESETTING_PORT),
+        format!(
+            "apiVersion: v1
+kind: Service
+metadata: {{name: empty, namespace: default}}
+spec:
+  clusterIP: {EMPTY_CLUSTER_IP}
+  ports: [{{name: tcp, port: 80, targetPort: 9004, protocol: TCP}}]
+"
+        ),
     ]
     .concat();
     let directory = node.work.join("manifests");
@@ -315,6 +326,13 @@ fn the_reported_connection_signals_count_refused_and_unanswered_connects_syn_ret
             assert_eq!(control.connections.resets_by_peer, Some(0), "{control:#?}");
             assert_eq!(counts_of_service(node, SERVED_CLUSTER_IP), None);
 
+            // Refused by design (no endpoint): the datapath's refusal, no failed connect.
+            assert_connect_fails(
+                Some("pod2"),
+                SocketAddrV4::new(EMPTY_CLUSTER_IP, 80),
+                Duration::from_secs(2),
+                std::io::ErrorKind::ConnectionRefused,
+            );
             // Refused by the backend: once from the pod (its destination the ClusterIP),
             // once from the node (translated at connect, found by its reverse entry).
             let refusing = SocketAddrV4::new(REFUSING_CLUSTER_IP, 80);
@@ -342,6 +360,12 @@ fn the_reported_connection_signals_count_refused_and_unanswered_connects_syn_ret
             });
             println!("reported after the faults: {moved:#?}");
             assert_eq!(moved.datapath.translation_errors, Some(0), "{moved:#?}");
+            assert_eq!(
+                moved.expected.refused_without_ready_endpoints,
+                Some(1),
+                "{moved:#?}"
+            );
+            assert_eq!(counts_of_service(node, EMPTY_CLUSTER_IP), None);
 
             let refused = counts_of_service(node, REFUSING_CLUSTER_IP).expect("the refusing Service");
             assert_eq!(

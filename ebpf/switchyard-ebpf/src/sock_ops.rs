@@ -81,10 +81,13 @@ pub fn sy_sock_ops(ctx: SockOpsContext) -> u32 {
     CONTINUE
 }
 
-/// A new active connection: followed if it goes to a Service.
+/// A new active connection: followed if it goes to a Service with some
+/// backend. A connect to a frontend without backends is refused by design (as
+/// kube-proxy refuses it), and counted as such by the datapath (`SY_REFUSALS`),
+/// not as a failed connect.
 #[inline(always)]
 fn on_connect(ctx: &SockOpsContext) {
-    if service_of(ctx).is_some() {
+    if service_of(ctx, true).is_some() {
         // A failure (a kernel without one of the flags) only leaves the
         // socket unfollowed.
         let _ =
@@ -101,9 +104,10 @@ fn on_established(ctx: &SockOpsContext) {
     }
 }
 
-/// The Service frontend the socket connects to, if any.
+/// The Service frontend the socket connects to, if any (with `with_backends`:
+/// only one that has some backend now; a socket translated at connect had one).
 #[inline(always)]
-fn service_of(ctx: &SockOpsContext) -> Option<FrontendKey> {
+fn service_of(ctx: &SockOpsContext, with_backends: bool) -> Option<FrontendKey> {
     let ops = ctx.ops;
     // SAFETY: reads of fields every sock_ops callback may read, all up front
     // and unconditionally (a read inside a branch can share an offset context
@@ -143,8 +147,10 @@ fn service_of(ctx: &SockOpsContext) -> Option<FrontendKey> {
             protocol: PROTOCOL_TCP,
             scope: SCOPE_INTERNAL,
         };
-        if FRONTENDS.get_ptr(&key).is_some() {
-            return Some(key);
+        if let Some(frontend) = FRONTENDS.get_ptr(&key) {
+            // SAFETY: a read of one field of an entry valid for this program run.
+            let backend_count = unsafe { core::ptr::read_volatile(&(*frontend).backend_count) };
+            return (!with_backends || backend_count > 0).then_some(key);
         }
     }
     // Translated at connect: the destination is a backend, whose port the
@@ -178,7 +184,7 @@ fn count(ctx: &SockOpsContext, index: u32) {
         // SAFETY: a per-CPU slot is only touched by this CPU.
         unsafe { *total += 1 };
     }
-    let Some(frontend) = service_of(ctx) else {
+    let Some(frontend) = service_of(ctx, false) else {
         return;
     };
     if let Some(counts) = CONNECTIONS_BY_FRONTEND.get_ptr_mut(&frontend) {
