@@ -42,7 +42,8 @@ else
 fi
 # The two newest builds stay (a suite's cluster may still use the previous one).
 # shellcheck disable=SC2012 # names are hex keys
-ls -1t "$root" | grep -v -e "^$key\$" -e '\.partial$' | tail -n +2 | while read -r old; do
+# (grep finds nothing on the first build: not a failure under pipefail.)
+ls -1t "$root" | { grep -v -e "^$key\$" -e '\.partial$' || true; } | tail -n +2 | while read -r old; do
   rm -rf "${root:?}/$old"
 done
 
