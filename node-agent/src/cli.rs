@@ -126,7 +126,11 @@ fn parse_served_families(text: &str) -> Result<ServedFamilies, String> {
         match family.to_ascii_lowercase().as_str() {
             "ipv4" => served.ipv4 = true,
             "ipv6" => served.ipv6 = true,
-            _ => return Err(format!("{family:?} is not an address family (ipv4 or ipv6)")),
+            _ => {
+                return Err(format!(
+                    "{family:?} is not an address family (ipv4 or ipv6)"
+                ))
+            }
         }
     }
     if !served.ipv4 {

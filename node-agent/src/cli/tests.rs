@@ -244,7 +244,11 @@ fn only_ipv4_is_served_unless_ipv6_is_asked_for_and_ipv4_is_never_left_out() {
         }
     };
     for command in ["run", "standalone"] {
-        assert_eq!(parse(command, &[]), Ok(ServedFamilies::IPV4_ONLY), "{command}");
+        assert_eq!(
+            parse(command, &[]),
+            Ok(ServedFamilies::IPV4_ONLY),
+            "{command}"
+        );
         for both in ["ipv4,ipv6", "IPv6, IPv4"] {
             assert_eq!(
                 parse(command, &["--served-families", both]),
@@ -255,16 +259,17 @@ fn only_ipv4_is_served_unless_ipv6_is_asked_for_and_ipv4_is_never_left_out() {
         let refused = parse(command, &["--served-families", "ipv6"]).expect_err("refused");
         assert!(refused.contains("IPv4 is always served"), "{refused}");
         let refused = parse(command, &["--served-families", "ipv4,ipx"]).expect_err("refused");
-        assert!(refused.contains("\"ipx\" is not an address family"), "{refused}");
+        assert!(
+            refused.contains("\"ipx\" is not an address family"),
+            "{refused}"
+        );
     }
     // The core keeps only the served families' addresses, the loader attaches the
     // IPv6 hooks only when IPv6 is served.
     let default = crate::standalone::agent_settings(&standalone_options(&[]));
     assert_eq!(default.served_families, ServedFamilies::IPV4_ONLY);
-    let dual = crate::standalone::agent_settings(&standalone_options(&[
-        "--served-families",
-        "ipv4,ipv6",
-    ]));
+    let dual =
+        crate::standalone::agent_settings(&standalone_options(&["--served-families", "ipv4,ipv6"]));
     assert_eq!(dual.served_families, ServedFamilies::DUAL_STACK);
 }
 
