@@ -12,7 +12,7 @@ use switchyard_crds::{
     DataplaneNode, DataplanePhase,
 };
 use switchyard_e2e::cluster::ClusterPaths;
-use switchyard_e2e::pod_runner::events::{read_events, running_processes, RunnerEvent};
+use switchyard_e2e::pod_runner::events::{read_events, running_processes, EventKind, RunnerEvent};
 use switchyard_e2e::wait::{hold_for, Check, WaitOptions};
 
 use crate::migration_support::*;
@@ -47,17 +47,21 @@ pub async fn play(world: &World) {
         ],
     )
     .expect("restart node-3's agent");
-    // The new agent (the one that cannot pin) runs before mode Ebpf is asked for: the old one
-    // could still serve.
+    // The old agent is gone before mode Ebpf is asked for (it could still serve). With the
+    // chart's pod, the new one never gets as far as its agent: its `mount-bpf-fs` init
+    // container refuses a pin directory covered by another filesystem, as on a real node
+    // (the pod stays in Init:Error). An agent process that starts anyway cannot pin. Either
+    // way node-3 never reports Ready, which is what this scenario is about.
     let started = Instant::now();
     loop {
-        let now = agent_process("node-3");
-        if now.as_ref().is_ok_and(|now| now.pid != old_agent.pid) {
+        let replaced = new_agent_pod_blocked(&old_agent);
+        if let Ok(Some(how)) = &replaced {
+            println!("node-3's new agent pod: {how}");
             break;
         }
         assert!(
             started.elapsed() < Duration::from_secs(60),
-            "failed to see a new agent process on node-3 within 60 s: {now:?}"
+            "failed to see node-3's new agent pod refused by mount-bpf-fs or its agent started within 60 s: {replaced:?}"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -244,6 +248,40 @@ pub async fn play_config_deleted(world: &World) {
     }
     let report = traffic.stop().await;
     world.assert_traffic_healthy(&report, "after the DataplaneConfig was deleted");
+}
+
+/// How node-3's agent pod that replaced `old_agent` got stuck, per the pod runner's events:
+/// its `mount-bpf-fs` init container failed, or its agent process started (it cannot pin).
+/// `None` while the old agent still runs or the new pod has got to neither.
+fn new_agent_pod_blocked(old_agent: &RunnerEvent) -> Outcome<Option<String>> {
+    let events = read_events(&ClusterPaths::from_environment().pod_runner_events())?;
+    if running_processes(&events, "agent").contains_key(&old_agent.pod_uid) {
+        return Ok(None);
+    }
+    let newer = |event: &&RunnerEvent| {
+        event.node == old_agent.node
+            && event.pod_uid != old_agent.pod_uid
+            && event.at_unix_ms >= old_agent.at_unix_ms
+    };
+    let init_failed = events.iter().filter(newer).find(|event| {
+        event.container == "mount-bpf-fs"
+            && matches!(event.kind, EventKind::Exited | EventKind::StartFailed)
+            && event
+                .detail
+                .as_deref()
+                .is_some_and(|detail| !detail.ends_with("exit status: 0"))
+    });
+    if let Some(event) = init_failed {
+        return Ok(Some(format!(
+            "mount-bpf-fs refused ({})",
+            event.detail.as_deref().unwrap_or_default()
+        )));
+    }
+    let agent_started = events
+        .iter()
+        .filter(newer)
+        .find(|event| event.container == "agent" && event.kind == EventKind::Started);
+    Ok(agent_started.map(|event| format!("agent started (pid {:?}), cannot pin", event.pid)))
 }
 
 /// The agent process on `node` now, per the pod runner's events.
