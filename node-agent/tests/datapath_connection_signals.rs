@@ -21,7 +21,6 @@ use switchyard_common::{
     connection::ConnectionCounts, ipv4_mapped, map_names, FrontendKey, SCHEMA_VERSION,
     SCOPE_INTERNAL,
 };
-use switchyard_crds::{DisruptionReport, SignalWindow};
 
 const NODE_NAME: &str = "node-a";
 const SERVED_CLUSTER_IP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 50);
@@ -39,10 +38,6 @@ const EMPTY_CLUSTER_IP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 54);
 /// How long a published report may take: a sample every 5 s, a change published at most every
 /// 10 s, unchanged figures every 30 s, with room for a busy machine.
 const REPORT_DEADLINE: Duration = Duration::from_secs(60);
-
-fn agent_log(node: &Node) -> String {
-    std::fs::read_to_string(node.work.join("agent.log")).unwrap_or_default()
-}
 
 fn write_manifests(node: &Node, backend: &Pod) {
     let service = |name: &str, cluster_ip: Ipv4Addr, target_port: u16| {
@@ -82,47 +77,7 @@ spec:
         ),
     ]
     .concat();
-    let directory = node.work.join("manifests");
-    std::fs::create_dir_all(&directory).expect("manifest directory");
-    // Written whole, then renamed: the agent never reads half a file.
-    let staging = node.work.join("services.yaml.new");
-    std::fs::write(&staging, manifests).expect("write manifests");
-    std::fs::rename(&staging, directory.join("services.yaml")).expect("move manifests");
-}
-
-/// The reports the agent published so far, oldest first.
-fn published_reports(node: &Node) -> Vec<DisruptionReport> {
-    agent_log(node)
-        .lines()
-        .filter(|line| line.contains("disruption signals"))
-        .filter_map(|line| {
-            let json = &line[line.find("report=")? + "report=".len()..];
-            Some(serde_json::from_str(json.trim()).expect("a report in JSON"))
-        })
-        .collect()
-}
-
-/// Waits for a published report whose current window satisfies `wanted`, and returns it.
-fn wait_for_window(
-    node: &Node,
-    what: &str,
-    mut wanted: impl FnMut(&SignalWindow) -> bool,
-) -> SignalWindow {
-    let mut found = None;
-    let reported = wait_until(REPORT_DEADLINE, || {
-        found = published_reports(node)
-            .into_iter()
-            .filter_map(|report| report.current)
-            .find(&mut wanted);
-        found.is_some()
-    });
-    assert!(
-        reported,
-        "no report {what}; published: {:#?}\n{}",
-        published_reports(node),
-        agent_log(node)
-    );
-    found.expect("found")
+    publish_manifests(node, &manifests);
 }
 
 /// A server in `pod` on `port` that accepts, reads a line and closes with `SO_LINGER` 0: a
@@ -318,7 +273,7 @@ fn the_reported_connection_signals_count_refused_and_unanswered_connects_syn_ret
                     .expect("the node reaches the served Service");
             }
             let served_until = chrono::Utc::now().timestamp();
-            let control = wait_for_window(node, "covering the served connections", |window| {
+            let control = wait_for_window(node, REPORT_DEADLINE, "covering the served connections", |window| {
                 window.end.timestamp() > served_until
             });
             assert_eq!(control.connections.failed_connects, Some(0), "{control:#?}");
@@ -353,7 +308,7 @@ fn the_reported_connection_signals_count_refused_and_unanswered_connects_syn_ret
             );
             assert_reset_after_established(SocketAddrV4::new(RESETTING_CLUSTER_IP, 80));
 
-            let moved = wait_for_window(node, "with the failed connects and the reset", |window| {
+            let moved = wait_for_window(node, REPORT_DEADLINE, "with the failed connects and the reset", |window| {
                 window.connections.failed_connects == Some(3)
                     && window.connections.syn_retransmits.unwrap_or(0) >= 1
                     && window.connections.resets_by_peer == Some(1)

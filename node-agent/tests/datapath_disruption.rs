@@ -15,7 +15,6 @@ use std::{
 };
 
 use datapath_support::*;
-use switchyard_crds::{DisruptionReport, SignalWindow};
 
 const NODE_NAME: &str = "node-a";
 const OTHER_NODE: &str = "node-b";
@@ -30,10 +29,6 @@ const OTHER_CLIENT_IP: Ipv4Addr = Ipv4Addr::new(192, 168, 50, 3);
 /// How long a published report may take: a sample every 5 s, a change published at most every
 /// 10 s, unchanged figures every 30 s, with room for a busy machine.
 const REPORT_DEADLINE: Duration = Duration::from_secs(60);
-
-fn agent_log(node: &Node) -> String {
-    std::fs::read_to_string(node.work.join("agent.log")).unwrap_or_default()
-}
 
 fn write_manifests(node: &Node, serving: &Pod, remote: &Pod) {
     let manifests = format!(
@@ -83,48 +78,7 @@ endpoints:
         serving = serving.ip,
         remote = remote.ip,
     );
-    let directory = node.work.join("manifests");
-    std::fs::create_dir_all(&directory).expect("manifest directory");
-    // Written whole, then renamed: the agent never reads half a file.
-    let staging = node.work.join("services.yaml.new");
-    std::fs::write(&staging, manifests).expect("write manifests");
-    std::fs::rename(&staging, directory.join("services.yaml")).expect("move manifests");
-}
-
-/// The reports the agent published so far, oldest first (each log line "disruption signals"
-/// carries one as JSON).
-fn published_reports(node: &Node) -> Vec<DisruptionReport> {
-    agent_log(node)
-        .lines()
-        .filter(|line| line.contains("disruption signals"))
-        .filter_map(|line| {
-            let json = &line[line.find("report=")? + "report=".len()..];
-            Some(serde_json::from_str(json.trim()).expect("a report in JSON"))
-        })
-        .collect()
-}
-
-/// Waits for a published report whose current window satisfies `wanted`, and returns it.
-fn wait_for_window(
-    node: &Node,
-    what: &str,
-    mut wanted: impl FnMut(&SignalWindow) -> bool,
-) -> SignalWindow {
-    let mut found = None;
-    let reported = wait_until(REPORT_DEADLINE, || {
-        found = published_reports(node)
-            .into_iter()
-            .filter_map(|report| report.current)
-            .find(&mut wanted);
-        found.is_some()
-    });
-    assert!(
-        reported,
-        "no report {what}; published: {:#?}\n{}",
-        published_reports(node),
-        agent_log(node)
-    );
-    found.expect("found")
+    publish_manifests(node, &manifests);
 }
 
 /// One request over TCP from `source` (bound first) to `target`, from the outside client.
@@ -184,56 +138,6 @@ fn from_client(
     .expect("client thread")
 }
 
-/// Sends, from the client, one IPv4 fragment that is not a first (offset 1480 bytes, the last
-/// of its datagram) of a UDP datagram to `destination`, whose first fragment is never sent.
-fn send_a_later_fragment_alone(destination: Ipv4Addr) {
-    in_namespace(Some("client"), move || {
-        // SAFETY: a raw socket owned by this closure, closed at its end; the packet buffer
-        // outlives the call that reads it.
-        unsafe {
-            let descriptor = libc::socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_RAW);
-            assert!(
-                descriptor >= 0,
-                "raw socket: {}",
-                std::io::Error::last_os_error()
-            );
-            let mut packet = [0u8; 20 + 64];
-            packet[0] = 0x45;
-            let total_length = (packet.len() as u16).to_be_bytes();
-            packet[2..4].copy_from_slice(&total_length);
-            packet[4..6].copy_from_slice(&0x5a5au16.to_be_bytes());
-            // No "more fragments", offset 1480 / 8.
-            packet[6..8].copy_from_slice(&185u16.to_be_bytes());
-            packet[8] = 64;
-            packet[9] = libc::IPPROTO_UDP as u8;
-            packet[12..16].copy_from_slice(&CLIENT_IP.octets());
-            packet[16..20].copy_from_slice(&destination.octets());
-            // The kernel fills the header checksum of IPPROTO_RAW packets.
-            let address = libc::sockaddr_in {
-                sin_family: libc::AF_INET as libc::sa_family_t,
-                sin_port: 0,
-                sin_addr: libc::in_addr {
-                    s_addr: u32::from(destination).to_be(),
-                },
-                sin_zero: [0; 8],
-            };
-            let sent = libc::sendto(
-                descriptor,
-                packet.as_ptr().cast(),
-                packet.len(),
-                0,
-                (&address as *const libc::sockaddr_in).cast(),
-                std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
-            );
-            let error = std::io::Error::last_os_error();
-            libc::close(descriptor);
-            assert_eq!(sent, packet.len() as isize, "send the fragment: {error}");
-        }
-    })
-    .join()
-    .expect("client thread");
-}
-
 /// A pod's connect that the datapath must refuse at once (ICMP port unreachable).
 fn assert_refused(what: &str, target: SocketAddrV4) {
     let result = in_namespace(Some("pod2"), move || {
@@ -281,7 +185,7 @@ fn the_reported_disruption_signals_count_source_range_drops_lone_fragments_and_r
             .expect("pod thread")
             .expect("the pod reaches the ClusterIP");
             let served_until = chrono::Utc::now().timestamp();
-            let control = wait_for_window(node, "covering the served traffic", |window| {
+            let control = wait_for_window(node, REPORT_DEADLINE, "covering the served traffic", |window| {
                 window.end.timestamp() > served_until
             });
             assert_eq!(control.expected.source_range_drops, Some(0), "{control:#?}");
@@ -306,7 +210,7 @@ fn the_reported_disruption_signals_count_source_range_drops_lone_fragments_and_r
                 SocketAddrV4::new(LOCAL_CLUSTER_IP, 80),
             );
 
-            let moved = wait_for_window(node, "with the drops and refusals", |window| {
+            let moved = wait_for_window(node, REPORT_DEADLINE, "with the drops and refusals", |window| {
                 window.expected.source_range_drops.unwrap_or(0) >= 1
                     && window.datapath.fragments_without_first == Some(1)
                     && window.expected.refused_without_ready_endpoints == Some(1)

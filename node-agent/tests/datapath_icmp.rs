@@ -30,19 +30,6 @@ const CLOSED_PORT: u16 = 9999;
 /// datagram, so anything slower is a timeout in disguise.
 const PROMPTLY: Duration = Duration::from_secs(1);
 
-fn agent_log(node: &Node) -> String {
-    std::fs::read_to_string(node.work.join("agent.log")).unwrap_or_default()
-}
-
-fn write_manifests(node: &Node, text: &str) {
-    let directory = node.work.join("manifests");
-    std::fs::create_dir_all(&directory).expect("manifest directory");
-    // Written whole, then renamed: the agent never reads half a file.
-    let staging = node.work.join("services.yaml.new");
-    std::fs::write(&staging, text).expect("write manifests");
-    std::fs::rename(&staging, directory.join("services.yaml")).expect("move manifests");
-}
-
 /// A Service of `kind` (`NodePort`) with one port `port` to `target_port`
 /// (`protocol`), and its EndpointSlice: `endpoint` on node `endpoint_node`.
 struct ServiceManifest<'a> {
@@ -278,7 +265,7 @@ fn a_connected_udp_socket_to_a_service_whose_backend_port_is_closed_is_refused_a
                 endpoint_node: OTHER_NODE,
                 ..open
             };
-            write_manifests(
+            publish_manifests(
                 node,
                 &format!("{}{}{}", open.yaml(), closed.yaml(), closed_remote.yaml()),
             );
@@ -755,7 +742,7 @@ fn large_uploads_and_downloads_through_services_complete_across_a_link_with_a_sm
                 endpoint: FAR_BACKEND,
                 ..upload_service
             };
-            write_manifests(
+            publish_manifests(
                 node,
                 &format!(
                     "{}{}{}{}{}",

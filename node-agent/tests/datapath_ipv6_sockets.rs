@@ -33,10 +33,6 @@ const SERVICE_TCP_PORT: u16 = 80;
 const SERVICE_UDP_PORT: u16 = 53;
 const TIMEOUT: Duration = Duration::from_secs(2);
 
-fn agent_log(node: &Node) -> String {
-    std::fs::read_to_string(node.work.join("agent.log")).unwrap_or_default()
-}
-
 /// The dual-stack Service over pod1, as a 1.20+ API server stores it, with one
 /// EndpointSlice per family.
 fn write_manifests(node: &Node, pod: &Pod) {
@@ -76,12 +72,7 @@ endpoints:
 ",
         pod.ip
     );
-    let directory = node.work.join("manifests");
-    std::fs::create_dir_all(&directory).expect("manifest directory");
-    // Written whole, then renamed: the agent never reads half a file.
-    let staging = node.work.join("services.yaml.new");
-    std::fs::write(&staging, manifests).expect("write manifests");
-    std::fs::rename(&staging, directory.join("services.yaml")).expect("move manifests");
+    publish_manifests(node, &manifests);
 }
 
 /// IPv6 on the standard topology: pod1 gets [`POD_IPV6`] behind its veth (a /128

@@ -23,10 +23,6 @@ const NODE_PORT: u16 = 30040;
 /// The outside client's second address: outside the ranges at first.
 const OTHER_CLIENT_IP: Ipv4Addr = Ipv4Addr::new(192, 168, 50, 3);
 
-fn agent_log(node: &Node) -> String {
-    std::fs::read_to_string(node.work.join("agent.log")).unwrap_or_default()
-}
-
 /// The Service (ranges `ranges`, YAML flow items) and its slice over `pods`.
 fn write_manifests(node: &Node, ranges: &str, pods: &[&Pod]) {
     let endpoints: String = pods

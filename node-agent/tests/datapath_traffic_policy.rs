@@ -65,10 +65,6 @@ fn start_agent_with_default_balancing(node: &Node) -> Child {
         .expect("start switchyard-agent")
 }
 
-fn agent_log(node: &Node) -> String {
-    std::fs::read_to_string(node.work.join("agent.log")).unwrap_or_default()
-}
-
 fn write_manifests(directory: &Path, text: &str) {
     std::fs::create_dir_all(directory).expect("manifest directory");
     std::fs::write(directory.join("services.yaml"), text).expect("write manifests");

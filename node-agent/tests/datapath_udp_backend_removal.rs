@@ -22,10 +22,6 @@ const NODE_PORT: u16 = 30053;
 /// kube-proxy's budget is its sync; issue 24 asks for this.
 const MOVE_WITHIN: Duration = Duration::from_secs(1);
 
-fn agent_log(node: &Node) -> String {
-    std::fs::read_to_string(node.work.join("agent.log")).unwrap_or_default()
-}
-
 /// The UDP Service and its slice over `pods` (none: a Service without endpoints).
 fn write_manifests(node: &Node, pods: &[&Pod]) {
     let endpoints: String = pods
@@ -53,12 +49,7 @@ addressType: IPv4
 ports: [{{name: dns, port: {UDP_PORT}, protocol: UDP}}]
 endpoints: {endpoints}"
     );
-    let directory = node.work.join("manifests");
-    std::fs::create_dir_all(&directory).expect("manifest directory");
-    // Written whole, then renamed: the agent never reads half a file.
-    let staging = node.work.join("services.yaml.new");
-    std::fs::write(&staging, manifests).expect("write manifests");
-    std::fs::rename(&staging, directory.join("services.yaml")).expect("move manifests");
+    publish_manifests(node, &manifests);
 }
 
 /// A UDP client: one socket, connected (so its source port never changes and

@@ -13,6 +13,11 @@
 //! addresses of namespaces the test made itself.
 #![allow(dead_code)]
 
+mod signals;
+// Not every test binary uses them (as with the rest of this module).
+#[allow(unused_imports)]
+pub use signals::*;
+
 use std::{
     io::{BufRead as _, BufReader, Write as _},
     net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream, UdpSocket},
@@ -748,6 +753,21 @@ pub fn tcp() -> u8 {
 }
 
 /// Waits until `condition` holds or `timeout` passes.
+/// The standalone agent's log on `node` so far (empty before it wrote one).
+pub fn agent_log(node: &Node) -> String {
+    std::fs::read_to_string(node.work.join("agent.log")).unwrap_or_default()
+}
+
+/// Gives the standalone agent on `node` its Service and EndpointSlice manifests: written
+/// whole, then renamed, so the agent never reads half a file.
+pub fn publish_manifests(node: &Node, text: &str) {
+    let directory = node.work.join("manifests");
+    std::fs::create_dir_all(&directory).expect("manifest directory");
+    let staging = node.work.join("services.yaml.new");
+    std::fs::write(&staging, text).expect("write manifests");
+    std::fs::rename(&staging, directory.join("services.yaml")).expect("move manifests");
+}
+
 pub fn wait_until(timeout: Duration, mut condition: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + timeout;
     while Instant::now() < deadline {
