@@ -577,9 +577,13 @@ async fn node_churn_is_ignored_and_a_new_node_address_is_served_within_two_secon
     let attaches = delta("switchyard_agent_program_attach_total");
     let writes = delta("switchyard_agent_map_operations_total");
     let status_writes = delta("switchyard_agent_status_writes_total");
-    println!("{patches} Node patches: {ignored} ignored updates, {attaches} attaches, {writes} map operations, {status_writes} status writes");
+    // The disruption report is published at a bounded rate whatever the Nodes do (the canary
+    // soak reads its windows): those writes change nothing else and are counted apart.
+    let disruption_writes = delta("switchyard_agent_status_writes_disruption_only_total");
+    println!("{patches} Node patches: {ignored} ignored updates, {attaches} attaches, {writes} map operations, {status_writes} status writes ({disruption_writes} with only a new disruption report)");
     assert_eq!(
-        status_writes, 0.0,
+        status_writes - disruption_writes,
+        0.0,
         "the status was rewritten without a change"
     );
     assert!(ignored >= 150.0, "only {ignored} Node updates ignored");

@@ -21,6 +21,7 @@ pub struct AgentMetrics {
     pub kube_proxy_rules_present: IntGauge,
     pub map_operations: IntCounter,
     pub status_writes: IntCounter,
+    pub disruption_status_writes: IntCounter,
     pub resync_corrections: IntCounter,
     pub conntrack_entries: IntGauge,
     pub conntrack_capacity: IntGauge,
@@ -127,6 +128,13 @@ impl AgentMetrics {
                 IntCounter::new(
                     "switchyard_agent_status_writes_total",
                     "DataplaneNode status writes (made only when the status changed).",
+                ),
+            )?,
+            disruption_status_writes: register(
+                &registry,
+                IntCounter::new(
+                    "switchyard_agent_status_writes_disruption_only_total",
+                    "DataplaneNode status writes that changed nothing but the disruption report (its bounded-rate publication for canary soaks).",
                 ),
             )?,
             resync_corrections: register(

@@ -227,7 +227,7 @@ pub async fn run(options: ClusterOptions, shutdown: impl Future<Output = ()>) ->
     );
 
     let (status_sender, status_receiver) = channel::channel(WrittenStatus::default());
-    let (written_sender, written) = channel::channel(0_u64);
+    let (written_sender, written) = channel::channel(watch::StatusWrites::default());
     let (event_sender, event_requests) = mpsc::channel(events_writer::QUEUE_CAPACITY);
     let event_writer = tokio::spawn(events_writer::run_publisher(
         Publisher::new(
@@ -285,7 +285,7 @@ pub async fn run(options: ClusterOptions, shutdown: impl Future<Output = ()>) ->
         Some(DisruptionMetrics::register(&metrics.registry)?),
     );
     let mut counters_read_at: Option<Instant> = None;
-    let mut status_writes_counted = 0_u64;
+    let mut status_writes_counted = watch::StatusWrites::default();
     tokio::pin!(shutdown);
     loop {
         let now = Instant::now();
@@ -369,7 +369,12 @@ pub async fn run(options: ClusterOptions, shutdown: impl Future<Output = ()>) ->
         let writes = *written.borrow();
         metrics
             .status_writes
-            .inc_by(writes.saturating_sub(status_writes_counted));
+            .inc_by(writes.total.saturating_sub(status_writes_counted.total));
+        metrics.disruption_status_writes.inc_by(
+            writes
+                .disruption_only
+                .saturating_sub(status_writes_counted.disruption_only),
+        );
         status_writes_counted = writes;
         health.set_ready(round.ready);
         request_sender.send_if_modified(|current| {

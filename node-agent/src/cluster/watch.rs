@@ -406,11 +406,12 @@ pub async fn run_status_writer(
     client: Client,
     node_name: String,
     mut statuses: watch::Receiver<WrittenStatus>,
-    written: watch::Sender<u64>,
+    written: watch::Sender<StatusWrites>,
     heartbeat: Heartbeat,
 ) {
     let api = Api::<DataplaneNode>::all(client);
     let mut backoff = BACKOFF_START;
+    let mut last_written: Option<DataplaneNodeStatus> = None;
     loop {
         let wanted = statuses.borrow_and_update().clone();
         // The core hands over a status only when it must be written
@@ -424,7 +425,11 @@ pub async fn run_status_writer(
                 Ok(()) => {
                     tracing::debug!("status written");
                     backoff = BACKOFF_START;
-                    written.send_modify(|count| *count += 1);
+                    let disruption_only = last_written
+                        .as_ref()
+                        .is_some_and(|last| differs_only_in_disruption(last, status));
+                    written.send_modify(|count| count.record(disruption_only));
+                    last_written = Some(status.clone());
                 }
                 Err(error) => {
                     tracing::warn!(%error, "cannot write the DataplaneNode status; retrying");
@@ -438,6 +443,36 @@ pub async fn run_status_writer(
             return;
         }
     }
+}
+
+/// How many status writes the writer made, and how many of them carried nothing new but the
+/// disruption report (published at a bounded rate for the operator's canary soak, not in answer
+/// to anything the agent watches).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StatusWrites {
+    pub total: u64,
+    pub disruption_only: u64,
+}
+
+impl StatusWrites {
+    fn record(&mut self, disruption_only: bool) {
+        self.total += 1;
+        if disruption_only {
+            self.disruption_only += 1;
+        }
+    }
+}
+
+/// Whether `next` differs from `last` in its disruption report only.
+fn differs_only_in_disruption(last: &DataplaneNodeStatus, next: &DataplaneNodeStatus) -> bool {
+    last.disruption != next.disruption
+        && DataplaneNodeStatus {
+            disruption: None,
+            ..last.clone()
+        } == DataplaneNodeStatus {
+            disruption: None,
+            ..next.clone()
+        }
 }
 
 async fn write_status(
@@ -463,6 +498,35 @@ async fn write_status(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_write_that_changes_only_the_disruption_report_is_counted_apart() {
+        let last = DataplaneNodeStatus::default();
+        let report = switchyard_crds::DisruptionReport::default();
+        let only_disruption = DataplaneNodeStatus {
+            disruption: Some(report.clone()),
+            ..last.clone()
+        };
+        assert!(differs_only_in_disruption(&last, &only_disruption));
+        // Controls: another field changed too, or nothing changed at all.
+        let more = DataplaneNodeStatus {
+            disruption: Some(report),
+            services_programmed: Some(7),
+            ..last.clone()
+        };
+        assert!(!differs_only_in_disruption(&last, &more));
+        assert!(!differs_only_in_disruption(&last, &last.clone()));
+        let mut writes = StatusWrites::default();
+        writes.record(true);
+        writes.record(false);
+        assert_eq!(
+            writes,
+            StatusWrites {
+                total: 2,
+                disruption_only: 1
+            }
+        );
+    }
 
     #[test]
     fn services_and_endpoint_slices_are_listed_from_the_watch_cache() {
