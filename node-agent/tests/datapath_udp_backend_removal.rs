@@ -152,6 +152,23 @@ fn udp_flows_move_off_a_removed_backend_within_a_second_are_refused_once_none_is
                 agent_log(node)
             );
 
+            // The socket hooks may attach after the TC programs serve the pod: the node's
+            // connect needs them (without, the ClusterIP has no route from the node).
+            if node.cgroup.is_some() {
+                let hooked = wait_until(Duration::from_secs(20), || {
+                    in_namespace(None, move || {
+                        UdpSocket::bind("0.0.0.0:0").and_then(|socket| socket.connect(cluster_ip))
+                    })
+                    .join()
+                    .is_ok_and(|connected| connected.is_ok())
+                });
+                assert!(
+                    hooked,
+                    "the node's connect to the ClusterIP was never translated:\n{}",
+                    agent_log(node)
+                );
+            }
+
             // The control: each flow sticks to one backend for many datagrams.
             let from_pod = Client::open("the pod through the ClusterIP", Some("pod3"), cluster_ip);
             let answering = sticky_backend(&from_pod, 20);
